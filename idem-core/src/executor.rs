@@ -1,0 +1,536 @@
+//! [`Executor`]: claim, run at most once, record, replay.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_channel::oneshot;
+use tracing::Instrument;
+
+use crate::machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer};
+use crate::{
+    Clock, Error, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError,
+    SystemClock, Token, downstream_key,
+};
+
+/// A future handed to a [`Executor::with_spawner`] spawner.
+pub type BackgroundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+type Spawner = Arc<dyn Fn(BackgroundTask) + Send + Sync>;
+
+/// What [`Executor::run`] returns when it has an outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Execution {
+    /// This call ran the operation, and its outcome was recorded.
+    Executed {
+        /// What the operation answered.
+        outcome: Outcome,
+        /// Which attempt ran it, from 1.
+        attempt: u32,
+    },
+    /// An earlier call ran the operation; this is its stored outcome.
+    Replayed {
+        /// The stored outcome.
+        outcome: Outcome,
+    },
+}
+
+impl Execution {
+    /// The outcome, executed or replayed.
+    pub fn outcome(&self) -> &Outcome {
+        match self {
+            Self::Executed { outcome, .. } | Self::Replayed { outcome } => outcome,
+        }
+    }
+
+    /// The outcome, executed or replayed.
+    pub fn into_outcome(self) -> Outcome {
+        match self {
+            Self::Executed { outcome, .. } | Self::Replayed { outcome } => outcome,
+        }
+    }
+
+    /// Whether this is a replay of an earlier execution.
+    pub fn is_replay(&self) -> bool {
+        matches!(self, Self::Replayed { .. })
+    }
+}
+
+/// The claim an operation runs under, handed to the operation by [`Executor::run`].
+#[derive(Clone)]
+pub struct Attempt {
+    store: Arc<dyn KeyStore>,
+    clock: Arc<dyn Clock>,
+    scope: Scope,
+    key: IdempotencyKey,
+    token: Token,
+    number: u32,
+    kind: ClaimKind,
+}
+
+impl fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Attempt")
+            .field("scope", &self.scope)
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("number", &self.number)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attempt {
+    /// The scope.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// The fencing token of this claim.
+    pub fn token(&self) -> Token {
+        self.token
+    }
+
+    /// Which attempt this is, from 1.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// How the claim was won.
+    pub fn kind(&self) -> ClaimKind {
+        self.kind
+    }
+
+    /// Renews the lease to `now + lease` (a heartbeat for long work). `Ok(false)` means the claim
+    /// was lost: stop, and do not start any further effect.
+    pub async fn extend(&self, lease: Duration) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let answer = self
+            .store
+            .extend(&self.scope, &self.key, self.token, lease, now)
+            .await?;
+        Ok(match answer {
+            ExtendAnswer::Extended { lease_until } => {
+                tracing::debug!(name: "extended", lease_until = lease_until.as_millis(), "lease extended");
+                true
+            }
+            ExtendAnswer::Fenced => {
+                tracing::warn!(name: "fenced", op = "extend", "lease lost to a newer attempt");
+                metrics::counter!("idem_completions_total", "result" => "fenced").increment(1);
+                false
+            }
+        })
+    }
+
+    /// The stable key to pass to `provider`'s own idempotency contract; see [`downstream_key`].
+    pub fn downstream_key(&self, provider: &str) -> String {
+        downstream_key(&self.scope, &self.key, provider)
+    }
+}
+
+/// Gives a won claim back if dropped before being disarmed (needs a spawner: the release is
+/// asynchronous).
+struct ReleaseOnDrop {
+    store: Arc<dyn KeyStore>,
+    clock: Arc<dyn Clock>,
+    spawner: Spawner,
+    scope: Scope,
+    key: IdempotencyKey,
+    token: Token,
+    armed: bool,
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (store, clock) = (self.store.clone(), self.clock.clone());
+        let (scope, key, token) = (self.scope.clone(), self.key.clone(), self.token);
+        (self.spawner)(Box::pin(async move {
+            match store.release(&scope, &key, token, clock.now()).await {
+                Ok(answer) => tracing::info!(
+                    name: "released", scope = %scope, key = %key, token = %token.short(), ?answer,
+                    "caller went away before the operation started; claim released"
+                ),
+                Err(error) => tracing::warn!(
+                    name: "released", scope = %scope, key = %key, token = %token.short(), %error,
+                    "caller went away before the operation started; release failed, the lease will run out"
+                ),
+            }
+        }));
+    }
+}
+
+/// Runs operations at most once per (scope, key): claim, run, complete, or replay.
+///
+/// ```
+/// use idem_core::{Executor, Fingerprint, IdempotencyKey, MemoryStore, Outcome, Scope};
+/// use serde_json::json;
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let executor = Executor::new(MemoryStore::new());
+/// let scope = Scope::new("tenant-a/create_ticket").unwrap();
+/// let key = IdempotencyKey::new("wf-1:step-3:create_ticket").unwrap();
+/// let args = json!({"title": "Printer on fire", "account_id": "A-7"});
+/// let fp = Fingerprint::of("create_ticket", &args).unwrap();
+///
+/// let first = executor
+///     .run(&scope, &key, &fp, |_attempt| async { Outcome::definitive(201, &json!({"ticket_id": "T-1"})).unwrap() })
+///     .await
+///     .unwrap();
+/// let again = executor
+///     .run(&scope, &key, &fp, |_attempt| async { unreachable!("never runs twice") })
+///     .await
+///     .unwrap();
+/// assert!(!first.is_replay() && again.is_replay());
+/// assert_eq!(first.outcome(), again.outcome());
+/// # });
+/// ```
+///
+/// # Cancellation (SPEC §2)
+///
+/// With a spawner ([`Executor::with_spawner`]), the claim and the completion run as background
+/// tasks, so dropping the caller's future cannot lose them: a claim won after the caller went
+/// away (before the operation started) is released, and an outcome that is being recorded is
+/// recorded. Dropping the future while the operation runs leaves the record `processing` (the
+/// effect may have happened) for the lease and reconciliation. Without a spawner, dropping the
+/// future while the claim is in the store may leave a `processing` record behind, which the lease
+/// and reconciliation then settle.
+#[derive(Clone)]
+pub struct Executor {
+    store: Arc<dyn KeyStore>,
+    policy: Policy,
+    clock: Arc<dyn Clock>,
+    spawner: Option<Spawner>,
+}
+
+impl fmt::Debug for Executor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Executor")
+            .field("store", &self.store)
+            .field("policy", &self.policy)
+            .field("clock", &self.clock)
+            .field("spawner", &self.spawner.is_some())
+            .finish()
+    }
+}
+
+impl Executor {
+    /// An executor over `store` with the default policy and the system clock.
+    pub fn new(store: impl KeyStore) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// An executor over a shared store.
+    pub fn from_arc(store: Arc<dyn KeyStore>) -> Self {
+        Self {
+            store,
+            policy: Policy::default(),
+            clock: Arc::new(SystemClock),
+            spawner: None,
+        }
+    }
+
+    /// Uses `policy`.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Reads time from `clock`.
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Runs the claim and the completion as background tasks through `spawn`, so a dropped
+    /// caller cannot lose them (see "Cancellation"). With tokio:
+    /// `executor.with_spawner(|task| { tokio::spawn(task); })`.
+    pub fn with_spawner(mut self, spawn: impl Fn(BackgroundTask) + Send + Sync + 'static) -> Self {
+        self.spawner = Some(Arc::new(spawn));
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn KeyStore> {
+        &self.store
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Runs `operation` at most once for (scope, key) and the request `fingerprint`.
+    ///
+    /// - No live record, or a retryable failure before: claims, runs `operation`, records its
+    ///   outcome and returns [`Execution::Executed`].
+    /// - Completed before: returns [`Execution::Replayed`] with the stored outcome, without
+    ///   running `operation`.
+    /// - Otherwise an [`Error`] that says whether the operation ran.
+    pub async fn run<F, Fut>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        operation: F,
+    ) -> Result<Execution, Error>
+    where
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Outcome>,
+    {
+        let span = tracing::info_span!(
+            "idem.call",
+            scope = %scope,
+            key = %key,
+            fingerprint = fingerprint.short(),
+            attempt = tracing::field::Empty,
+            token = tracing::field::Empty,
+        );
+        self.run_in_span(scope, key, fingerprint, operation)
+            .instrument(span)
+            .await
+    }
+
+    async fn run_in_span<F, Fut>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        operation: F,
+    ) -> Result<Execution, Error>
+    where
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Outcome>,
+    {
+        let (answer, guard) = self.claim(scope, key, fingerprint).await?;
+        let (token, number, kind) = match answer {
+            ClaimAnswer::Claimed {
+                token,
+                attempt,
+                kind,
+            } => (token, attempt, kind),
+            ClaimAnswer::Replay(outcome) => {
+                tracing::info!(name: "replayed", status = outcome.status(), "replaying stored outcome");
+                count_claim("replayed");
+                return Ok(Execution::Replayed { outcome });
+            }
+            ClaimAnswer::InFlight { retry_after, stale } => {
+                tracing::info!(name: "in_flight", retry_after_ms = retry_after.as_millis() as u64, stale, "operation in flight");
+                count_claim("in_flight");
+                return Err(Error::InFlight { retry_after, stale });
+            }
+            ClaimAnswer::FingerprintMismatch => {
+                tracing::warn!(name: "mismatch", "key reused with a different request");
+                count_claim("mismatch");
+                return Err(Error::FingerprintMismatch);
+            }
+        };
+        let span = tracing::Span::current();
+        span.record("attempt", number);
+        span.record("token", token.short());
+        match kind {
+            ClaimKind::TakenOver => {
+                tracing::warn!(name: "taken_over", attempt = number, "stale claim taken over");
+                count_claim("taken_over");
+            }
+            ClaimKind::ExpiredReplaced => {
+                tracing::info!(name: "expired_replaced", "expired record replaced");
+                count_claim("claimed");
+            }
+            ClaimKind::New | ClaimKind::Retry => {
+                tracing::info!(name: "claimed", attempt = number, ?kind, "claimed");
+                count_claim("claimed");
+            }
+        }
+
+        let attempt = Attempt {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            number,
+            kind,
+        };
+        // From here on the operation has started: a drop leaves the record `processing`.
+        if let Some(mut guard) = guard {
+            guard.armed = false;
+        }
+        let outcome = operation(attempt).await;
+        self.record(scope, key, token, number, outcome).await
+    }
+
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>), Error> {
+        let now = self.clock.now();
+        let Some(spawner) = &self.spawner else {
+            let answer = timed(
+                &*self.store,
+                "claim",
+                self.store.claim(scope, key, fingerprint, &self.policy, now),
+            )
+            .await?;
+            return Ok((answer, None));
+        };
+        let (tx, rx) = oneshot::channel();
+        let store = self.store.clone();
+        let (clock, spawn) = (self.clock.clone(), spawner.clone());
+        let (scope, key, fingerprint, policy) =
+            (scope.clone(), key.clone(), fingerprint.clone(), self.policy);
+        spawner(Box::pin(async move {
+            let result = timed(
+                &*store,
+                "claim",
+                store.claim(&scope, &key, &fingerprint, &policy, now),
+            )
+            .await
+            .map(|answer| {
+                // Armed until the operation starts; dropped unsent or unread, it releases.
+                let guard = match &answer {
+                    ClaimAnswer::Claimed { token, .. } => Some(ReleaseOnDrop {
+                        store: store.clone(),
+                        clock,
+                        spawner: spawn,
+                        scope,
+                        key,
+                        token: *token,
+                        armed: true,
+                    }),
+                    _ => None,
+                };
+                (answer, guard)
+            });
+            let _ = tx.send(result);
+        }));
+        match rx.await {
+            Ok(result) => Ok(result?),
+            Err(oneshot::Canceled) => Err(Error::Store(StoreError::Unavailable {
+                message: "the background claim task was dropped (runtime shutting down?)".into(),
+                source: None,
+            })),
+        }
+    }
+
+    async fn record(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        attempt: u32,
+        outcome: Outcome,
+    ) -> Result<Execution, Error> {
+        let now = self.clock.now();
+        let result = match &self.spawner {
+            None => {
+                timed(
+                    &*self.store,
+                    "complete",
+                    self.store
+                        .complete(scope, key, token, &outcome, &self.policy, now),
+                )
+                .await
+            }
+            Some(spawner) => {
+                let (tx, rx) = oneshot::channel();
+                let store = self.store.clone();
+                let (scope, key, policy, outcome) =
+                    (scope.clone(), key.clone(), self.policy, outcome.clone());
+                // Recorded even if the caller goes away meanwhile: the effect has happened.
+                spawner(Box::pin(async move {
+                    let result = timed(
+                        &*store,
+                        "complete",
+                        store.complete(&scope, &key, token, &outcome, &policy, now),
+                    )
+                    .await;
+                    let _ = tx.send(result);
+                }));
+                rx.await.unwrap_or_else(|oneshot::Canceled| {
+                    Err(StoreError::Unavailable {
+                        message: "the background completion task was dropped".into(),
+                        source: None,
+                    })
+                })
+            }
+        };
+        match result {
+            Ok(CompleteAnswer::Completed) => {
+                tracing::info!(name: "completed", status = outcome.status(), "outcome recorded");
+                count_completion("completed");
+                Ok(Execution::Executed { outcome, attempt })
+            }
+            Ok(CompleteAnswer::MarkedRetryable) => {
+                tracing::info!(name: "marked_retryable", status = outcome.status(), "retryable outcome; the next attempt runs again");
+                count_completion("retryable");
+                Ok(Execution::Executed { outcome, attempt })
+            }
+            Ok(CompleteAnswer::Fenced) => {
+                tracing::warn!(name: "fenced", op = "complete", "claim lost to a newer attempt; outcome not stored");
+                count_completion("fenced");
+                Err(Error::Fenced {
+                    outcome: Box::new(outcome),
+                })
+            }
+            Err(StoreError::OutcomeTooLarge(e)) => {
+                tracing::error!(
+                    size = e.size,
+                    limit = e.limit,
+                    "outcome over the size limit; record left processing"
+                );
+                Err(Error::OutcomeTooLarge {
+                    outcome: Box::new(outcome),
+                    size: e.size,
+                    limit: e.limit,
+                })
+            }
+            Err(source) => {
+                tracing::error!(error = %source, "outcome could not be recorded; record left processing");
+                Err(Error::NotRecorded {
+                    outcome: Box::new(outcome),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+fn count_claim(result: &'static str) {
+    metrics::counter!("idem_claims_total", "result" => result).increment(1);
+}
+
+fn count_completion(result: &'static str) {
+    metrics::counter!("idem_completions_total", "result" => result).increment(1);
+}
+
+/// Times a store call into `idem_store_op_seconds` and counts its failures.
+async fn timed<T>(
+    store: &dyn KeyStore,
+    op: &'static str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let started = Instant::now();
+    let result = call.await;
+    metrics::histogram!("idem_store_op_seconds", "backend" => store.backend(), "op" => op)
+        .record(started.elapsed().as_secs_f64());
+    if let Err(e) = &result {
+        metrics::counter!("idem_store_errors_total", "op" => op, "kind" => e.kind()).increment(1);
+    }
+    result
+}

@@ -1,0 +1,275 @@
+//! Idempotency keys and scopes: the address of a record.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The longest key accepted, in bytes (SPEC §4).
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// The longest scope accepted, in bytes.
+pub const MAX_SCOPE_BYTES: usize = 512;
+
+/// Why a key was refused (SPEC §4). Each variant names the rule it broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key was the empty string.
+    #[error("invalid idempotency key: it is empty (a key is 1 to 255 bytes of visible ASCII)")]
+    Empty,
+    /// The key was longer than [`MAX_KEY_BYTES`].
+    #[error("invalid idempotency key: it is {len} bytes long, the limit is 255 bytes")]
+    TooLong {
+        /// The length that was given, in bytes.
+        len: usize,
+    },
+    /// The key held a byte outside visible ASCII (`!` to `~`; no space, no control character,
+    /// nothing beyond ASCII).
+    #[error(
+        "invalid idempotency key: byte {index} is 0x{byte:02x}, outside visible ASCII ('!' to '~')"
+    )]
+    InvalidCharacter {
+        /// Position of the first offending byte.
+        index: usize,
+        /// The offending byte.
+        byte: u8,
+    },
+}
+
+/// The caller's name for one logical operation, e.g. `wf-8812:step-3:create_ticket`.
+///
+/// It is built by the orchestrator from its durable step, never by the model and never fresh per
+/// retry. Valid keys are 1 to 255 bytes of visible ASCII (`0x21..=0x7e`).
+///
+/// ```
+/// use idem_core::{IdempotencyKey, KeyError};
+/// assert!(IdempotencyKey::new("wf-8812:step-3:create_ticket").is_ok());
+/// assert_eq!(IdempotencyKey::new(""), Err(KeyError::Empty));
+/// assert!(matches!(IdempotencyKey::new("has space"), Err(KeyError::InvalidCharacter { index: 3, .. })));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// Validates `key` per SPEC §4.
+    pub fn new(key: impl Into<String>) -> Result<Self, KeyError> {
+        let key = key.into();
+        if key.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if key.len() > MAX_KEY_BYTES {
+            return Err(KeyError::TooLong { len: key.len() });
+        }
+        if let Some((index, &byte)) = key
+            .as_bytes()
+            .iter()
+            .enumerate()
+            .find(|(_, b)| !(0x21..=0x7e).contains(*b))
+        {
+            return Err(KeyError::InvalidCharacter { index, byte });
+        }
+        Ok(Self(key))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for IdempotencyKey {
+    type Err = KeyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for IdempotencyKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::new(s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Why a scope was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScopeError {
+    /// The scope was the empty string.
+    #[error("invalid scope: it is empty")]
+    Empty,
+    /// The scope was longer than [`MAX_SCOPE_BYTES`].
+    #[error("invalid scope: it is {len} bytes long, the limit is 512 bytes")]
+    TooLong {
+        /// The length that was given, in bytes.
+        len: usize,
+    },
+    /// The scope held a control character.
+    #[error("invalid scope: character {index} is a control character")]
+    ControlCharacter {
+        /// Byte position of the offending character.
+        index: usize,
+    },
+}
+
+/// Who owns a key: the tenant or principal plus the tool (SPEC §1).
+///
+/// Records are addressed by (scope, key); the same key in two scopes is two records. Build one
+/// from its parts with [`Scope::from_parts`], which escapes each part so that no two different
+/// lists of parts give the same scope.
+///
+/// ```
+/// use idem_core::Scope;
+/// let a = Scope::from_parts(["tenant-a", "create_ticket"]).unwrap();
+/// assert_eq!(a.as_str(), "tenant-a/create_ticket");
+/// // A '/' inside a part cannot forge another tenant's scope.
+/// let b = Scope::from_parts(["tenant-a/create_ticket", "x"]).unwrap();
+/// assert_ne!(b, Scope::from_parts(["tenant-a", "create_ticket/x"]).unwrap());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Scope(String);
+
+impl Scope {
+    /// Validates an already-built scope: 1 to 512 bytes of UTF-8 with no control characters.
+    pub fn new(scope: impl Into<String>) -> Result<Self, ScopeError> {
+        let scope = scope.into();
+        if scope.is_empty() {
+            return Err(ScopeError::Empty);
+        }
+        if scope.len() > MAX_SCOPE_BYTES {
+            return Err(ScopeError::TooLong { len: scope.len() });
+        }
+        if let Some((index, _)) = scope.char_indices().find(|(_, c)| c.is_control()) {
+            return Err(ScopeError::ControlCharacter { index });
+        }
+        Ok(Self(scope))
+    }
+
+    /// Joins parts (e.g. tenant and tool) with `/`, percent-escaping `%` and `/` inside each part
+    /// so that the joining is injective.
+    pub fn from_parts<I, S>(parts: I) -> Result<Self, ScopeError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut out = String::new();
+        for (i, part) in parts.into_iter().enumerate() {
+            if i > 0 {
+                out.push('/');
+            }
+            for c in part.as_ref().chars() {
+                match c {
+                    '%' => out.push_str("%25"),
+                    '/' => out.push_str("%2F"),
+                    c => out.push(c),
+                }
+            }
+        }
+        Self::new(out)
+    }
+
+    /// The scope as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = ScopeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Scope {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::new(s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_accepts_visible_ascii_bounds() {
+        assert!(IdempotencyKey::new("!").is_ok());
+        assert!(IdempotencyKey::new("~").is_ok());
+        assert!(IdempotencyKey::new("a".repeat(255)).is_ok());
+    }
+
+    #[test]
+    fn key_refusals_name_their_rule() {
+        assert_eq!(IdempotencyKey::new(""), Err(KeyError::Empty));
+        assert_eq!(
+            IdempotencyKey::new("a".repeat(256)),
+            Err(KeyError::TooLong { len: 256 })
+        );
+        assert_eq!(
+            IdempotencyKey::new("ab c"),
+            Err(KeyError::InvalidCharacter {
+                index: 2,
+                byte: b' '
+            })
+        );
+        assert_eq!(
+            IdempotencyKey::new("a\u{7f}"),
+            Err(KeyError::InvalidCharacter {
+                index: 1,
+                byte: 0x7f
+            })
+        );
+        assert_eq!(
+            IdempotencyKey::new("é"),
+            Err(KeyError::InvalidCharacter {
+                index: 0,
+                byte: 0xc3
+            })
+        );
+        assert!(KeyError::Empty.to_string().contains("empty"));
+        assert!(KeyError::TooLong { len: 300 }.to_string().contains("255"));
+        assert!(
+            KeyError::InvalidCharacter { index: 0, byte: 9 }
+                .to_string()
+                .contains("visible ASCII")
+        );
+    }
+
+    #[test]
+    fn key_deserialization_validates() {
+        assert!(serde_json::from_str::<IdempotencyKey>("\"ok-key\"").is_ok());
+        assert!(serde_json::from_str::<IdempotencyKey>("\"\"").is_err());
+    }
+
+    #[test]
+    fn scope_rules() {
+        assert_eq!(Scope::new(""), Err(ScopeError::Empty));
+        assert!(matches!(
+            Scope::new("a\nb"),
+            Err(ScopeError::ControlCharacter { index: 1 })
+        ));
+        assert!(matches!(
+            Scope::new("x".repeat(513)),
+            Err(ScopeError::TooLong { len: 513 })
+        ));
+        assert_eq!(
+            Scope::from_parts(["a%b", "c/d"]).unwrap().as_str(),
+            "a%25b/c%2Fd"
+        );
+    }
+}

@@ -1,0 +1,30 @@
+#![doc = include_str!("../README.md")]
+
+pub mod clock;
+pub mod downstream;
+pub mod error;
+pub mod executor;
+pub mod fingerprint;
+pub mod key;
+pub mod machine;
+pub mod memory;
+pub mod outcome;
+pub mod policy;
+pub mod record;
+pub mod store;
+pub mod token;
+
+pub use async_trait::async_trait;
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use downstream::downstream_key;
+pub use error::Error;
+pub use executor::{Attempt, BackgroundTask, Execution, Executor};
+pub use fingerprint::{Fingerprint, FingerprintError, canonical_json};
+pub use key::{IdempotencyKey, KeyError, Scope, ScopeError};
+pub use machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+pub use memory::MemoryStore;
+pub use outcome::{Outcome, OutcomeClass};
+pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};
+pub use record::{Record, RecordState};
+pub use store::{BoxError, KeyStore, StoreError};
+pub use token::Token;

@@ -1,0 +1,172 @@
+//! [`MemoryStore`]: the reference store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::machine::{
+    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
+};
+use crate::{
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState, Scope, StoreError,
+    Timestamp, Token,
+};
+
+type Map = HashMap<(Scope, IdempotencyKey), Record>;
+
+/// The reference store: records in a mutex, every method one critical section running the pure
+/// rules of [`crate::machine`]. Clones share the same records.
+///
+/// For tests, demos and single-process services that accept losing their records on restart
+/// (which turns a replay after a restart into a re-execution).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    records: Arc<Mutex<Map>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many records it holds, expired or not.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether it holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Map> {
+        // A panic while the lock was held cannot leave a half-written record: writes are single
+        // inserts of a record built beforehand.
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn apply<A>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        rule: impl FnOnce(Option<&Record>) -> Result<Transition<A>, StoreError>,
+    ) -> Result<A, StoreError> {
+        let mut map = self.lock();
+        let id = (scope.clone(), key.clone());
+        let transition = rule(map.get(&id))?;
+        if let Some(record) = transition.write {
+            map.insert(id, record);
+        }
+        Ok(transition.answer)
+    }
+}
+
+#[async_trait]
+impl KeyStore for MemoryStore {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
+        let req = ClaimRequest::new(scope, key, fingerprint);
+        self.apply(scope, key, |found| {
+            Ok(machine::claim(found, req, now, policy))
+        })
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
+        self.apply(scope, key, |found| {
+            Ok(machine::complete(found, token, outcome, now, policy)?)
+        })
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError> {
+        self.apply(scope, key, |found| Ok(machine::release(found, token, now)))
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError> {
+        self.apply(scope, key, |found| {
+            Ok(machine::extend(found, token, lease, now))
+        })
+    }
+
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
+        let map = self.lock();
+        Ok(map
+            .get(&(scope.clone(), key.clone()))
+            .filter(|r| !r.is_expired(now))
+            .cloned())
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let map = self.lock();
+        let mut stale: Vec<Record> = map
+            .values()
+            .filter(|r| {
+                r.state == RecordState::Processing
+                    && r.lease_elapsed(older_than)
+                    && !r.is_expired(older_than)
+            })
+            .cloned()
+            .collect();
+        stale.sort_by(|a, b| {
+            (a.lease_until, &a.scope, &a.key).cmp(&(b.lease_until, &b.scope, &b.key))
+        });
+        stale.truncate(limit);
+        Ok(stale)
+    }
+
+    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+        let mut map = self.lock();
+        let expired: Vec<_> = map
+            .iter()
+            .filter(|(_, r)| r.is_expired(now))
+            .map(|(id, _)| id.clone())
+            .take(limit)
+            .collect();
+        for id in &expired {
+            map.remove(id);
+        }
+        Ok(expired.len())
+    }
+
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+}

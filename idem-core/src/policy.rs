@@ -1,0 +1,213 @@
+//! How long records live, how long claims are trusted, and what is cached.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Which outcomes become the permanent answer (SPEC §2, `complete`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CachePolicy {
+    /// A definitive outcome completes the record; a retryable one marks it `failed_retryable`, so
+    /// the next attempt runs the operation again. The default.
+    #[default]
+    DefinitiveOnly,
+    /// Every outcome completes the record: the first answer, whatever it was, is the answer
+    /// forever (Stripe's behaviour).
+    CacheAll,
+}
+
+/// What a claim does when it finds a `processing` record whose lease has elapsed (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StalePolicy {
+    /// Answer `InFlight { stale: true }` and leave the record to reconciliation, which asks the
+    /// downstream system whether the effect happened. The default: the holder may have done the
+    /// effect and died before writing it down.
+    #[default]
+    Reconcile,
+    /// Take the claim over with the next token. Only safe where the operation's effect is itself
+    /// deduplicated downstream or a double effect is acceptable.
+    Takeover,
+}
+
+/// Why a policy was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The lease was zero.
+    #[error("policy: the lease must be longer than zero")]
+    ZeroLease,
+    /// The ttl did not exceed the lease.
+    #[error("policy: the ttl ({ttl:?}) must exceed the lease ({lease:?})")]
+    TtlNotAboveLease {
+        /// The ttl given.
+        ttl: Duration,
+        /// The lease given.
+        lease: Duration,
+    },
+    /// The outcome limit was zero.
+    #[error("policy: max_outcome_bytes must be at least 1")]
+    ZeroOutcomeLimit,
+}
+
+/// The knobs of SPEC §1–§2. Always valid: build one with [`Policy::builder`] or take
+/// [`Policy::default`].
+///
+/// ```
+/// use idem_core::{Policy, StalePolicy};
+/// use std::time::Duration;
+/// let p = Policy::builder()
+///     .lease(Duration::from_secs(10))
+///     .stale(StalePolicy::Takeover)
+///     .build()
+///     .unwrap();
+/// assert_eq!(p.ttl(), Duration::from_secs(24 * 3600));
+/// assert!(Policy::builder().ttl(Duration::from_secs(5)).lease(Duration::from_secs(10)).build().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Policy {
+    ttl: Duration,
+    lease: Duration,
+    cache: CachePolicy,
+    stale: StalePolicy,
+    max_outcome_bytes: usize,
+}
+
+impl Policy {
+    /// Default ttl: 24 hours.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+    /// Default lease: 30 seconds.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+    /// Default outcome limit: 1 MiB.
+    pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 1024 * 1024;
+
+    /// A builder starting from the defaults.
+    pub fn builder() -> PolicyBuilder {
+        PolicyBuilder(Self::default())
+    }
+
+    /// How long a record is kept after its last claim or completion.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How long a claim is presumed alive: the tool's processing window plus the store write.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Which outcomes are cached.
+    pub fn cache(&self) -> CachePolicy {
+        self.cache
+    }
+
+    /// What a claim does with a stale `processing` record.
+    pub fn stale(&self) -> StalePolicy {
+        self.stale
+    }
+
+    /// The largest outcome body stored, in bytes.
+    pub fn max_outcome_bytes(&self) -> usize {
+        self.max_outcome_bytes
+    }
+
+    /// A builder starting from this policy.
+    pub fn to_builder(self) -> PolicyBuilder {
+        PolicyBuilder(self)
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            ttl: Self::DEFAULT_TTL,
+            lease: Self::DEFAULT_LEASE,
+            cache: CachePolicy::default(),
+            stale: StalePolicy::default(),
+            max_outcome_bytes: Self::DEFAULT_MAX_OUTCOME_BYTES,
+        }
+    }
+}
+
+/// Builds a [`Policy`]; [`PolicyBuilder::build`] checks it.
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyBuilder(Policy);
+
+impl PolicyBuilder {
+    /// Sets the ttl (must exceed the lease).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.0.ttl = ttl;
+        self
+    }
+
+    /// Sets the lease (must be longer than zero).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.0.lease = lease;
+        self
+    }
+
+    /// Sets the cache policy.
+    pub fn cache(mut self, cache: CachePolicy) -> Self {
+        self.0.cache = cache;
+        self
+    }
+
+    /// Sets the stale-claim policy.
+    pub fn stale(mut self, stale: StalePolicy) -> Self {
+        self.0.stale = stale;
+        self
+    }
+
+    /// Sets the outcome size limit, in bytes (at least 1).
+    pub fn max_outcome_bytes(mut self, bytes: usize) -> Self {
+        self.0.max_outcome_bytes = bytes;
+        self
+    }
+
+    /// Checks and returns the policy.
+    pub fn build(self) -> Result<Policy, PolicyError> {
+        let p = self.0;
+        if p.lease.is_zero() {
+            return Err(PolicyError::ZeroLease);
+        }
+        if p.ttl <= p.lease {
+            return Err(PolicyError::TtlNotAboveLease {
+                ttl: p.ttl,
+                lease: p.lease,
+            });
+        }
+        if p.max_outcome_bytes == 0 {
+            return Err(PolicyError::ZeroOutcomeLimit);
+        }
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals() {
+        assert_eq!(
+            Policy::builder().lease(Duration::ZERO).build(),
+            Err(PolicyError::ZeroLease)
+        );
+        assert!(matches!(
+            Policy::builder()
+                .ttl(Duration::from_secs(30))
+                .lease(Duration::from_secs(30))
+                .build(),
+            Err(PolicyError::TtlNotAboveLease { .. })
+        ));
+        assert_eq!(
+            Policy::builder().max_outcome_bytes(0).build(),
+            Err(PolicyError::ZeroOutcomeLimit)
+        );
+        assert_eq!(
+            Policy::default().to_builder().build(),
+            Ok(Policy::default())
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! What a store keeps for one (scope, key).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Fingerprint, IdempotencyKey, Outcome, Scope, Timestamp, Token};
+
+/// The state of a record (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordState {
+    /// A holder has claimed the operation and has not finished it.
+    Processing,
+    /// The operation finished; its outcome is the answer to every repeat.
+    Completed,
+    /// The last attempt failed retryably or was released; the next claim runs it again.
+    FailedRetryable,
+}
+
+impl RecordState {
+    /// `"processing"`, `"completed"` or `"failed_retryable"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Processing => "processing",
+            Self::Completed => "completed",
+            Self::FailedRetryable => "failed_retryable",
+        }
+    }
+
+    /// Parses [`RecordState::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "processing" => Some(Self::Processing),
+            "completed" => Some(Self::Completed),
+            "failed_retryable" => Some(Self::FailedRetryable),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for RecordState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a store keeps for (scope, key) (SPEC §1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// Who owns the key.
+    pub scope: Scope,
+    /// The key.
+    pub key: IdempotencyKey,
+    /// The fingerprint of the request that first claimed the key; never changes while the record
+    /// lives.
+    pub fingerprint: Fingerprint,
+    /// Where the record is in its life.
+    pub state: RecordState,
+    /// The token of the latest claim.
+    pub token: Token,
+    /// Which attempt the latest claim was, from 1.
+    pub attempt: u32,
+    /// Until when the latest claim is presumed alive.
+    pub lease_until: Timestamp,
+    /// The stored outcome: the answer when `completed`; the last retryable answer, if any, when
+    /// `failed_retryable`; none while `processing`.
+    pub outcome: Option<Outcome>,
+    /// When the record was first written.
+    pub created_at: Timestamp,
+    /// When the record was last written.
+    pub updated_at: Timestamp,
+    /// From this instant on the record is treated exactly as if it did not exist.
+    pub expires_at: Timestamp,
+}
+
+impl Record {
+    /// Whether the record has expired at `now` (`now >= expires_at`): an expired record is absent.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        now >= self.expires_at
+    }
+
+    /// Whether the lease of a `processing` record has run out at `now` (`now >= lease_until`).
+    pub fn lease_elapsed(&self, now: Timestamp) -> bool {
+        now >= self.lease_until
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trips() {
+        for s in [
+            RecordState::Processing,
+            RecordState::Completed,
+            RecordState::FailedRetryable,
+        ] {
+            assert_eq!(RecordState::parse(s.as_str()), Some(s));
+            assert_eq!(s.to_string(), s.as_str());
+        }
+        assert_eq!(RecordState::parse("done"), None);
+    }
+}

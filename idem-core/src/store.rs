@@ -1,0 +1,267 @@
+//! The storage contract: [`KeyStore`].
+//!
+//! # Implementing a custom store
+//!
+//! A store keeps one [`Record`] per (scope, key) and makes each method below one atomic step in
+//! its engine. The rules themselves live in [`crate::machine`]; a store that can hold a lock or a
+//! transaction around "read the record, decide, write" simply calls them. The
+//! `idem-conformance` crate then proves the store keeps every promise.
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use std::sync::{Arc, Mutex};
+//! use std::time::Duration;
+//! use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+//! use idem_core::{async_trait, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record,
+//!     RecordState, Scope, StoreError, Timestamp, Token};
+//!
+//! /// A store in a mutex: each method reads, decides with the pure rules and writes, under one lock.
+//! #[derive(Debug, Default)]
+//! struct MyStore(Mutex<HashMap<(Scope, IdempotencyKey), Record>>);
+//!
+//! impl MyStore {
+//!     fn apply<A>(&self, scope: &Scope, key: &IdempotencyKey,
+//!                 rule: impl FnOnce(Option<&Record>) -> machine::Transition<A>) -> A {
+//!         let mut map = self.0.lock().unwrap();
+//!         let id = (scope.clone(), key.clone());
+//!         let t = rule(map.get(&id));
+//!         if let Some(record) = t.write { map.insert(id, record); }
+//!         t.answer
+//!     }
+//! }
+//!
+//! #[async_trait]
+//! impl KeyStore for MyStore {
+//!     async fn claim(&self, scope: &Scope, key: &IdempotencyKey, fingerprint: &Fingerprint,
+//!                    policy: &Policy, now: Timestamp) -> Result<ClaimAnswer, StoreError> {
+//!         let req = ClaimRequest::new(scope, key, fingerprint);
+//!         Ok(self.apply(scope, key, |found| machine::claim(found, req, now, policy)))
+//!     }
+//!     async fn complete(&self, scope: &Scope, key: &IdempotencyKey, token: Token, outcome: &Outcome,
+//!                       policy: &Policy, now: Timestamp) -> Result<CompleteAnswer, StoreError> {
+//!         machine::check_outcome_size(outcome, policy)?;
+//!         Ok(self.apply(scope, key, |found| {
+//!             machine::complete(found, token, outcome, now, policy).expect("size checked")
+//!         }))
+//!     }
+//!     async fn release(&self, scope: &Scope, key: &IdempotencyKey, token: Token, now: Timestamp)
+//!                      -> Result<ReleaseAnswer, StoreError> {
+//!         Ok(self.apply(scope, key, |found| machine::release(found, token, now)))
+//!     }
+//!     async fn extend(&self, scope: &Scope, key: &IdempotencyKey, token: Token, lease: Duration,
+//!                     now: Timestamp) -> Result<ExtendAnswer, StoreError> {
+//!         Ok(self.apply(scope, key, |found| machine::extend(found, token, lease, now)))
+//!     }
+//!     async fn get(&self, scope: &Scope, key: &IdempotencyKey, now: Timestamp)
+//!                  -> Result<Option<Record>, StoreError> {
+//!         let map = self.0.lock().unwrap();
+//!         Ok(map.get(&(scope.clone(), key.clone())).filter(|r| !r.is_expired(now)).cloned())
+//!     }
+//!     async fn list_in_flight(&self, older_than: Timestamp, limit: usize)
+//!                             -> Result<Vec<Record>, StoreError> {
+//!         let map = self.0.lock().unwrap();
+//!         let mut stale: Vec<Record> = map.values()
+//!             .filter(|r| r.state == RecordState::Processing && r.lease_elapsed(older_than)
+//!                 && !r.is_expired(older_than))
+//!             .cloned().collect();
+//!         stale.sort_by_key(|r| r.lease_until);
+//!         stale.truncate(limit);
+//!         Ok(stale)
+//!     }
+//!     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+//!         let mut map = self.0.lock().unwrap();
+//!         let expired: Vec<_> = map.iter().filter(|(_, r)| r.is_expired(now))
+//!             .map(|(id, _)| id.clone()).take(limit).collect();
+//!         for id in &expired { map.remove(id); }
+//!         Ok(expired.len())
+//!     }
+//! }
+//!
+//! // Then, in the store's tests/conformance.rs:
+//! // idem_conformance::conformance_tests!(|| async { MyStore::default() });
+//! # let _ = std::sync::Arc::new(MyStore::default()) as Arc<dyn KeyStore>;
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, OutcomeTooLarge, ReleaseAnswer};
+use crate::{Fingerprint, IdempotencyKey, Outcome, Policy, Record, Scope, Timestamp, Token};
+
+/// A boxed error kept as the source of a [`StoreError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A store could not do what was asked. Domain answers (replay, in flight, fenced…) are never
+/// errors; this is for the store itself.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store cannot be reached or is overloaded right now (connection lost, pool timed out,
+    /// server restarting): try again later. Never a reason to run the operation without a claim.
+    #[error("store unavailable: {message}")]
+    Unavailable {
+        /// What failed, for people.
+        message: String,
+        /// The engine's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The engine refused or failed the operation for another reason (a constraint, a syntax
+    /// error, a permission).
+    #[error("store error: {message}")]
+    Backend {
+        /// What failed, for people.
+        message: String,
+        /// The engine's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A stored record could not be read back (a value out of range, a missing field).
+    #[error("corrupt record: {message}")]
+    Corrupt {
+        /// What was wrong.
+        message: String,
+    },
+    /// The store is not set up as it must be (a schema missing, an unsafe server setting).
+    #[error("store misconfigured: {message}")]
+    Misconfigured {
+        /// What is wrong.
+        message: String,
+    },
+    /// The outcome is over the policy's size limit; nothing was stored.
+    #[error(transparent)]
+    OutcomeTooLarge(#[from] OutcomeTooLarge),
+}
+
+impl StoreError {
+    /// An [`StoreError::Unavailable`] keeping `source`.
+    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A [`StoreError::Backend`] keeping `source`.
+    pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Backend {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A [`StoreError::Corrupt`].
+    pub fn corrupt(message: impl Into<String>) -> Self {
+        Self::Corrupt {
+            message: message.into(),
+        }
+    }
+
+    /// Whether this is "unavailable, try later" (HTTP 503).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+
+    /// A short label for metrics: `unavailable`, `backend`, `corrupt`, `misconfigured`,
+    /// `outcome_too_large`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unavailable { .. } => "unavailable",
+            Self::Backend { .. } => "backend",
+            Self::Corrupt { .. } => "corrupt",
+            Self::Misconfigured { .. } => "misconfigured",
+            Self::OutcomeTooLarge(_) => "outcome_too_large",
+        }
+    }
+}
+
+/// Where records live. Small and dyn-safe: `Arc<dyn KeyStore>` is how the executor holds one.
+///
+/// Every method takes `now` from the caller and decides expiry and leases against it, never
+/// against a clock of the store's own; a record whose `expires_at` is at or before `now` is treated
+/// exactly as absent. Every method is one atomic step: no interleaving of calls from any number of
+/// connections or processes may produce an outcome that some serial order of the same calls would
+/// not. The rules are those of [`crate::machine`]; see the module docs for a complete example.
+#[async_trait]
+pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
+    /// Claims (scope, key) for a request with `fingerprint`, per [`crate::machine::claim`].
+    ///
+    /// Must be atomic against every other call on the same (scope, key): of any number of
+    /// concurrent claims of an absent key, exactly one is `Claimed`. The claim is durable (its own
+    /// commit) before this returns. A fresh token id is random (128 bits); its `seq` continues
+    /// from an expired record that is replaced.
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError>;
+
+    /// Stores `outcome` for the holder of `token`, per [`crate::machine::complete`].
+    ///
+    /// Refuses an outcome over `policy.max_outcome_bytes()` with
+    /// [`StoreError::OutcomeTooLarge`] before writing anything. Writes only if the record is live,
+    /// `processing` and holds exactly `token` (checked in the same atomic step as the write);
+    /// otherwise answers `Fenced` and writes nothing. The stored body must read back byte for byte.
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError>;
+
+    /// Gives the claim of `token` up without an outcome, per [`crate::machine::release`]:
+    /// `processing` → `failed_retryable`. Same fencing as [`KeyStore::complete`].
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError>;
+
+    /// Renews the lease of `token` to `now + lease`, per [`crate::machine::extend`]. Same fencing
+    /// as [`KeyStore::complete`].
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError>;
+
+    /// The record for (scope, key), or `None` if there is none or it has expired at `now`.
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError>;
+
+    /// Up to `limit` records, in every scope, that are `processing`, whose lease ended at or
+    /// before `older_than` and that have not expired at `older_than`, earliest lease first: the
+    /// work list of reconciliation. Pass `now` for every stale claim, `now - 10 min` for claims
+    /// stale for ten minutes or more.
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError>;
+
+    /// Deletes up to `limit` records that have expired at `now` and returns how many it deleted.
+    /// Live records are never touched. Call it again until it returns less than `limit`.
+    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError>;
+
+    /// A short name for metrics and logs (`memory`, `sqlite`, `postgres`, `redis`).
+    fn backend(&self) -> &'static str {
+        "custom"
+    }
+}
