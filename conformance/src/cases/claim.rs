@@ -1,0 +1,326 @@
+//! SPEC §2, `claim`: one case per row of the table.
+
+use idem_core::{ClaimAnswer, ClaimKind, RecordState};
+
+use super::*;
+use crate::Harness;
+
+/// No record → `Claimed { attempt: 1 }`, kind `New`.
+pub async fn claim_absent_key_is_claimed_as_attempt_one(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &policy(), h.now())
+        .await
+        .unwrap();
+    match answer {
+        ClaimAnswer::Claimed { attempt, kind, .. } => {
+            assert_eq!(attempt, 1, "first claim is attempt 1");
+            assert_eq!(kind, ClaimKind::New);
+        }
+        other => panic!("absent key: expected Claimed, got {other:?}"),
+    }
+}
+
+/// The claim is written: `processing`, the fingerprint, the token, the lease and the expiry.
+pub async fn claim_writes_a_processing_record(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let now = h.now();
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), now)
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    // Read through a second handle: the claim is committed, not only visible to its writer.
+    let other = h.store().await;
+    let r = other
+        .get(&scope, &key, now)
+        .await
+        .unwrap()
+        .expect("the claim is stored");
+    assert_eq!(r.state, RecordState::Processing);
+    assert_eq!(r.token, token);
+    assert_eq!(r.attempt, 1);
+    assert_eq!(r.fingerprint, fp("a"));
+    assert_eq!((&r.scope, &r.key), (&scope, &key));
+    assert_eq!(r.lease_until, now + LEASE, "lease_until = now + lease");
+    assert_eq!(r.expires_at, now + TTL, "expires_at = now + ttl");
+    assert_eq!(r.created_at, now);
+    assert_eq!(r.outcome, None);
+}
+
+/// `processing`, lease running → `InFlight { stale: false }`, retry_after = time left, never 0.
+pub async fn claim_while_lease_runs_is_in_flight(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    store
+        .claim(&scope, &key, &fp("a"), &policy(), h.now())
+        .await
+        .unwrap();
+    h.advance(Duration::from_secs(10));
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        answer,
+        ClaimAnswer::InFlight {
+            retry_after: Duration::from_secs(20),
+            stale: false
+        },
+        "10 s into a 30 s lease, even under Takeover"
+    );
+    h.advance(Duration::from_millis(19_999));
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &policy(), h.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        answer,
+        ClaimAnswer::InFlight {
+            retry_after: Duration::from_millis(1),
+            stale: false
+        },
+        "1 ms before the lease ends"
+    );
+}
+
+/// A claim that answers `InFlight` changes nothing.
+pub async fn claim_in_flight_writes_nothing(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let t0 = h.now();
+    store
+        .claim(&scope, &key, &fp("a"), &policy(), t0)
+        .await
+        .unwrap();
+    let before = store.get(&scope, &key, t0).await.unwrap().unwrap();
+    h.advance(Duration::from_secs(5));
+    for _ in 0..3 {
+        let a = store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap();
+        assert!(matches!(a, ClaimAnswer::InFlight { .. }), "{a:?}");
+    }
+    h.advance(LEASE);
+    let a = store
+        .claim(&scope, &key, &fp("a"), &policy(), h.now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(a, ClaimAnswer::InFlight { stale: true, .. }),
+        "{a:?}"
+    );
+    let after = store.get(&scope, &key, t0).await.unwrap().unwrap();
+    assert_eq!(before, after, "in-flight answers must not write");
+}
+
+/// `processing`, lease elapsed, `Reconcile` → `InFlight { stale: true }`, no write.
+pub async fn claim_stale_under_reconcile_is_stale_in_flight(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    h.advance(LEASE);
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &policy(), h.now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(answer, ClaimAnswer::InFlight { stale: true, retry_after } if retry_after > Duration::ZERO),
+        "lease elapsed under Reconcile: {answer:?}"
+    );
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.token, r.state),
+        (token, RecordState::Processing),
+        "nothing written"
+    );
+}
+
+/// `processing`, lease elapsed, `Takeover` → `Claimed { token + 1, attempt + 1 }`.
+pub async fn claim_stale_under_takeover_claims_next_token(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (first, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    h.advance(LEASE + Duration::from_secs(1));
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+        .await
+        .unwrap();
+    let ClaimAnswer::Claimed {
+        token,
+        attempt,
+        kind,
+    } = answer
+    else {
+        panic!("lease elapsed under Takeover: expected Claimed, got {answer:?}");
+    };
+    assert_eq!(kind, ClaimKind::TakenOver);
+    assert_eq!(attempt, 2);
+    assert_eq!(token.seq, first.seq + 1, "token goes up by one");
+    assert_ne!(token.id, first.id, "a fresh token id");
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.token, r.attempt, r.state),
+        (token, 2, RecordState::Processing)
+    );
+    assert_eq!(r.lease_until, h.now() + LEASE, "a new lease");
+}
+
+/// `completed` → `Replay(outcome)`, no write, whatever the lease or policy.
+pub async fn claim_completed_replays(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    store
+        .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
+        .await
+        .unwrap();
+    let stored = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    for (advance, p) in [(0, policy()), (60, takeover()), (600, policy())] {
+        h.advance(Duration::from_secs(advance));
+        let answer = store
+            .claim(&scope, &key, &fp("a"), &p, h.now())
+            .await
+            .unwrap();
+        assert_eq!(answer, ClaimAnswer::Replay(ok("T-1")));
+    }
+    assert_eq!(
+        store.get(&scope, &key, h.now()).await.unwrap().unwrap(),
+        stored,
+        "replays are read-only"
+    );
+}
+
+/// `failed_retryable` → `Claimed { token + 1, attempt + 1 }`, back to `processing`.
+pub async fn claim_failed_retryable_claims_again(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (first, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    let done = store
+        .complete(&scope, &key, first, &retryable(), &policy(), h.now())
+        .await
+        .unwrap();
+    assert_eq!(done, idem_core::CompleteAnswer::MarkedRetryable);
+    h.advance(Duration::from_secs(1));
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &policy(), h.now())
+        .await
+        .unwrap();
+    let ClaimAnswer::Claimed {
+        token,
+        attempt,
+        kind,
+    } = answer
+    else {
+        panic!("failed_retryable: expected Claimed, got {answer:?}");
+    };
+    assert_eq!((attempt, kind), (2, ClaimKind::Retry));
+    assert!(token > first && token.seq == first.seq + 1);
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.token, r.attempt),
+        (RecordState::Processing, token, 2)
+    );
+    assert_eq!(r.outcome, None, "a new attempt starts without an outcome");
+}
+
+/// Which state the record is in before a mismatching claim.
+enum Then {
+    Stay,
+    Complete,
+    Release,
+}
+
+async fn mismatch_leaves_record(h: &Harness, then: Then) {
+    let (store, scope, key) = one(h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    match then {
+        Then::Stay => {}
+        Then::Complete => {
+            store
+                .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
+                .await
+                .unwrap();
+        }
+        Then::Release => {
+            store.release(&scope, &key, token, h.now()).await.unwrap();
+        }
+    }
+    let before = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    for (advance, p) in [(0, policy()), (LEASE.as_secs() + 1, takeover())] {
+        h.advance(Duration::from_secs(advance));
+        let answer = store
+            .claim(&scope, &key, &fp("b"), &p, h.now())
+            .await
+            .unwrap();
+        assert_eq!(
+            answer,
+            ClaimAnswer::FingerprintMismatch,
+            "{:?} record, other request",
+            before.state
+        );
+    }
+    let after = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(before, after, "a mismatch changes nothing");
+}
+
+/// `processing`, other fingerprint → `FingerprintMismatch`, nothing written (also when stale
+/// under `Takeover`).
+pub async fn claim_mismatch_on_processing(h: Harness) {
+    mismatch_leaves_record(&h, Then::Stay).await;
+}
+
+/// `completed`, other fingerprint → `FingerprintMismatch`, nothing written.
+pub async fn claim_mismatch_on_completed(h: Harness) {
+    mismatch_leaves_record(&h, Then::Complete).await;
+}
+
+/// `failed_retryable`, other fingerprint → `FingerprintMismatch`, nothing written.
+pub async fn claim_mismatch_on_failed_retryable(h: Harness) {
+    mismatch_leaves_record(&h, Then::Release).await;
+}
+
+/// Token ids are random: claims of different keys never share one.
+pub async fn claim_tokens_are_unique_across_keys(h: Harness) {
+    let store = h.store().await;
+    let scope = h.scope("s");
+    let mut ids = std::collections::HashSet::new();
+    for i in 0..20 {
+        let key = h.key(&format!("k-{i}"));
+        let (token, _) = claimed(
+            &store
+                .claim(&scope, &key, &fp("a"), &policy(), h.now())
+                .await
+                .unwrap(),
+            "absent key",
+        );
+        assert!(ids.insert(token.id), "token id reused across keys");
+    }
+}

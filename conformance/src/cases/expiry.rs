@@ -1,0 +1,390 @@
+//! SPEC §3.6 and §3.7: expiry, purge, inspection.
+//!
+//! The purge and list cases run decades in the past (see the crate docs), so that purging cannot
+//! touch the records of cases running at the wall clock's time.
+
+use idem_core::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, RecordState, ReleaseAnswer};
+
+use super::*;
+use crate::Harness;
+
+/// An expired record is absent to `get`, from any handle.
+pub async fn expiry_expired_record_is_absent_to_get(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    store
+        .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
+        .await
+        .unwrap();
+    h.advance(TTL + Duration::from_secs(1));
+    assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);
+    assert_eq!(
+        h.store().await.get(&scope, &key, h.now()).await.unwrap(),
+        None
+    );
+}
+
+/// `now == expires_at` is expired; one millisecond before is not.
+pub async fn expiry_boundary_is_exact(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let t0 = h.now();
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), t0)
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    store
+        .complete(&scope, &key, token, &ok("T"), &policy(), t0)
+        .await
+        .unwrap();
+    let expires = t0 + TTL;
+    let before = expires - Duration::from_millis(1);
+    assert!(
+        store.get(&scope, &key, before).await.unwrap().is_some(),
+        "alive 1 ms before expires_at"
+    );
+    assert_eq!(
+        store
+            .claim(&scope, &key, &fp("a"), &policy(), before)
+            .await
+            .unwrap(),
+        ClaimAnswer::Replay(ok("T"))
+    );
+    assert_eq!(
+        store.get(&scope, &key, expires).await.unwrap(),
+        None,
+        "gone at expires_at"
+    );
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &policy(), expires)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            ClaimAnswer::Claimed {
+                kind: ClaimKind::ExpiredReplaced,
+                attempt: 1,
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
+}
+
+/// An expired completed record is replaced by a new claim (even for another request), whose
+/// token continues upward; the old outcome is gone.
+pub async fn expiry_expired_completed_is_claimed_again(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (old, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    store
+        .complete(&scope, &key, old, &ok("T-old"), &policy(), h.now())
+        .await
+        .unwrap();
+    h.advance(TTL + Duration::from_secs(60));
+    let answer = store
+        .claim(&scope, &key, &fp("b"), &policy(), h.now())
+        .await
+        .unwrap();
+    let ClaimAnswer::Claimed {
+        token,
+        attempt,
+        kind,
+    } = answer
+    else {
+        panic!("expired record: expected Claimed, got {answer:?}");
+    };
+    assert_eq!((attempt, kind), (1, ClaimKind::ExpiredReplaced));
+    assert!(
+        token > old,
+        "the token continues upward: {token:?} after {old:?}"
+    );
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.fingerprint, r.outcome),
+        (RecordState::Processing, fp("b"), None)
+    );
+    assert_eq!(r.created_at, h.now(), "a new record");
+}
+
+/// A holder whose record expired can no longer complete, release or extend.
+pub async fn expiry_holder_cannot_act_after_expiry(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    h.advance(TTL);
+    assert_eq!(
+        store
+            .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
+            .await
+            .unwrap(),
+        CompleteAnswer::Fenced
+    );
+    assert_eq!(
+        store.release(&scope, &key, token, h.now()).await.unwrap(),
+        ReleaseAnswer::Fenced
+    );
+    assert_eq!(
+        store
+            .extend(&scope, &key, token, LEASE, h.now())
+            .await
+            .unwrap(),
+        ExtendAnswer::Fenced
+    );
+    assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);
+}
+
+/// `purge_expired` deletes expired records in batches of at most `limit` and never a live one.
+pub async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
+    let store = h.store().await;
+    let base = ancient(1975, 1976);
+    let scope = h.scope("purge");
+    let mut expired = Vec::new();
+    for i in 0..5 {
+        let key = h.key(&format!("old-{i}"));
+        let (t, _) = claimed(
+            &store
+                .claim(&scope, &key, &fp("a"), &policy(), base)
+                .await
+                .unwrap(),
+            "absent key",
+        );
+        if i % 2 == 0 {
+            store
+                .complete(&scope, &key, t, &ok("T"), &policy(), base)
+                .await
+                .unwrap();
+        }
+        expired.push(key);
+    }
+    // Live at purge time: claimed later, with a ttl reaching far beyond any purge of the suite.
+    let long = policy()
+        .to_builder()
+        .ttl(Duration::from_secs(200 * 365 * 24 * 3600))
+        .build()
+        .unwrap();
+    let live = h.key("live");
+    let live_at = base + Duration::from_secs(5400);
+    let (t, _) = claimed(
+        &store
+            .claim(&scope, &live, &fp("a"), &long, live_at)
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    store
+        .complete(&scope, &live, t, &ok("L"), &long, live_at)
+        .await
+        .unwrap();
+
+    let purge_at = base + TTL + Duration::from_secs(3600);
+    // Before the purge the expired records are still there, seen from before their expiry.
+    for key in &expired {
+        assert!(
+            store.get(&scope, key, base).await.unwrap().is_some(),
+            "record written"
+        );
+    }
+    let (mut total, mut rounds) = (0, 0);
+    loop {
+        let n = store.purge_expired(purge_at, 2).await.unwrap();
+        assert!(
+            n <= 2,
+            "purge_expired deleted {n} records with a limit of 2"
+        );
+        total += n;
+        rounds += 1;
+        if n < 2 {
+            break;
+        }
+        assert!(rounds < 10_000, "purge never finished");
+    }
+    assert!(
+        total >= expired.len(),
+        "purged {total}, expected at least {}",
+        expired.len()
+    );
+    for key in &expired {
+        assert_eq!(
+            store.get(&scope, key, base).await.unwrap(),
+            None,
+            "expired record {key} still stored"
+        );
+    }
+    let r = store
+        .get(&scope, &live, purge_at)
+        .await
+        .unwrap()
+        .expect("live record purged");
+    assert_eq!(r.outcome, Some(ok("L")));
+    assert_eq!(
+        store.purge_expired(purge_at, 100).await.unwrap(),
+        0,
+        "nothing left to purge"
+    );
+}
+
+/// A record purged and created again never gets a token its old holder has: the old holder is
+/// fenced out of the new record.
+pub async fn expiry_tokens_never_reused_after_purge(h: Harness) {
+    let store = h.store().await;
+    let (scope, key) = (h.scope("s"), h.key("k"));
+    let base = ancient(1975, 1976);
+    let (old, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), base)
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    let later = base + TTL + Duration::from_secs(1);
+    while store.purge_expired(later, 1000).await.unwrap() == 1000 {}
+    assert_eq!(store.get(&scope, &key, base).await.unwrap(), None, "purged");
+    let (new, attempt) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), later)
+            .await
+            .unwrap(),
+        "after purge",
+    );
+    assert_eq!(attempt, 1);
+    assert_ne!(new, old, "a token is never reused, even after a purge");
+    assert_eq!(
+        store
+            .complete(&scope, &key, old, &ok("old"), &policy(), later)
+            .await
+            .unwrap(),
+        CompleteAnswer::Fenced
+    );
+    let r = store.get(&scope, &key, later).await.unwrap().unwrap();
+    assert_eq!((r.state, r.token), (RecordState::Processing, new));
+}
+
+/// `get` returns the record as stored, and `None` for a key never claimed.
+pub async fn inspect_get_returns_the_record(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);
+    let t0 = h.now();
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), t0)
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    h.advance(Duration::from_secs(2));
+    store
+        .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
+        .await
+        .unwrap();
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(r.created_at, t0);
+    assert_eq!(r.updated_at, h.now());
+    assert_eq!(r.lease_until, t0 + LEASE);
+    assert_eq!(
+        (r.attempt, r.token, r.state),
+        (1, token, RecordState::Completed)
+    );
+    assert_eq!(
+        store.get(&scope, &h.key("other"), h.now()).await.unwrap(),
+        None
+    );
+}
+
+/// `list_in_flight(older_than, limit)` returns the `processing` records whose lease ended by
+/// `older_than`, earliest first, at most `limit`; not running leases, not completed, not
+/// released, not expired.
+pub async fn inspect_list_in_flight_returns_only_stale_processing(h: Harness) {
+    let store = h.store().await;
+    let base = ancient(1980, 2000);
+    let scope = h.scope("list");
+    let at = |s: u64| base + Duration::from_secs(s);
+    let claim = |key: &'static str, t| {
+        let (store, scope, key) = (store.clone(), scope.clone(), h.key(key));
+        async move {
+            claimed(
+                &store
+                    .claim(&scope, &key, &fp("a"), &policy(), t)
+                    .await
+                    .unwrap(),
+                "absent key",
+            )
+            .0
+        }
+    };
+    // Claimed at 0, 10, 20 s: leases end at 30, 40, 50 s.
+    claim("stale-1", at(0)).await;
+    claim("stale-2", at(10)).await;
+    claim("running", at(20)).await;
+    let done = claim("completed", at(0)).await;
+    store
+        .complete(
+            &scope,
+            &h.key("completed"),
+            done,
+            &ok("T"),
+            &policy(),
+            at(1),
+        )
+        .await
+        .unwrap();
+    let released = claim("released", at(0)).await;
+    store
+        .release(&scope, &h.key("released"), released, at(1))
+        .await
+        .unwrap();
+    // Stale at 30 s too, but expired at 31 s: never listed below.
+    let short = policy()
+        .to_builder()
+        .ttl(Duration::from_secs(31))
+        .build()
+        .unwrap();
+    store
+        .claim(&scope, &h.key("expired"), &fp("a"), &short, at(0))
+        .await
+        .unwrap();
+
+    let mine = |records: Vec<idem_core::Record>| -> Vec<String> {
+        records
+            .into_iter()
+            .filter(|r| r.scope == scope)
+            .map(|r| r.key.to_string())
+            .collect()
+    };
+    let listed = mine(store.list_in_flight(at(45), 1000).await.unwrap());
+    assert_eq!(
+        listed,
+        ["stale-1", "stale-2"],
+        "stale processing records, earliest lease first"
+    );
+    let listed = mine(store.list_in_flight(at(35), 1000).await.unwrap());
+    assert_eq!(listed, ["stale-1"], "only leases ended by older_than");
+    let first = store.list_in_flight(at(45), 1).await.unwrap();
+    assert_eq!(first.len(), 1, "limit respected");
+    assert_eq!(mine(first), ["stale-1"], "the earliest lease comes first");
+    let listed = mine(store.list_in_flight(at(70), 1000).await.unwrap());
+    assert_eq!(
+        listed,
+        ["stale-1", "stale-2", "running"],
+        "the expired record is absent"
+    );
+}

@@ -1,0 +1,379 @@
+//! SPEC §2 `complete` / `release` / `extend` and SPEC §3.3: only the current token acts.
+
+use idem_core::{
+    CachePolicy, ClaimAnswer, CompleteAnswer, ExtendAnswer, RecordState, ReleaseAnswer,
+};
+
+use super::*;
+use crate::Harness;
+
+/// Definitive outcome → `completed`, outcome stored, expiry renewed to now + ttl.
+pub async fn fencing_complete_definitive_completes(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    h.advance(Duration::from_secs(3));
+    let answer = store
+        .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
+        .await
+        .unwrap();
+    assert_eq!(answer, CompleteAnswer::Completed);
+    let r = h
+        .store()
+        .await
+        .get(&scope, &key, h.now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.state, RecordState::Completed);
+    assert_eq!(r.outcome, Some(ok("T-1")));
+    assert_eq!(r.token, token);
+    assert_eq!(r.expires_at, h.now() + TTL, "completion renews the expiry");
+}
+
+/// Retryable outcome under `DefinitiveOnly` → `failed_retryable`; the next claim runs again.
+pub async fn fencing_retryable_under_definitive_only_is_failed_retryable(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    let answer = store
+        .complete(&scope, &key, token, &retryable(), &policy(), h.now())
+        .await
+        .unwrap();
+    assert_eq!(answer, CompleteAnswer::MarkedRetryable);
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(r.state, RecordState::FailedRetryable);
+    let again = store
+        .claim(&scope, &key, &fp("a"), &policy(), h.now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, ClaimAnswer::Claimed { attempt: 2, .. }),
+        "{again:?}"
+    );
+}
+
+/// Retryable outcome under `CacheAll` → `completed`; it replays forever.
+pub async fn fencing_retryable_under_cache_all_completes(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let all = policy()
+        .to_builder()
+        .cache(CachePolicy::CacheAll)
+        .build()
+        .unwrap();
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &all, h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    let answer = store
+        .complete(&scope, &key, token, &retryable(), &all, h.now())
+        .await
+        .unwrap();
+    assert_eq!(answer, CompleteAnswer::Completed);
+    let again = store
+        .claim(&scope, &key, &fp("a"), &all, h.now())
+        .await
+        .unwrap();
+    assert_eq!(again, ClaimAnswer::Replay(retryable()));
+}
+
+/// A record completes once: a second `complete` with the same token is `Fenced` and the first
+/// outcome stands.
+pub async fn fencing_second_complete_is_fenced(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    store
+        .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
+        .await
+        .unwrap();
+    let second = store
+        .complete(&scope, &key, token, &ok("T-2"), &policy(), h.now())
+        .await
+        .unwrap();
+    assert_eq!(second, CompleteAnswer::Fenced);
+    assert_eq!(
+        store.release(&scope, &key, token, h.now()).await.unwrap(),
+        ReleaseAnswer::Fenced
+    );
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.outcome),
+        (RecordState::Completed, Some(ok("T-1")))
+    );
+}
+
+/// Holder A's lease elapses, B takes over and completes; A's late `complete` is `Fenced` and
+/// B's outcome stands.
+pub async fn fencing_stale_token_cannot_complete_after_takeover(h: Harness) {
+    let (a, scope, key) = one(&h).await;
+    let b = h.store().await;
+    let (old, _) = claimed(
+        &a.claim(&scope, &key, &fp("a"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    h.advance(LEASE + Duration::from_secs(1));
+    let (new, _) = claimed(
+        &b.claim(&scope, &key, &fp("a"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        "takeover",
+    );
+    // The old holder tries before and after the new one finishes.
+    assert_eq!(
+        a.complete(&scope, &key, old, &ok("A"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        CompleteAnswer::Fenced
+    );
+    assert_eq!(
+        b.complete(&scope, &key, new, &ok("B"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    assert_eq!(
+        a.complete(&scope, &key, old, &ok("A"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        CompleteAnswer::Fenced
+    );
+    let r = a.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(ok("B")), "the newer holder's result stands");
+    assert_eq!(r.token, new);
+}
+
+/// A stale token cannot release the newer holder's claim.
+pub async fn fencing_stale_token_cannot_release(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (old, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    h.advance(LEASE);
+    let (new, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        "takeover",
+    );
+    assert_eq!(
+        store.release(&scope, &key, old, h.now()).await.unwrap(),
+        ReleaseAnswer::Fenced
+    );
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.token),
+        (RecordState::Processing, new),
+        "still the new holder's claim"
+    );
+    // And a forged token with the current seq but another id is fenced too.
+    let forged = Token::with_id(new.seq, new.id ^ 1);
+    assert_eq!(
+        store.release(&scope, &key, forged, h.now()).await.unwrap(),
+        ReleaseAnswer::Fenced
+    );
+    assert_eq!(
+        store
+            .extend(&scope, &key, forged, LEASE, h.now())
+            .await
+            .unwrap(),
+        ExtendAnswer::Fenced
+    );
+    assert_eq!(
+        store
+            .complete(&scope, &key, forged, &ok("X"), &policy(), h.now())
+            .await
+            .unwrap(),
+        CompleteAnswer::Fenced
+    );
+    assert_eq!(store.get(&scope, &key, h.now()).await.unwrap().unwrap(), r);
+}
+
+/// A stale token cannot extend the lease.
+pub async fn fencing_stale_token_cannot_extend(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (old, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    h.advance(LEASE);
+    claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        "takeover",
+    );
+    let before = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    let answer = store
+        .extend(&scope, &key, old, Duration::from_secs(3600), h.now())
+        .await
+        .unwrap();
+    assert_eq!(answer, ExtendAnswer::Fenced);
+    assert_eq!(
+        store.get(&scope, &key, h.now()).await.unwrap().unwrap(),
+        before,
+        "nothing written"
+    );
+}
+
+/// complete / release / extend on a key that was never claimed are `Fenced` and create nothing.
+pub async fn fencing_unknown_key_is_fenced(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let token = Token::new(1);
+    assert_eq!(
+        store
+            .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
+            .await
+            .unwrap(),
+        CompleteAnswer::Fenced
+    );
+    assert_eq!(
+        store.release(&scope, &key, token, h.now()).await.unwrap(),
+        ReleaseAnswer::Fenced
+    );
+    assert_eq!(
+        store
+            .extend(&scope, &key, token, LEASE, h.now())
+            .await
+            .unwrap(),
+        ExtendAnswer::Fenced
+    );
+    assert_eq!(
+        store.get(&scope, &key, h.now()).await.unwrap(),
+        None,
+        "no record created"
+    );
+}
+
+/// `release` → `failed_retryable` without outcome; the retry claims with the next token.
+pub async fn fencing_release_then_retry(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    assert_eq!(
+        store.release(&scope, &key, token, h.now()).await.unwrap(),
+        ReleaseAnswer::Released
+    );
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.outcome.as_ref()),
+        (RecordState::FailedRetryable, None)
+    );
+    assert_eq!(
+        store.release(&scope, &key, token, h.now()).await.unwrap(),
+        ReleaseAnswer::Fenced,
+        "released once"
+    );
+    let (next, attempt) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "after release",
+    );
+    assert!(next > token && attempt == 2);
+}
+
+/// `extend` renews the lease: a claim after the original lease is still `InFlight`, not stale,
+/// and even `Takeover` cannot take it.
+pub async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    h.advance(Duration::from_secs(20));
+    let answer = store
+        .extend(&scope, &key, token, Duration::from_secs(60), h.now())
+        .await
+        .unwrap();
+    let until = h.now() + Duration::from_secs(60);
+    assert_eq!(answer, ExtendAnswer::Extended { lease_until: until });
+    h.advance(Duration::from_secs(40)); // past the original lease, inside the new one
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        answer,
+        ClaimAnswer::InFlight {
+            retry_after: Duration::from_secs(20),
+            stale: false
+        }
+    );
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!((r.token, r.lease_until), (token, until));
+    assert!(
+        r.expires_at >= until + (TTL - LEASE),
+        "the record outlives its lease by the same margin"
+    );
+    assert_eq!(
+        store
+            .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+}
+
+/// The fingerprint stored at claim is the one on the completed record (SPEC §3.3).
+pub async fn fencing_fingerprint_kept_on_completion(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let (token, _) = claimed(
+        &store
+            .claim(&scope, &key, &fp("a"), &policy(), h.now())
+            .await
+            .unwrap(),
+        "absent key",
+    );
+    store
+        .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
+        .await
+        .unwrap();
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(r.fingerprint, fp("a"));
+    assert_eq!(
+        store
+            .claim(&scope, &key, &fp("b"), &policy(), h.now())
+            .await
+            .unwrap(),
+        ClaimAnswer::FingerprintMismatch
+    );
+}

@@ -1,0 +1,157 @@
+//! The cases, by group. Each is an `async fn(Harness)` that panics on failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    ClaimAnswer, Fingerprint, KeyStore, Outcome, OutcomeClass, Policy, StalePolicy, Timestamp,
+    Token,
+};
+
+use crate::Case;
+
+pub mod claim;
+pub mod concurrency;
+pub mod executor;
+pub mod expiry;
+pub mod fencing;
+pub mod outcome;
+pub mod scope;
+
+/// Every case; the one list both [`crate::conformance_tests!`] and [`crate::run_all`] read.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_list {
+    ($callback:ident $args:tt) => {
+        $crate::$callback! { $args
+            claim::claim_absent_key_is_claimed_as_attempt_one,
+            claim::claim_writes_a_processing_record,
+            claim::claim_while_lease_runs_is_in_flight,
+            claim::claim_in_flight_writes_nothing,
+            claim::claim_stale_under_reconcile_is_stale_in_flight,
+            claim::claim_stale_under_takeover_claims_next_token,
+            claim::claim_completed_replays,
+            claim::claim_failed_retryable_claims_again,
+            claim::claim_mismatch_on_processing,
+            claim::claim_mismatch_on_completed,
+            claim::claim_mismatch_on_failed_retryable,
+            claim::claim_tokens_are_unique_across_keys,
+            fencing::fencing_complete_definitive_completes,
+            fencing::fencing_retryable_under_definitive_only_is_failed_retryable,
+            fencing::fencing_retryable_under_cache_all_completes,
+            fencing::fencing_second_complete_is_fenced,
+            fencing::fencing_stale_token_cannot_complete_after_takeover,
+            fencing::fencing_stale_token_cannot_release,
+            fencing::fencing_stale_token_cannot_extend,
+            fencing::fencing_unknown_key_is_fenced,
+            fencing::fencing_release_then_retry,
+            fencing::fencing_extend_keeps_the_claim_alive,
+            fencing::fencing_fingerprint_kept_on_completion,
+            scope::scope_same_key_two_scopes_two_records,
+            scope::scope_no_cross_scope_replay,
+            outcome::outcome_replays_byte_for_byte,
+            outcome::outcome_unicode_and_escapes_survive,
+            outcome::outcome_up_to_the_limit_is_stored,
+            outcome::outcome_over_the_limit_is_refused_and_nothing_stored,
+            expiry::expiry_expired_record_is_absent_to_get,
+            expiry::expiry_boundary_is_exact,
+            expiry::expiry_expired_completed_is_claimed_again,
+            expiry::expiry_holder_cannot_act_after_expiry,
+            expiry::expiry_purge_deletes_in_batches_and_keeps_live,
+            expiry::expiry_tokens_never_reused_after_purge,
+            expiry::inspect_get_returns_the_record,
+            expiry::inspect_list_in_flight_returns_only_stale_processing,
+            concurrency::concurrency_64_claims_one_key_one_winner,
+            concurrency::concurrency_200_keys_one_winner_each,
+            concurrency::concurrency_executor_runs_once,
+            executor::executor_same_key_twice_one_effect,
+            executor::executor_mismatch_runs_nothing,
+            executor::executor_in_flight_runs_nothing,
+            executor::executor_expired_record_runs_once_more,
+            executor::executor_retryable_failure_then_one_success,
+            executor::executor_fenced_holder_cannot_overwrite,
+        }
+    };
+}
+
+/// Every case of the suite.
+pub static ALL: &[Case] = crate::__case_list!(__emit_table());
+
+/// The lease the cases use.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// The ttl the cases use.
+pub const TTL: Duration = Duration::from_secs(3600);
+
+/// The cases' default policy: 30 s lease, 1 h ttl, `Reconcile`, `DefinitiveOnly`, 1 MiB.
+pub fn policy() -> Policy {
+    Policy::builder()
+        .lease(LEASE)
+        .ttl(TTL)
+        .build()
+        .expect("valid policy")
+}
+
+/// [`policy`] with [`StalePolicy::Takeover`].
+pub fn takeover() -> Policy {
+    policy()
+        .to_builder()
+        .stale(StalePolicy::Takeover)
+        .build()
+        .expect("valid policy")
+}
+
+/// The fingerprint of the `create_ticket` request titled `title`.
+pub fn fp(title: &str) -> Fingerprint {
+    Fingerprint::of(
+        "create_ticket",
+        &serde_json::json!({"title": title, "account_id": "A-1"}),
+    )
+    .expect("fingerprint")
+}
+
+/// A definitive 201 outcome naming `ticket`.
+pub fn ok(ticket: &str) -> Outcome {
+    Outcome::definitive(201, &serde_json::json!({"ticket_id": ticket})).expect("outcome")
+}
+
+/// A retryable 503 outcome.
+pub fn retryable() -> Outcome {
+    Outcome::new(
+        503,
+        &serde_json::json!({"error": "upstream timeout"}),
+        OutcomeClass::Retryable,
+    )
+    .expect("outcome")
+}
+
+/// The token and attempt of a `Claimed` answer; panics with `context` otherwise.
+#[track_caller]
+pub fn claimed(answer: &ClaimAnswer, context: &str) -> (Token, u32) {
+    match answer {
+        ClaimAnswer::Claimed { token, attempt, .. } => (*token, *attempt),
+        other => panic!("{context}: expected Claimed, got {other:?}"),
+    }
+}
+
+/// A random instant in the given range of years since 1970 (for cases that must not share their
+/// time with any other case).
+pub fn ancient(from_year: u64, to_year: u64) -> Timestamp {
+    const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
+    let span = (to_year - from_year) * YEAR_MS;
+    Timestamp::from_millis((from_year - 1970) * YEAR_MS + rand::random::<u64>() % span)
+}
+
+/// A store handle and the harness's scope/key for one record.
+pub async fn one(
+    h: &crate::Harness,
+) -> (
+    Arc<dyn KeyStore>,
+    idem_core::Scope,
+    idem_core::IdempotencyKey,
+) {
+    (
+        h.store().await,
+        h.scope("s"),
+        h.key("wf-1:step-1:create_ticket"),
+    )
+}
