@@ -1,0 +1,397 @@
+//! The executor's own behaviour: cancellation (SPEC §2), errors before and after the operation,
+//! heartbeats. Store-independent behaviour is in the conformance suite.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::{
+    Error, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
+    Policy, Record, RecordState, Scope, StoreError, Timestamp, Token, async_trait,
+};
+use serde_json::json;
+use tokio::sync::{Notify, Semaphore};
+
+/// A MemoryStore whose claim and complete can be held at a gate or made to fail, and which
+/// counts calls.
+#[derive(Debug, Default)]
+struct Knobs {
+    claim_gate: Option<Semaphore>,
+    complete_gate: Option<Semaphore>,
+    fail_claim: AtomicBool,
+    fail_complete: AtomicBool,
+    releases: AtomicUsize,
+    completes: AtomicUsize,
+    called: Notify,
+}
+
+#[derive(Debug, Clone)]
+struct TestStore {
+    inner: MemoryStore,
+    knobs: Arc<Knobs>,
+}
+
+fn down() -> StoreError {
+    StoreError::unavailable(
+        "test: store is down",
+        std::io::Error::other("connection refused"),
+    )
+}
+
+#[async_trait]
+impl KeyStore for TestStore {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
+        if let Some(gate) = &self.knobs.claim_gate {
+            gate.acquire().await.unwrap().forget();
+        }
+        if self.knobs.fail_claim.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        self.inner.claim(scope, key, fingerprint, policy, now).await
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
+        if let Some(gate) = &self.knobs.complete_gate {
+            gate.acquire().await.unwrap().forget();
+        }
+        if self.knobs.fail_complete.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        let answer = self
+            .inner
+            .complete(scope, key, token, outcome, policy, now)
+            .await;
+        self.knobs.completes.fetch_add(1, Ordering::SeqCst);
+        self.knobs.called.notify_one();
+        answer
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError> {
+        let answer = self.inner.release(scope, key, token, now).await;
+        self.knobs.releases.fetch_add(1, Ordering::SeqCst);
+        self.knobs.called.notify_one();
+        answer
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError> {
+        self.inner.extend(scope, key, token, lease, now).await
+    }
+
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
+        self.inner.get(scope, key, now).await
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_in_flight(older_than, limit).await
+    }
+
+    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(now, limit).await
+    }
+}
+
+struct Setup {
+    store: TestStore,
+    clock: ManualClock,
+    executor: Executor,
+    scope: Scope,
+    key: IdempotencyKey,
+    fp: Fingerprint,
+    effects: Arc<AtomicUsize>,
+}
+
+fn setup(knobs: Knobs, policy: Policy) -> Setup {
+    let store = TestStore {
+        inner: MemoryStore::new(),
+        knobs: Arc::new(knobs),
+    };
+    let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+    let executor = Executor::new(store.clone())
+        .with_policy(policy)
+        .with_clock(clock.clone())
+        .with_spawner(|task| {
+            tokio::spawn(task);
+        });
+    Setup {
+        store,
+        clock,
+        executor,
+        scope: Scope::new("tenant/tool").unwrap(),
+        key: IdempotencyKey::new("wf-1:step-1").unwrap(),
+        fp: Fingerprint::of("tool", &json!({"a": 1})).unwrap(),
+        effects: Arc::new(AtomicUsize::new(0)),
+    }
+}
+
+fn ok() -> Outcome {
+    Outcome::definitive(200, &json!({"done": true})).unwrap()
+}
+
+impl Setup {
+    async fn record(&self) -> Option<Record> {
+        self.store
+            .get(&self.scope, &self.key, idem_core::Clock::now(&self.clock))
+            .await
+            .unwrap()
+    }
+
+    /// Runs the call in a task whose operation counts an effect and then waits on `hold`.
+    fn spawn_call(
+        &self,
+        hold: Option<Arc<Semaphore>>,
+    ) -> tokio::task::JoinHandle<Result<idem_core::Execution, Error>> {
+        let (executor, scope, key, fp, effects) = (
+            self.executor.clone(),
+            self.scope.clone(),
+            self.key.clone(),
+            self.fp.clone(),
+            self.effects.clone(),
+        );
+        tokio::spawn(async move {
+            executor
+                .run(&scope, &key, &fp, |_| async move {
+                    effects.fetch_add(1, Ordering::SeqCst);
+                    if let Some(hold) = hold {
+                        hold.acquire().await.unwrap().forget();
+                    }
+                    ok()
+                })
+                .await
+        })
+    }
+}
+
+#[tokio::test]
+async fn caller_dropped_before_the_operation_started_releases_the_claim() {
+    let s = setup(
+        Knobs {
+            claim_gate: Some(Semaphore::new(0)),
+            ..Knobs::default()
+        },
+        Policy::default(),
+    );
+    let call = s.spawn_call(None);
+    tokio::task::yield_now().await;
+    // The caller goes away while its claim is still in the store.
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    // The store now answers: the claim is won, but nobody is there to run the operation.
+    s.store.knobs.claim_gate.as_ref().unwrap().add_permits(1);
+    tokio::time::timeout(Duration::from_secs(10), s.store.knobs.called.notified())
+        .await
+        .expect("the abandoned claim is released");
+    assert_eq!(s.store.knobs.releases.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        s.effects.load(Ordering::SeqCst),
+        0,
+        "the operation never ran"
+    );
+    let r = s.record().await.unwrap();
+    assert_eq!(
+        r.state,
+        RecordState::FailedRetryable,
+        "released, so a retry may run it"
+    );
+    // And the retry does run it, once.
+    s.store.knobs.claim_gate.as_ref().unwrap().add_permits(1);
+    assert!(!s.spawn_call(None).await.unwrap().unwrap().is_replay());
+    assert_eq!(s.effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn caller_dropped_while_the_operation_runs_leaves_it_processing() {
+    let s = setup(Knobs::default(), Policy::default());
+    let hold = Arc::new(Semaphore::new(0));
+    let call = s.spawn_call(Some(hold.clone()));
+    while s.effects.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        s.store.knobs.releases.load(Ordering::SeqCst),
+        0,
+        "never guess it did not happen"
+    );
+    let r = s.record().await.unwrap();
+    assert_eq!(r.state, RecordState::Processing);
+    // A retry is told the call is in flight; it does not run the effect again.
+    let err = s.spawn_call(None).await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, Error::InFlight { stale: false, .. }),
+        "{err:?}"
+    );
+    assert_eq!(s.effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn caller_dropped_while_recording_still_records_the_outcome() {
+    let s = setup(
+        Knobs {
+            complete_gate: Some(Semaphore::new(0)),
+            ..Knobs::default()
+        },
+        Policy::default(),
+    );
+    let call = s.spawn_call(None);
+    while s.effects.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    tokio::task::yield_now().await;
+    call.abort();
+    let _ = call.await;
+    s.store.knobs.complete_gate.as_ref().unwrap().add_permits(1);
+    tokio::time::timeout(Duration::from_secs(10), s.store.knobs.called.notified())
+        .await
+        .expect("the completion runs to the end");
+    let r = s.record().await.unwrap();
+    assert_eq!((r.state, r.outcome), (RecordState::Completed, Some(ok())));
+    s.store.knobs.complete_gate.as_ref().unwrap().add_permits(1);
+    assert!(s.spawn_call(None).await.unwrap().unwrap().is_replay());
+    assert_eq!(s.effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn store_down_at_claim_runs_nothing() {
+    let s = setup(Knobs::default(), Policy::default());
+    s.store.knobs.fail_claim.store(true, Ordering::SeqCst);
+    let err = s.spawn_call(None).await.unwrap().unwrap_err();
+    match &err {
+        Error::Store(e) => assert!(e.is_unavailable()),
+        other => panic!("expected Store(Unavailable), got {other:?}"),
+    }
+    assert!(!err.operation_ran());
+    assert_eq!(
+        s.effects.load(Ordering::SeqCst),
+        0,
+        "never a silent proceed"
+    );
+    assert_eq!(s.record().await, None);
+}
+
+#[tokio::test]
+async fn store_down_at_completion_reports_the_outcome_and_leaves_processing() {
+    let s = setup(Knobs::default(), Policy::default());
+    s.store.knobs.fail_complete.store(true, Ordering::SeqCst);
+    let err = s.spawn_call(None).await.unwrap().unwrap_err();
+    match &err {
+        Error::NotRecorded { outcome, source } => {
+            assert_eq!(**outcome, ok());
+            assert!(source.is_unavailable());
+        }
+        other => panic!("expected NotRecorded, got {other:?}"),
+    }
+    assert!(err.operation_ran());
+    assert_eq!(s.record().await.unwrap().state, RecordState::Processing);
+    // The store is back; the retry is in flight, not a second effect.
+    s.store.knobs.fail_complete.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        s.spawn_call(None).await.unwrap(),
+        Err(Error::InFlight { .. })
+    ));
+    assert_eq!(s.effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn oversized_outcome_is_not_stored_and_says_the_operation_ran() {
+    let policy = Policy::builder().max_outcome_bytes(8).build().unwrap();
+    let s = setup(Knobs::default(), policy);
+    let err = s.spawn_call(None).await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutcomeTooLarge {
+                size: 13,
+                limit: 8,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(s.record().await.unwrap().state, RecordState::Processing);
+}
+
+#[tokio::test]
+async fn heartbeat_extends_and_reports_a_lost_claim() {
+    let policy = Policy::builder()
+        .stale(idem_core::StalePolicy::Takeover)
+        .build()
+        .unwrap();
+    let s = setup(Knobs::default(), policy);
+    let clock = s.clock.clone();
+    let executor2 = s.executor.clone();
+    let (scope, key, fp) = (s.scope.clone(), s.key.clone(), s.fp.clone());
+    let result = s
+        .executor
+        .run(&s.scope, &s.key, &s.fp, |attempt| async move {
+            clock.advance(Duration::from_secs(20));
+            assert!(
+                attempt.extend(Duration::from_secs(30)).await.unwrap(),
+                "still held"
+            );
+            clock.advance(Duration::from_secs(25)); // past the original lease, inside the new one
+            let inner = executor2.run(&scope, &key, &fp, |_| async { ok() }).await;
+            assert!(
+                matches!(inner, Err(Error::InFlight { stale: false, .. })),
+                "{inner:?}"
+            );
+            clock.advance(Duration::from_secs(10)); // lease lost
+            let taker = executor2
+                .run(&scope, &key, &fp, |_| async { ok() })
+                .await
+                .unwrap();
+            assert!(!taker.is_replay(), "taken over");
+            assert!(
+                !attempt.extend(Duration::from_secs(30)).await.unwrap(),
+                "lost: stop now"
+            );
+            assert_eq!(
+                attempt.downstream_key("stripe"),
+                idem_core::downstream_key(&scope, &key, "stripe")
+            );
+            ok()
+        })
+        .await;
+    assert!(matches!(result, Err(Error::Fenced { .. })), "{result:?}");
+}
