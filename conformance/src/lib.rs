@@ -306,3 +306,8 @@ macro_rules! __emit_table {
         )*]
     };
 }
+
+/// The root README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
