@@ -184,11 +184,7 @@ impl KeyStore for Broken {
         let records: Vec<Record> = self.map.lock().unwrap().values().cloned().collect();
         let mut stale: Vec<Record> = records
             .into_iter()
-            .filter(|r| {
-                r.state == idem_core::RecordState::Processing
-                    && r.lease_elapsed(older_than)
-                    && !r.is_expired(older_than)
-            })
+            .filter(|r| r.is_stale_processing(older_than))
             .collect();
         stale.sort_by_key(|r| r.lease_until);
         stale.truncate(limit);

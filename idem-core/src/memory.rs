@@ -10,8 +10,8 @@ use crate::machine::{
     self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
 };
 use crate::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState, Scope, StoreError,
-    Timestamp, Token,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope, StoreError, Timestamp,
+    Token,
 };
 
 type Map = HashMap<(Scope, IdempotencyKey), Record>;
@@ -138,11 +138,7 @@ impl KeyStore for MemoryStore {
         let map = self.lock();
         let mut stale: Vec<Record> = map
             .values()
-            .filter(|r| {
-                r.state == RecordState::Processing
-                    && r.lease_elapsed(older_than)
-                    && !r.is_expired(older_than)
-            })
+            .filter(|r| r.is_stale_processing(older_than))
             .cloned()
             .collect();
         stale.sort_by(|a, b| {

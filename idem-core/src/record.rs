@@ -82,6 +82,12 @@ impl Record {
     pub fn lease_elapsed(&self, now: Timestamp) -> bool {
         now >= self.lease_until
     }
+
+    /// Whether `list_in_flight(at, …)` lists it: `processing`, lease elapsed and not expired at
+    /// `at`.
+    pub fn is_stale_processing(&self, at: Timestamp) -> bool {
+        self.state == RecordState::Processing && self.lease_elapsed(at) && !self.is_expired(at)
+    }
 }
 
 #[cfg(test)]

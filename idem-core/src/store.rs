@@ -13,7 +13,7 @@
 //! use std::time::Duration;
 //! use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 //! use idem_core::{async_trait, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record,
-//!     RecordState, Scope, StoreError, Timestamp, Token};
+//!     Scope, StoreError, Timestamp, Token};
 //!
 //! /// A store in a mutex: each method reads, decides with the pure rules and writes, under one lock.
 //! #[derive(Debug, Default)]
@@ -61,8 +61,7 @@
 //!                             -> Result<Vec<Record>, StoreError> {
 //!         let map = self.0.lock().unwrap();
 //!         let mut stale: Vec<Record> = map.values()
-//!             .filter(|r| r.state == RecordState::Processing && r.lease_elapsed(older_than)
-//!                 && !r.is_expired(older_than))
+//!             .filter(|r| r.is_stale_processing(older_than))
 //!             .cloned().collect();
 //!         stale.sort_by_key(|r| r.lease_until);
 //!         stale.truncate(limit);

@@ -25,13 +25,7 @@ pub async fn claim_absent_key_is_claimed_as_attempt_one(h: Harness) {
 pub async fn claim_writes_a_processing_record(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let now = h.now();
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), now)
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), now).await;
     // Read through a second handle: the claim is committed, not only visible to its writer.
     let other = h.store().await;
     let r = other
@@ -118,13 +112,7 @@ pub async fn claim_in_flight_writes_nothing(h: Harness) {
 /// `processing`, lease elapsed, `Reconcile` → `InFlight { stale: true }`, no write.
 pub async fn claim_stale_under_reconcile_is_stale_in_flight(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     h.advance(LEASE);
     let answer = store
         .claim(&scope, &key, &fp("a"), &policy(), h.now())
@@ -145,13 +133,7 @@ pub async fn claim_stale_under_reconcile_is_stale_in_flight(h: Harness) {
 /// `processing`, lease elapsed, `Takeover` → `Claimed { token + 1, attempt + 1 }`.
 pub async fn claim_stale_under_takeover_claims_next_token(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (first, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let first = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
     h.advance(LEASE + Duration::from_secs(1));
     let answer = store
         .claim(&scope, &key, &fp("a"), &takeover(), h.now())
@@ -180,13 +162,7 @@ pub async fn claim_stale_under_takeover_claims_next_token(h: Harness) {
 /// `completed` → `Replay(outcome)`, no write, whatever the lease or policy.
 pub async fn claim_completed_replays(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     store
         .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
         .await
@@ -210,13 +186,7 @@ pub async fn claim_completed_replays(h: Harness) {
 /// `failed_retryable` → `Claimed { token + 1, attempt + 1 }`, back to `processing`.
 pub async fn claim_failed_retryable_claims_again(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (first, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let first = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     let done = store
         .complete(&scope, &key, first, &retryable(), &policy(), h.now())
         .await
@@ -254,13 +224,7 @@ enum Then {
 
 async fn mismatch_leaves_record(h: &Harness, then: Then) {
     let (store, scope, key) = one(h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     match then {
         Then::Stay => {}
         Then::Complete => {
@@ -314,13 +278,7 @@ pub async fn claim_tokens_are_unique_across_keys(h: Harness) {
     let mut ids = std::collections::HashSet::new();
     for i in 0..20 {
         let key = h.key(&format!("k-{i}"));
-        let (token, _) = claimed(
-            &store
-                .claim(&scope, &key, &fp("a"), &policy(), h.now())
-                .await
-                .unwrap(),
-            "absent key",
-        );
+        let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
         assert!(ids.insert(token.id), "token id reused across keys");
     }
 }

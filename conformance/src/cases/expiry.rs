@@ -11,13 +11,7 @@ use crate::Harness;
 /// An expired record is absent to `get`, from any handle.
 pub async fn expiry_expired_record_is_absent_to_get(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     store
         .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
         .await
@@ -34,13 +28,7 @@ pub async fn expiry_expired_record_is_absent_to_get(h: Harness) {
 pub async fn expiry_boundary_is_exact(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let t0 = h.now();
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), t0)
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), t0).await;
     store
         .complete(&scope, &key, token, &ok("T"), &policy(), t0)
         .await
@@ -84,13 +72,7 @@ pub async fn expiry_boundary_is_exact(h: Harness) {
 /// token continues upward; the old outcome is gone.
 pub async fn expiry_expired_completed_is_claimed_again(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (old, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let old = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     store
         .complete(&scope, &key, old, &ok("T-old"), &policy(), h.now())
         .await
@@ -124,13 +106,7 @@ pub async fn expiry_expired_completed_is_claimed_again(h: Harness) {
 /// A holder whose record expired can no longer complete, release or extend.
 pub async fn expiry_holder_cannot_act_after_expiry(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     h.advance(TTL);
     assert_eq!(
         store
@@ -161,13 +137,7 @@ pub async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
     let mut expired = Vec::new();
     for i in 0..5 {
         let key = h.key(&format!("old-{i}"));
-        let (t, _) = claimed(
-            &store
-                .claim(&scope, &key, &fp("a"), &policy(), base)
-                .await
-                .unwrap(),
-            "absent key",
-        );
+        let t = claim_new(&store, &scope, &key, &fp("a"), &policy(), base).await;
         if i % 2 == 0 {
             store
                 .complete(&scope, &key, t, &ok("T"), &policy(), base)
@@ -184,13 +154,7 @@ pub async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
         .unwrap();
     let live = h.key("live");
     let live_at = base + Duration::from_secs(5400);
-    let (t, _) = claimed(
-        &store
-            .claim(&scope, &live, &fp("a"), &long, live_at)
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let t = claim_new(&store, &scope, &live, &fp("a"), &long, live_at).await;
     store
         .complete(&scope, &live, t, &ok("L"), &long, live_at)
         .await
@@ -249,13 +213,7 @@ pub async fn expiry_tokens_never_reused_after_purge(h: Harness) {
     let store = h.store().await;
     let (scope, key) = (h.scope("s"), h.key("k"));
     let base = ancient(1975, 1976);
-    let (old, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), base)
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let old = claim_new(&store, &scope, &key, &fp("a"), &policy(), base).await;
     let later = base + TTL + Duration::from_secs(1);
     while store.purge_expired(later, 1000).await.unwrap() == 1000 {}
     assert_eq!(store.get(&scope, &key, base).await.unwrap(), None, "purged");
@@ -284,13 +242,7 @@ pub async fn inspect_get_returns_the_record(h: Harness) {
     let (store, scope, key) = one(&h).await;
     assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);
     let t0 = h.now();
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), t0)
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), t0).await;
     h.advance(Duration::from_secs(2));
     store
         .complete(&scope, &key, token, &ok("T"), &policy(), h.now())

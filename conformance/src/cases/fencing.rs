@@ -10,13 +10,7 @@ use crate::Harness;
 /// Definitive outcome → `completed`, outcome stored, expiry renewed to now + ttl.
 pub async fn fencing_complete_definitive_completes(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     h.advance(Duration::from_secs(3));
     let answer = store
         .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
@@ -39,13 +33,7 @@ pub async fn fencing_complete_definitive_completes(h: Harness) {
 /// Retryable outcome under `DefinitiveOnly` → `failed_retryable`; the next claim runs again.
 pub async fn fencing_retryable_under_definitive_only_is_failed_retryable(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     let answer = store
         .complete(&scope, &key, token, &retryable(), &policy(), h.now())
         .await
@@ -71,13 +59,7 @@ pub async fn fencing_retryable_under_cache_all_completes(h: Harness) {
         .cache(CachePolicy::CacheAll)
         .build()
         .unwrap();
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &all, h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &all, h.now()).await;
     let answer = store
         .complete(&scope, &key, token, &retryable(), &all, h.now())
         .await
@@ -94,13 +76,7 @@ pub async fn fencing_retryable_under_cache_all_completes(h: Harness) {
 /// outcome stands.
 pub async fn fencing_second_complete_is_fenced(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     store
         .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
         .await
@@ -126,12 +102,7 @@ pub async fn fencing_second_complete_is_fenced(h: Harness) {
 pub async fn fencing_stale_token_cannot_complete_after_takeover(h: Harness) {
     let (a, scope, key) = one(&h).await;
     let b = h.store().await;
-    let (old, _) = claimed(
-        &a.claim(&scope, &key, &fp("a"), &takeover(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let old = claim_new(&a, &scope, &key, &fp("a"), &takeover(), h.now()).await;
     h.advance(LEASE + Duration::from_secs(1));
     let (new, _) = claimed(
         &b.claim(&scope, &key, &fp("a"), &takeover(), h.now())
@@ -166,13 +137,7 @@ pub async fn fencing_stale_token_cannot_complete_after_takeover(h: Harness) {
 /// A stale token cannot release the newer holder's claim.
 pub async fn fencing_stale_token_cannot_release(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (old, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let old = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
     h.advance(LEASE);
     let (new, _) = claimed(
         &store
@@ -217,13 +182,7 @@ pub async fn fencing_stale_token_cannot_release(h: Harness) {
 /// A stale token cannot extend the lease.
 pub async fn fencing_stale_token_cannot_extend(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (old, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let old = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
     h.advance(LEASE);
     claimed(
         &store
@@ -277,13 +236,7 @@ pub async fn fencing_unknown_key_is_fenced(h: Harness) {
 /// `release` → `failed_retryable` without outcome; the retry claims with the next token.
 pub async fn fencing_release_then_retry(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     assert_eq!(
         store.release(&scope, &key, token, h.now()).await.unwrap(),
         ReleaseAnswer::Released
@@ -312,13 +265,7 @@ pub async fn fencing_release_then_retry(h: Harness) {
 /// and even `Takeover` cannot take it.
 pub async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &takeover(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
     h.advance(Duration::from_secs(20));
     let answer = store
         .extend(&scope, &key, token, Duration::from_secs(60), h.now())
@@ -356,13 +303,7 @@ pub async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
 /// The fingerprint stored at claim is the one on the completed record (SPEC §3.3).
 pub async fn fencing_fingerprint_kept_on_completion(h: Harness) {
     let (store, scope, key) = one(&h).await;
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     store
         .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
         .await

@@ -155,3 +155,26 @@ pub async fn one(
         h.key("wf-1:step-1:create_ticket"),
     )
 }
+
+/// Claims a key that must be absent and returns the token; panics with the answer otherwise.
+#[track_caller]
+pub fn claim_new<'a>(
+    store: &'a Arc<dyn KeyStore>,
+    scope: &'a idem_core::Scope,
+    key: &'a idem_core::IdempotencyKey,
+    fingerprint: &'a Fingerprint,
+    policy: &'a Policy,
+    now: Timestamp,
+) -> impl std::future::Future<Output = Token> + Send + 'a {
+    let caller = std::panic::Location::caller();
+    async move {
+        let answer = store
+            .claim(scope, key, fingerprint, policy, now)
+            .await
+            .unwrap();
+        match answer {
+            ClaimAnswer::Claimed { token, .. } => token,
+            other => panic!("{caller}: claim of an absent key: expected Claimed, got {other:?}"),
+        }
+    }
+}

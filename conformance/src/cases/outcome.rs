@@ -8,13 +8,7 @@ use crate::Harness;
 async fn round_trip(h: &Harness, name: &str, outcome: &Outcome, p: &Policy) -> Outcome {
     let store = h.store().await;
     let (scope, key) = (h.scope(name), h.key("k"));
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp(name), p, h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp(name), p, h.now()).await;
     store
         .complete(&scope, &key, token, outcome, p, h.now())
         .await
@@ -88,13 +82,7 @@ pub async fn outcome_up_to_the_limit_is_stored(h: Harness) {
 pub async fn outcome_over_the_limit_is_refused_and_nothing_stored(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let small = policy().to_builder().max_outcome_bytes(64).build().unwrap();
-    let (token, _) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &small, h.now())
-            .await
-            .unwrap(),
-        "absent key",
-    );
+    let token = claim_new(&store, &scope, &key, &fp("a"), &small, h.now()).await;
     let before = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
     let big = Outcome::from_json_text(
         200,
