@@ -1,0 +1,2 @@
+//! Benchmark: written next.
+fn main() {}

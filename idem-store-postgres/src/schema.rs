@@ -1,0 +1,138 @@
+//! The table, its versioned migrations, and the statements the store runs against it.
+//!
+//! The schema and table names are configurable, so the SQL is built once per store from checked
+//! identifiers (see [`crate::InvalidIdentifier`]); every value travels as a bind parameter.
+
+/// The columns, in the order every `SELECT` returns them and every full-record bind sends them.
+pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token_seq, token_id, attempt, \
+     lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at";
+
+/// One versioned migration. `{table}` is replaced by the quoted, schema-qualified table name and
+/// `{name}` by the bare table name (for index and constraint names).
+pub(crate) struct Migration {
+    pub(crate) version: i32,
+    pub(crate) description: &'static str,
+    pub(crate) sql: &'static str,
+}
+
+/// Every migration, oldest first. Never edit a released one: add the next version.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "records table, in-flight and expiry indexes",
+    sql: r#"
+CREATE TABLE IF NOT EXISTS {table} (
+    scope          TEXT COLLATE "C" NOT NULL,
+    key            TEXT COLLATE "C" NOT NULL,
+    fingerprint    TEXT NOT NULL,
+    state          TEXT NOT NULL,
+    token_seq      BIGINT NOT NULL,
+    token_id       TEXT NOT NULL,
+    attempt        BIGINT NOT NULL,
+    lease_until    BIGINT NOT NULL,
+    outcome_status INTEGER,
+    outcome_body   TEXT,
+    outcome_class  TEXT,
+    created_at     BIGINT NOT NULL,
+    updated_at     BIGINT NOT NULL,
+    expires_at     BIGINT NOT NULL,
+    CONSTRAINT {name}_pkey PRIMARY KEY (scope, key),
+    CONSTRAINT {name}_state_check
+        CHECK (state IN ('processing', 'completed', 'failed_retryable'))
+);
+CREATE INDEX IF NOT EXISTS {name}_in_flight_idx
+    ON {table} (lease_until, scope, key) WHERE state = 'processing';
+CREATE INDEX IF NOT EXISTS {name}_expires_idx ON {table} (expires_at);
+"#,
+}];
+
+/// The SQL of one store, built once from its (checked) schema and table names.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) schema_ident: String,
+    pub(crate) migrations_table: String,
+    pub(crate) qualified: String,
+    pub(crate) table: String,
+    pub(crate) insert: String,
+    pub(crate) select_any: String,
+    pub(crate) replace: String,
+    pub(crate) complete: String,
+    pub(crate) release: String,
+    pub(crate) extend: String,
+    pub(crate) get: String,
+    pub(crate) list_in_flight: String,
+    pub(crate) purge: String,
+}
+
+impl Statements {
+    /// Both names must have passed `check_identifier`: they are quoted, never escaped.
+    pub(crate) fn new(schema: &str, table: &str) -> Self {
+        let t = format!("\"{schema}\".\"{table}\"");
+        // A claim of an absent key: one round trip, no row written on conflict.
+        let insert = format!(
+            "INSERT INTO {t} ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+             ON CONFLICT (scope, key) DO NOTHING"
+        );
+        let select_any = format!("SELECT {COLUMNS} FROM {t} WHERE scope = $1 AND key = $2");
+        // Compare-and-set: the write the machine decided, only if the record is still the one it
+        // decided on (same token, state, lease and expiry).
+        let replace = format!(
+            "UPDATE {t} SET fingerprint = $3, state = $4, token_seq = $5, token_id = $6, attempt = $7, \
+             lease_until = $8, outcome_status = $9, outcome_body = $10, outcome_class = $11, \
+             created_at = $12, updated_at = $13, expires_at = $14 \
+             WHERE scope = $1 AND key = $2 AND token_seq = $15 AND token_id = $16 AND state = $17 \
+             AND lease_until = $18 AND expires_at = $19"
+        );
+        let held = "scope = $1 AND key = $2 AND state = 'processing' AND token_seq = $3 \
+                    AND token_id = $4 AND expires_at > $5";
+        let complete = format!(
+            "UPDATE {t} SET state = $6, outcome_status = $7, outcome_body = $8, outcome_class = $9, \
+             updated_at = $5, expires_at = $10 WHERE {held}"
+        );
+        let release = format!(
+            "UPDATE {t} SET state = 'failed_retryable', outcome_status = NULL, outcome_body = NULL, \
+             outcome_class = NULL, updated_at = $5 WHERE {held}"
+        );
+        // machine::extended_expiry, with the sum done in numeric and capped at BIGINT's top
+        // (timestamps saturate rather than overflow).
+        let extend = format!(
+            "UPDATE {t} SET lease_until = $6, updated_at = $5, expires_at = GREATEST(expires_at, \
+             LEAST($6::numeric + GREATEST(expires_at - lease_until, 0), 9223372036854775807)::bigint) \
+             WHERE {held}"
+        );
+        let get =
+            format!("SELECT {COLUMNS} FROM {t} WHERE scope = $1 AND key = $2 AND expires_at > $3");
+        let list_in_flight = format!(
+            "SELECT {COLUMNS} FROM {t} WHERE state = 'processing' AND lease_until <= $1 \
+             AND expires_at > $1 ORDER BY lease_until, scope, key LIMIT $2"
+        );
+        // By primary key, re-checking expiry in the outer WHERE so a record replaced by a
+        // concurrent claim between the sub-select and the delete survives.
+        let purge = format!(
+            "DELETE FROM {t} WHERE (scope, key) IN \
+             (SELECT scope, key FROM {t} WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2) \
+             AND expires_at <= $1"
+        );
+        Self {
+            schema_ident: format!("\"{schema}\""),
+            migrations_table: format!("\"{schema}\".\"{table}_migrations\""),
+            qualified: t,
+            table: table.to_owned(),
+            insert,
+            select_any,
+            replace,
+            complete,
+            release,
+            extend,
+            get,
+            list_in_flight,
+            purge,
+        }
+    }
+
+    /// A migration's SQL for this table.
+    pub(crate) fn migration_sql(&self, m: &Migration) -> String {
+        m.sql
+            .replace("{table}", &self.qualified)
+            .replace("{name}", &self.table)
+    }
+}

@@ -1,0 +1,399 @@
+//! Behaviour specific to PostgreSQL: transactional completion, the uncommitted-inserter race,
+//! byte-for-byte bodies, error classification, identifiers, Debug. Skips (or fails under `CI`)
+//! without `IDEM_TEST_POSTGRES_URL`.
+
+mod common;
+
+use std::time::Duration;
+
+use idem_core::{
+    ClaimAnswer, ClaimKind, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome,
+    OutcomeClass, Policy, RecordState, Scope, StoreError, Timestamp,
+};
+use idem_store_postgres::PostgresStore;
+use idem_store_postgres::sqlx::{self, postgres::PgPoolOptions};
+
+fn names(prefix: &str) -> (Scope, IdempotencyKey, Fingerprint) {
+    (
+        Scope::new(common::unique(prefix)).unwrap(),
+        IdempotencyKey::new("wf-1:step-1:create_ticket").unwrap(),
+        Fingerprint::of("create_ticket", &serde_json::json!({"title": "x"})).unwrap(),
+    )
+}
+
+fn t0() -> Timestamp {
+    // Far from the wall clock on purpose: the store must only use the caller's time.
+    Timestamp::from_millis(946_684_800_000) // 2000-01-01
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_complete_replay_round_trip() {
+    let Some(url) = common::url() else { return };
+    let store = common::store(&url, "idem-test-basic").await;
+    let (scope, key, fp) = names("basic");
+    let policy = Policy::default();
+    let now = t0();
+    let ClaimAnswer::Claimed {
+        token,
+        attempt: 1,
+        kind: ClaimKind::New,
+    } = store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+    else {
+        panic!("first claim must win")
+    };
+    let body = "{ \"z\": \"\\u0000 é 😀\", \"a\": [1.50, 1e3] }";
+    let outcome = Outcome::from_json_text(201, body, OutcomeClass::Definitive).unwrap();
+    assert_eq!(
+        store
+            .complete(&scope, &key, token, &outcome, &policy, now)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    let ClaimAnswer::Replay(replayed) = store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+    else {
+        panic!("repeat must replay")
+    };
+    assert_eq!(replayed.body(), body, "byte for byte");
+    assert_eq!(replayed.status(), 201);
+    let record = store.get(&scope, &key, now).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Completed);
+    assert_eq!(record.token, token);
+    assert_eq!(record.expires_at, now + policy.ttl());
+    assert_eq!(store.backend(), "postgres");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_write_nothing() {
+    let Some(url) = common::url() else { return };
+    let store = common::store(&url, "idem-test-readonly").await;
+    let (scope, key, fp) = names("readonly");
+    let policy = Policy::default();
+    let ClaimAnswer::Claimed { token, .. } =
+        store.claim(&scope, &key, &fp, &policy, t0()).await.unwrap()
+    else {
+        panic!()
+    };
+    let outcome = Outcome::definitive(200, &serde_json::json!({"ok": true})).unwrap();
+    store
+        .complete(&scope, &key, token, &outcome, &policy, t0())
+        .await
+        .unwrap();
+    let xmin = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT xmin::text FROM idem_test.idem_records WHERE scope = $1 AND key = $2",
+        )
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+    };
+    let before = xmin().await;
+    for _ in 0..5 {
+        assert!(matches!(
+            store.claim(&scope, &key, &fp, &policy, t0()).await.unwrap(),
+            ClaimAnswer::Replay(_)
+        ));
+    }
+    assert_eq!(
+        xmin().await,
+        before,
+        "a replay must not write a new row version"
+    );
+}
+
+/// The effect's write and `complete` share the caller's transaction: a rollback leaves neither,
+/// and the retry executes exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_completion_rolls_back_with_the_effect() {
+    let Some(url) = common::url() else { return };
+    let store = common::store(&url, "idem-test-tx").await;
+    common::effects_table(store.pool()).await;
+    let (scope, key, fp) = names("tx");
+    let policy = Policy::default();
+    let now = t0();
+    let outcome = Outcome::definitive(201, &serde_json::json!({"ticket": 7})).unwrap();
+
+    let ClaimAnswer::Claimed { token, .. } =
+        store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+    else {
+        panic!()
+    };
+    let effect = "INSERT INTO idem_test.effects (scope, key, executor) VALUES ($1, $2, 'tx-test')";
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query(effect)
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    tx.rollback().await.unwrap(); // forced failure after both writes
+
+    assert_eq!(
+        common::effects(store.pool(), scope.as_str(), key.as_str()).await,
+        0
+    );
+    let record = store.get(&scope, &key, now).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Processing, "no completed record");
+    assert!(record.outcome.is_none());
+
+    // The holder retries with its token, this time committing.
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query(effect)
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    tx.commit().await.unwrap();
+
+    // Later repeats replay; the effect exists exactly once.
+    for _ in 0..3 {
+        let ClaimAnswer::Replay(o) = store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+        else {
+            panic!("must replay")
+        };
+        assert_eq!(o, outcome);
+    }
+    assert_eq!(
+        common::effects(store.pool(), scope.as_str(), key.as_str()).await,
+        1
+    );
+
+    // A stale holder completing inside a transaction is fenced, and rolls its effect back.
+    let mut tx = store.pool().begin().await.unwrap();
+    assert_eq!(
+        store
+            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .await
+            .unwrap(),
+        CompleteAnswer::Fenced
+    );
+    tx.rollback().await.unwrap();
+}
+
+/// SPEC §7: a claim whose INSERT waits on another transaction's uncommitted insert of the same
+/// key must answer from that row once it commits (not "no row", not a second claim), and must
+/// win if it rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_waiting_on_an_uncommitted_inserter() {
+    let Some(url) = common::url() else { return };
+    let app = common::unique("idem-test-uncommitted");
+    let store = common::store(&url, &app).await;
+    let policy = Policy::default();
+    let now = t0();
+    for commit in [true, false] {
+        let (scope, key, fp) = names("uncommitted");
+        // The other inserter: a store claim made inside an open transaction on its own connection.
+        let mut blocker = store.pool().acquire().await.unwrap();
+        sqlx::query("BEGIN").execute(&mut *blocker).await.unwrap();
+        sqlx::query(
+            "INSERT INTO idem_test.idem_records (scope, key, fingerprint, state, token_seq, token_id, \
+             attempt, lease_until, created_at, updated_at, expires_at) \
+             VALUES ($1, $2, $3, 'processing', 1, $4, 1, $5, $6, $6, $7)",
+        )
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .bind(fp.as_str())
+        .bind(format!("{:032x}", 42u128))
+        .bind(i64::try_from((now + policy.lease()).as_millis()).unwrap())
+        .bind(i64::try_from(now.as_millis()).unwrap())
+        .bind(i64::try_from((now + policy.ttl()).as_millis()).unwrap())
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+
+        let claimer = {
+            let store = store.clone();
+            let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
+            tokio::spawn(async move { store.claim(&scope, &key, &fp, &policy, now).await })
+        };
+        // Wait (by condition, not by time) until the claim's INSERT is blocked on our row.
+        let admin = common::pool(&url, "idem-test-admin", 1).await;
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                 AND wait_event_type = 'Lock'",
+            )
+            .bind(&app)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let finish = if commit { "COMMIT" } else { "ROLLBACK" };
+        sqlx::query(finish).execute(&mut *blocker).await.unwrap();
+        let answer = claimer.await.unwrap().unwrap();
+        if commit {
+            assert!(
+                matches!(answer, ClaimAnswer::InFlight { stale: false, .. }),
+                "after the other inserter commits: {answer:?}"
+            );
+        } else {
+            assert!(
+                matches!(
+                    answer,
+                    ClaimAnswer::Claimed {
+                        kind: ClaimKind::New,
+                        ..
+                    }
+                ),
+                "after the other inserter rolls back: {answer:?}"
+            );
+        }
+        admin.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_does_not_answer_is_unavailable() {
+    // Nothing listens on port 1: every call is Unavailable, never a silent proceed.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("postgres://postgres:s3cr3t-pw@127.0.0.1:1/test")
+        .unwrap();
+    let store = PostgresStore::new(pool);
+    let (scope, key, fp) = names("down");
+    let err = store
+        .claim(&scope, &key, &fp, &Policy::default(), t0())
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(store.migrate().await.unwrap_err().is_unavailable());
+    assert!(
+        store
+            .get(&scope, &key, t0())
+            .await
+            .unwrap_err()
+            .is_unavailable()
+    );
+    let debug = format!("{store:?} {err:?} {err}");
+    assert!(!debug.contains("s3cr3t-pw"), "{debug}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_never_shows_the_password() {
+    let Some(url) = common::url() else { return };
+    let store = common::store(&url, "idem-test-debug").await;
+    let debug = format!("{store:?}");
+    assert!(debug.contains("idem_test"), "{debug}");
+    assert!(!debug.contains("postgres://"), "{debug}");
+    assert!(!debug.contains(&url), "{debug}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmigrated_table_is_misconfigured_and_bad_names_are_refused() {
+    let Some(url) = common::url() else { return };
+    let pool = common::pool(&url, "idem-test-names", 2).await;
+    for (schema, table) in [
+        ("idem_test", "Bad"),
+        ("1x", "t"),
+        ("a\"; drop", "t"),
+        ("s", ""),
+    ] {
+        let err = PostgresStore::with_table(pool.clone(), schema, table).unwrap_err();
+        assert!(StoreError::from(err).kind() == "misconfigured");
+    }
+    let store = PostgresStore::with_table(pool, "idem_test", "never_migrated_here").unwrap();
+    let (scope, key, fp) = names("unmigrated");
+    let err = store
+        .claim(&scope, &key, &fp, &Policy::default(), t0())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "misconfigured", "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_and_concurrent_safe() {
+    let Some(url) = common::url() else { return };
+    let pool = common::pool(&url, "idem-test-migrate", 4).await;
+    let table = common::unique("mig").replace('-', "_");
+    let store = PostgresStore::with_table(pool, "idem_test", &table).unwrap();
+    let runs = (0..4).map(|_| {
+        let store = store.clone();
+        tokio::spawn(async move { store.migrate().await })
+    });
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+    store.migrate().await.unwrap();
+    let versions: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM idem_test.\"{table}_migrations\""
+    ))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(versions, 1);
+    sqlx::raw_sql(&format!(
+        "DROP TABLE idem_test.\"{table}\"; DROP TABLE idem_test.\"{table}_migrations\""
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_rows_are_reported_not_guessed() {
+    let Some(url) = common::url() else { return };
+    let store = common::store(&url, "idem-test-corrupt").await;
+    let (scope, key, fp) = names("corrupt");
+    let policy = Policy::default();
+    let ClaimAnswer::Claimed { .. } = store.claim(&scope, &key, &fp, &policy, t0()).await.unwrap()
+    else {
+        panic!()
+    };
+    sqlx::query(
+        "UPDATE idem_test.idem_records SET token_id = 'nothex' WHERE scope = $1 AND key = $2",
+    )
+    .bind(scope.as_str())
+    .bind(key.as_str())
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let err = store.get(&scope, &key, t0()).await.unwrap_err();
+    assert_eq!(err.kind(), "corrupt", "{err:?}");
+    let err = store
+        .claim(&scope, &key, &fp, &policy, t0())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "corrupt", "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_outcome_is_refused_before_sql() {
+    // No server needed: the check comes before any statement (the pool points nowhere).
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(200))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+        .unwrap();
+    let store = PostgresStore::new(pool);
+    let (scope, key, _) = names("big");
+    let policy = Policy::builder().max_outcome_bytes(8).build().unwrap();
+    let outcome = Outcome::definitive(200, &serde_json::json!({"long": "0123456789"})).unwrap();
+    let token = idem_core::Token::new(1);
+    let err = store
+        .complete(&scope, &key, token, &outcome, &policy, t0())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::OutcomeTooLarge(_)), "{err:?}");
+}
