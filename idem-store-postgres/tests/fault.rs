@@ -1,0 +1,398 @@
+//! Connection faults: backends killed with `pg_terminate_backend` while the store is in use.
+//!
+//! Restarting the server is not an option on a shared test machine (other suites use it), so
+//! faults are injected by terminating exactly this test's connections (found by their
+//! `application_name`). What must hold: a caller whose connection died gets
+//! `StoreError::Unavailable` (never a silent proceed), no operation's effect happens twice, and
+//! every operation completes once connections can be made again.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::{
+    ClaimAnswer, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy,
+    RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
+};
+use idem_store_postgres::PostgresStore;
+use idem_store_postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
+
+const EFFECT: &str =
+    "INSERT INTO idem_test.effects (scope, key, executor) VALUES ($1, $2, 'fault')";
+
+fn fingerprint() -> Fingerprint {
+    Fingerprint::of("charge", &serde_json::json!({"cents": 500})).unwrap()
+}
+
+/// A store whose pool does not ping connections before handing them out, so a killed idle
+/// connection surfaces as an error on the next statement instead of being replaced silently.
+async fn fragile_store(url: &str, app: &str, max: u32) -> PostgresStore {
+    common::store(url, app).await; // migrated
+    let pool = PgPoolOptions::new()
+        .max_connections(max)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(common::options(url, app))
+        .await
+        .unwrap();
+    PostgresStore::with_table(pool, common::SCHEMA, common::TABLE).unwrap()
+}
+
+/// Terminates every backend of `app`; returns how many.
+async fn kill_all(admin: &PgPool, app: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(app)
+    .fetch_one(admin)
+    .await
+    .unwrap()
+}
+
+/// Makes sure the pool holds one idle connection, then terminates it.
+async fn open_then_kill(store: &PostgresStore, admin: &PgPool, app: &str) {
+    drop(store.pool().acquire().await.unwrap());
+    // Conditions, not sleeps: the connection is back in the pool, then its backend is gone.
+    while store.pool().num_idle() < 1 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(kill_all(admin, app).await, 1);
+    while backends(admin, app).await > 0 {
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn backends(admin: &PgPool, app: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+        .bind(app)
+        .fetch_one(admin)
+        .await
+        .unwrap()
+}
+
+/// Each store method, called on a connection that was killed while idle, answers Unavailable;
+/// the next call (on a new connection) works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connection_is_unavailable_then_recovers() {
+    let Some(url) = common::url() else { return };
+    let app = common::unique("idem-fault-idle");
+    let admin = common::pool(&url, "idem-fault-admin", 2).await;
+    let store = fragile_store(&url, &app, 1).await;
+    let scope = Scope::new(common::unique("fault-idle")).unwrap();
+    let key = IdempotencyKey::new("k").unwrap();
+    let policy = Policy::default();
+    let now = Timestamp::from_millis(1_000_000_000_000);
+    let outcome = Outcome::definitive(200, &serde_json::json!({"charged": true})).unwrap();
+
+    // Before each call: open the pool's single connection, then kill it while it is idle.
+    open_then_kill(&store, &admin, &app).await;
+    let err = store
+        .claim(&scope, &key, &fingerprint(), &policy, now)
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_unavailable(),
+        "claim on a killed connection: {err:?}"
+    );
+    let ClaimAnswer::Claimed { token, .. } = store
+        .claim(&scope, &key, &fingerprint(), &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("the failed claim wrote nothing, so this one wins")
+    };
+
+    open_then_kill(&store, &admin, &app).await;
+    let err = store
+        .extend(&scope, &key, token, Duration::from_secs(60), now)
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "extend: {err:?}");
+    open_then_kill(&store, &admin, &app).await;
+    let err = store.get(&scope, &key, now).await.unwrap_err();
+    assert!(err.is_unavailable(), "get: {err:?}");
+    open_then_kill(&store, &admin, &app).await;
+    let err = store
+        .complete(&scope, &key, token, &outcome, &policy, now)
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "complete: {err:?}");
+    assert_eq!(
+        store
+            .complete(&scope, &key, token, &outcome, &policy, now)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    open_then_kill(&store, &admin, &app).await;
+    assert!(
+        store
+            .purge_expired(now, 1)
+            .await
+            .unwrap_err()
+            .is_unavailable()
+    );
+    open_then_kill(&store, &admin, &app).await;
+    assert!(
+        store
+            .list_in_flight(now, 1)
+            .await
+            .unwrap_err()
+            .is_unavailable()
+    );
+    assert!(matches!(
+        store
+            .claim(&scope, &key, &fingerprint(), &policy, now)
+            .await
+            .unwrap(),
+        ClaimAnswer::Replay(_)
+    ));
+}
+
+/// The connection of the caller's transaction dies between the effect and the completion: the
+/// completion is Unavailable, the effect rolls back with it, and the holder's retry runs it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_inside_the_transaction_runs_the_effect_once() {
+    let Some(url) = common::url() else { return };
+    let app = common::unique("idem-fault-tx");
+    let admin = common::pool(&url, "idem-fault-admin", 2).await;
+    common::effects_table(&admin).await;
+    let store = fragile_store(&url, &app, 2).await;
+    let scope = Scope::new(common::unique("fault-tx")).unwrap();
+    let policy = Policy::default();
+    let now = Timestamp::from_millis(1_000_000_000_000);
+    let outcome = Outcome::definitive(201, &serde_json::json!({"id": 1})).unwrap();
+    for i in 0..5 {
+        let key = IdempotencyKey::new(format!("op-{i}")).unwrap();
+        let ClaimAnswer::Claimed { token, .. } = store
+            .claim(&scope, &key, &fingerprint(), &policy, now)
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query(EFFECT)
+            .bind(scope.as_str())
+            .bind(key.as_str())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+        assert!(killed);
+        let err = store
+            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .await
+            .unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+        drop(tx);
+        assert_eq!(
+            common::effects(&admin, scope.as_str(), key.as_str()).await,
+            0
+        );
+
+        // The holder retries with its token on a new connection.
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query(EFFECT)
+            .bind(scope.as_str())
+            .bind(key.as_str())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let answer = store
+            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .await
+            .unwrap();
+        assert_eq!(answer, CompleteAnswer::Completed);
+        tx.commit().await.unwrap();
+        assert_eq!(
+            common::effects(&admin, scope.as_str(), key.as_str()).await,
+            1
+        );
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    unavailable: AtomicUsize,
+    effect_tx_failures: AtomicUsize,
+    takeovers: AtomicUsize,
+}
+
+/// One operation, retried by its caller until done: claim (its own commit), then the effect and
+/// the completion in one transaction. A claim whose answer was lost leaves an in-flight record
+/// that only this caller could hold; the caller moves its clock past the lease and takes it over
+/// (safe here because the effect commits only together with the completion).
+async fn run_operation(
+    store: &PostgresStore,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    tally: &Tally,
+) -> Token {
+    let policy = Policy::builder()
+        .stale(StalePolicy::Takeover)
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut now = Timestamp::from_millis(1_100_000_000_000);
+    let outcome = Outcome::definitive(201, &serde_json::json!({"key": key.as_str()})).unwrap();
+    let unavailable = |e: StoreError| {
+        assert!(
+            e.is_unavailable(),
+            "only Unavailable is acceptable here: {e:?}"
+        );
+        tally.unavailable.fetch_add(1, Ordering::Relaxed);
+    };
+    for _ in 0..10_000 {
+        let token = match store.claim(scope, key, &fingerprint(), &policy, now).await {
+            Err(e) => {
+                unavailable(e);
+                continue;
+            }
+            Ok(ClaimAnswer::Replay(_)) => {
+                let record = store.get(scope, key, now).await;
+                match record {
+                    Ok(Some(r)) => return r.token,
+                    Ok(None) => panic!("replayed but no record"),
+                    Err(e) => {
+                        unavailable(e);
+                        continue;
+                    }
+                }
+            }
+            Ok(ClaimAnswer::InFlight { .. }) => {
+                tally.takeovers.fetch_add(1, Ordering::Relaxed);
+                now = now + policy.lease();
+                continue;
+            }
+            Ok(ClaimAnswer::Claimed { token, .. }) => token,
+            Ok(other) => panic!("unexpected {other:?}"),
+        };
+        // Effect and completion, retried with the same token until the transaction commits or
+        // the claim turns out to be settled.
+        loop {
+            let Ok(mut tx) = store.pool().begin().await else {
+                tally.effect_tx_failures.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let effect = sqlx::query(EFFECT)
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .execute(&mut *tx)
+                .await;
+            if effect.is_err() {
+                tally.effect_tx_failures.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            match store
+                .complete_with_conn(&mut tx, scope, key, token, &outcome, &policy, now)
+                .await
+            {
+                Err(e) => unavailable(e),
+                Ok(CompleteAnswer::Fenced) => {
+                    // Settled by an earlier commit whose answer was lost: undo this effect.
+                    let _ = tx.rollback().await;
+                    break;
+                }
+                Ok(_) => {
+                    if tx.commit().await.is_err() {
+                        tally.effect_tx_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    break; // committed or not, the claim tells on the next round
+                }
+            }
+        }
+    }
+    panic!("operation {key} never completed");
+}
+
+/// Many operations run while a killer terminates this test's connections again and again: every
+/// operation completes, and every effect happens exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_killed_under_load_every_operation_once() {
+    let Some(url) = common::url() else { return };
+    let app = common::unique("idem-fault-load");
+    let admin = common::pool(&url, "idem-fault-admin", 2).await;
+    common::effects_table(&admin).await;
+    let store = fragile_store(&url, &app, 4).await;
+    let scope = Scope::new(common::unique("fault-load")).unwrap();
+    const OPERATIONS: usize = 120;
+    const WORKERS: usize = 8;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let kills = Arc::new(AtomicUsize::new(0));
+    let killer = {
+        let (admin, app, stop, kills) = (admin.clone(), app.clone(), stop.clone(), kills.clone());
+        tokio::spawn(async move {
+            // Pacing of the fault injection only; no decision of the test depends on time.
+            while !stop.load(Ordering::Relaxed) {
+                let n = kill_all(&admin, &app).await;
+                kills.fetch_add(usize::try_from(n).unwrap(), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        })
+    };
+
+    let tally = Arc::new(Tally::default());
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            let (store, scope, tally, next) =
+                (store.clone(), scope.clone(), tally.clone(), next.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= OPERATIONS {
+                        break;
+                    }
+                    let key = IdempotencyKey::new(format!("op-{i}")).unwrap();
+                    run_operation(&store, &scope, &key, &tally).await;
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    killer.await.unwrap();
+
+    // Connections are back: every operation is completed, and its effect happened once.
+    let check = common::store(&url, "idem-fault-admin").await;
+    let now = Timestamp::from_millis(1_100_000_000_000);
+    for i in 0..OPERATIONS {
+        let key = IdempotencyKey::new(format!("op-{i}")).unwrap();
+        assert_eq!(
+            common::effects(&admin, scope.as_str(), key.as_str()).await,
+            1,
+            "effect of {key}"
+        );
+        let record = check.get(&scope, &key, now).await.unwrap();
+        assert!(
+            record.is_some_and(|r| r.state == RecordState::Completed),
+            "{key} completed"
+        );
+    }
+    let (unavailable, kills) = (
+        tally.unavailable.load(Ordering::Relaxed),
+        kills.load(Ordering::Relaxed),
+    );
+    println!(
+        "killed {kills} connections; callers saw {unavailable} Unavailable errors, {} failed effect transactions, {} takeovers of lost claims",
+        tally.effect_tx_failures.load(Ordering::Relaxed),
+        tally.takeovers.load(Ordering::Relaxed)
+    );
+    assert!(kills > 0, "the killer killed nothing");
+    assert!(unavailable > 0, "no caller ever saw Unavailable");
+}
