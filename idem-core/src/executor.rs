@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_channel::oneshot;
@@ -68,6 +69,7 @@ pub struct Attempt {
     token: Token,
     number: u32,
     kind: ClaimKind,
+    recorded: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Attempt {
@@ -127,6 +129,15 @@ impl Attempt {
                 false
             }
         })
+    }
+
+    /// Tells the executor that the operation has completed the record itself, in the same
+    /// committed transaction as its effect (SPEC §6, transactional completion: e.g.
+    /// `SqliteStore`'s or `PostgresStore`'s completion on the caller's transaction), so the
+    /// executor must not complete it again. Call it only after that transaction committed. Clones
+    /// of the attempt share the mark.
+    pub fn mark_recorded(&self) {
+        self.recorded.store(true, Ordering::SeqCst);
     }
 
     /// The stable key to pass to `provider`'s own idempotency contract; see [`downstream_key`].
@@ -364,12 +375,22 @@ impl Executor {
             token,
             number,
             kind,
+            recorded: Arc::new(AtomicBool::new(false)),
         };
+        let recorded = attempt.recorded.clone();
         // From here on the operation has started: a drop leaves the record `processing`.
         if let Some(mut guard) = guard {
             guard.armed = false;
         }
         let outcome = operation(attempt).await;
+        if recorded.load(Ordering::SeqCst) {
+            tracing::info!(name: "completed", status = outcome.status(), "outcome recorded by the operation's own transaction");
+            count_completion("completed");
+            return Ok(Execution::Executed {
+                outcome,
+                attempt: number,
+            });
+        }
         self.record(scope, key, token, number, outcome).await
     }
 

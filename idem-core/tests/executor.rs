@@ -395,3 +395,39 @@ async fn heartbeat_extends_and_reports_a_lost_claim() {
         .await;
     assert!(matches!(result, Err(Error::Fenced { .. })), "{result:?}");
 }
+
+#[tokio::test]
+async fn an_operation_that_recorded_its_own_outcome_is_not_completed_twice() {
+    let s = setup(Knobs::default(), Policy::default());
+    let store = s.store.clone();
+    let clock = s.clock.clone();
+    let execution = s
+        .executor
+        .run(&s.scope, &s.key, &s.fp, |attempt| async move {
+            // What a transactional completion does: the effect and the record in one commit.
+            let now = idem_core::Clock::now(&clock);
+            let done = store
+                .complete(
+                    attempt.scope(),
+                    attempt.key(),
+                    attempt.token(),
+                    &ok(),
+                    &Policy::default(),
+                    now,
+                )
+                .await
+                .unwrap();
+            assert_eq!(done, CompleteAnswer::Completed);
+            attempt.mark_recorded();
+            ok()
+        })
+        .await
+        .unwrap();
+    assert!(!execution.is_replay());
+    assert_eq!(
+        s.store.knobs.completes.load(Ordering::SeqCst),
+        1,
+        "completed once, by the operation"
+    );
+    assert_eq!(s.record().await.unwrap().state, RecordState::Completed);
+}
