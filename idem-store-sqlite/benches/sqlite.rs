@@ -1,0 +1,3 @@
+//! Benchmark: idem on SQLite against the raw statements (written next).
+
+fn main() {}

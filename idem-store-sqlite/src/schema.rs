@@ -1,0 +1,247 @@
+//! The table name, the versioned schema and the SQL text built from them.
+
+use std::fmt;
+
+use idem_core::StoreError;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+
+use crate::error::{TableNameError, at};
+
+/// The table that records which schema version each idem table is at. One row per idem table,
+/// so several stores with different table names can share one database file (which
+/// `PRAGMA user_version`, one number per file, could not).
+pub const SCHEMA_TABLE: &str = "idem_schema_versions";
+
+/// The schema version this crate writes and reads.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Each migration, in order; `{t}` is the quoted table name, `{n}` the bare one (for index
+/// names). Append, never edit: a database at version N runs migrations N+1.. only.
+const MIGRATIONS: &[&str] = &[
+    // 1: the records table and the two indexes its queries need.
+    r#"
+    CREATE TABLE {t} (
+        scope          TEXT    NOT NULL,
+        key            TEXT    NOT NULL,
+        fingerprint    TEXT    NOT NULL,
+        state          TEXT    NOT NULL,
+        token_seq      INTEGER NOT NULL,
+        token_id       TEXT    NOT NULL,
+        attempt        INTEGER NOT NULL,
+        lease_until    INTEGER NOT NULL,
+        outcome_status INTEGER,
+        outcome_body   TEXT,
+        outcome_class  TEXT,
+        created_at     INTEGER NOT NULL,
+        updated_at     INTEGER NOT NULL,
+        expires_at     INTEGER NOT NULL,
+        PRIMARY KEY (scope, key)
+    );
+    CREATE INDEX "{n}_in_flight" ON {t} (state, lease_until);
+    CREATE INDEX "{n}_expires_at" ON {t} (expires_at);
+    "#,
+];
+
+/// A validated table name: a plain SQL identifier, safe to splice into SQL text.
+///
+/// ```
+/// use idem_store_sqlite::{TableName, TableNameError};
+/// assert_eq!(TableName::new("idem_records").unwrap().as_str(), "idem_records");
+/// assert_eq!(TableName::new(""), Err(TableNameError::Empty));
+/// assert!(matches!(TableName::new("records; DROP TABLE x"), Err(TableNameError::InvalidCharacter { index: 7, .. })));
+/// assert!(matches!(TableName::new("sqlite_master"), Err(TableNameError::Reserved { .. })));
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TableName(String);
+
+impl TableName {
+    /// The longest name accepted, in bytes (leaves room for the index names built from it).
+    pub const MAX_LEN: usize = 48;
+
+    /// The default table name, `idem_records`.
+    pub const DEFAULT: &'static str = "idem_records";
+
+    /// Validates `name` (see [`TableNameError`] for the rules).
+    pub fn new(name: impl Into<String>) -> Result<Self, TableNameError> {
+        let name = name.into();
+        let Some(first) = name.chars().next() else {
+            return Err(TableNameError::Empty);
+        };
+        if name.len() > Self::MAX_LEN {
+            return Err(TableNameError::TooLong { len: name.len() });
+        }
+        if !(first.is_ascii_alphabetic() || first == '_') {
+            return Err(TableNameError::BadFirstCharacter);
+        }
+        if let Some((index, ch)) = name
+            .char_indices()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_'))
+        {
+            return Err(TableNameError::InvalidCharacter { index, ch });
+        }
+        let lower = name.to_ascii_lowercase();
+        if lower.starts_with("sqlite_") || lower == SCHEMA_TABLE {
+            return Err(TableNameError::Reserved { name });
+        }
+        Ok(Self(name))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn quoted(&self) -> String {
+        // Validated: no quote can occur inside.
+        format!("\"{}\"", self.0)
+    }
+}
+
+impl Default for TableName {
+    fn default() -> Self {
+        Self(Self::DEFAULT.to_owned())
+    }
+}
+
+impl fmt::Debug for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TableName({})", self.0)
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for TableName {
+    type Err = TableNameError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+/// The columns every read selects, in the order `row::RawRow` reads them.
+pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token_seq, token_id, attempt, \
+     lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at";
+
+/// The statements of one table, built once per store.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub select: String,
+    pub insert: String,
+    pub update_held: String,
+    pub list_in_flight: String,
+    pub purge: String,
+}
+
+impl Sql {
+    pub(crate) fn new(table: &TableName) -> Self {
+        let t = table.quoted();
+        Self {
+            select: format!("SELECT {COLUMNS} FROM {t} WHERE scope = ?1 AND key = ?2"),
+            insert: format!(
+                "INSERT INTO {t} ({COLUMNS}) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+            ),
+            // Fenced in the statement itself: it writes only over the token that was read.
+            update_held: format!(
+                "UPDATE {t} SET fingerprint = ?3, state = ?4, token_seq = ?5, token_id = ?6, \
+                 attempt = ?7, lease_until = ?8, outcome_status = ?9, outcome_body = ?10, \
+                 outcome_class = ?11, created_at = ?12, updated_at = ?13, expires_at = ?14 \
+                 WHERE scope = ?1 AND key = ?2 AND token_seq = ?15 AND token_id = ?16"
+            ),
+            list_in_flight: format!(
+                "SELECT {COLUMNS} FROM {t} \
+                 WHERE state = 'processing' AND lease_until <= ?1 AND expires_at > ?1 \
+                 ORDER BY lease_until, scope, key LIMIT ?2"
+            ),
+            purge: format!(
+                "DELETE FROM {t} WHERE rowid IN \
+                 (SELECT rowid FROM {t} WHERE expires_at <= ?1 LIMIT ?2)"
+            ),
+        }
+    }
+}
+
+/// Brings `table` to [`SCHEMA_VERSION`] inside one `BEGIN IMMEDIATE` transaction, so concurrent
+/// migrations (threads or processes) run each step once. Returns the version found before.
+pub(crate) fn migrate(conn: &Connection, table: &TableName) -> Result<i64, StoreError> {
+    let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+        .map_err(at("migrate: begin"))?;
+    tx.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} \
+         (table_name TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+    ))
+    .map_err(at("migrate: schema table"))?;
+    let found: i64 = tx
+        .query_row(
+            &format!("SELECT version FROM {SCHEMA_TABLE} WHERE table_name = ?1"),
+            [table.as_str()],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(at("migrate: read version"))?
+        .unwrap_or(0);
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::Misconfigured {
+            message: format!(
+                "sqlite: table {table} is at schema version {found}, newer than this library's \
+                 {SCHEMA_VERSION}; upgrade idem-store-sqlite"
+            ),
+        });
+    }
+    let (quoted, bare) = (table.quoted(), table.as_str());
+    for step in &MIGRATIONS[usize::try_from(found).unwrap_or(0)..] {
+        tx.execute_batch(&step.replace("{t}", &quoted).replace("{n}", bare))
+            .map_err(at("migrate: apply"))?;
+    }
+    if found < SCHEMA_VERSION {
+        tx.execute(
+            &format!(
+                "INSERT INTO {SCHEMA_TABLE} (table_name, version) VALUES (?1, ?2) \
+                 ON CONFLICT (table_name) DO UPDATE SET version = excluded.version"
+            ),
+            rusqlite::params![bare, SCHEMA_VERSION],
+        )
+        .map_err(at("migrate: write version"))?;
+    }
+    tx.commit().map_err(at("migrate: commit"))?;
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_name_rules() {
+        assert!(TableName::new("_x1").is_ok());
+        assert!(TableName::new("a".repeat(48)).is_ok());
+        assert_eq!(
+            TableName::new("a".repeat(49)),
+            Err(TableNameError::TooLong { len: 49 })
+        );
+        assert_eq!(
+            TableName::new("1abc"),
+            Err(TableNameError::BadFirstCharacter)
+        );
+        assert_eq!(
+            TableName::new("ab\"c"),
+            Err(TableNameError::InvalidCharacter { index: 2, ch: '"' })
+        );
+        assert_eq!(
+            TableName::new("tablé"),
+            Err(TableNameError::InvalidCharacter { index: 4, ch: 'é' })
+        );
+        assert!(matches!(
+            TableName::new("SQLITE_x"),
+            Err(TableNameError::Reserved { .. })
+        ));
+        assert!(matches!(
+            TableName::new(SCHEMA_TABLE),
+            Err(TableNameError::Reserved { .. })
+        ));
+    }
+}
