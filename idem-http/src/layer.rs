@@ -1,0 +1,358 @@
+//! [`IdempotencyLayer`]: the tower layer.
+
+use std::fmt;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_core::{Error, Execution, Executor, Fingerprint, Outcome, OutcomeClass, Scope};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::{Problem, read_key};
+
+/// The header set on a replayed response (SPEC §5).
+pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
+
+/// The default request body limit: 1 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+type PrincipalFn = dyn Fn(&Parts) -> Result<String, Problem> + Send + Sync;
+type ClassifyFn = dyn Fn(StatusCode) -> OutcomeClass + Send + Sync;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The default classification of a tool's answer: 2xx and 4xx other than 408 and 429 are
+/// definitive; 5xx, 408 and 429 (and anything else) are retryable.
+pub fn default_classify(status: StatusCode) -> OutcomeClass {
+    let code = status.as_u16();
+    if status.is_success()
+        || (status.is_client_error() && code != 408 && code != 429)
+        || status.is_redirection()
+    {
+        OutcomeClass::Definitive
+    } else {
+        OutcomeClass::Retryable
+    }
+}
+
+/// Makes the routes it wraps exactly-once per `Idempotency-Key` (SPEC §4–§5).
+///
+/// For each request: reads and validates the key (400 `key-required` / `invalid-key`), derives
+/// the scope from the principal the extractor returns plus the request path, reads the body
+/// (413 over the limit, 400 if not JSON), fingerprints method + path + canonical JSON body, and
+/// runs the inner service through the [`Executor`]: once per (scope, key). The answer is the
+/// tool's status with `{"ok", "idempotent_replay", "original_response"}`; a repeat gets the same
+/// status and body with `"idempotent_replay": true` and `Idempotency-Replayed: true`; same key
+/// with another body is 422, a repeat while the first runs is 409 with `Retry-After`, a store
+/// that is down is 503 — each an `application/problem+json` body.
+///
+/// The inner service runs in a spawned task: a client that disconnects (its deadline passed)
+/// cannot cancel a tool halfway; the outcome is recorded and its retry gets the replay. The
+/// [`idem_core::Attempt`] is put in the request's extensions, so a handler can complete the
+/// record in the same transaction as its effect and call
+/// [`Attempt::mark_recorded`](idem_core::Attempt::mark_recorded).
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    executor: Executor,
+    principal: Arc<PrincipalFn>,
+    classify: Arc<ClassifyFn>,
+    body_limit: usize,
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("executor", &self.executor)
+            .field("body_limit", &self.body_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer running tools through `executor`, with `principal` naming who sent a request
+    /// (a tenant or user id taken from the authenticated request parts; an `Err` refuses the
+    /// request). Give the executor a spawner (`with_spawner`) so claims survive dropped callers.
+    pub fn new(
+        executor: Executor,
+        principal: impl Fn(&Parts) -> Result<String, Problem> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            executor,
+            principal: Arc::new(principal),
+            classify: Arc::new(default_classify),
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+
+    /// Replaces [`default_classify`].
+    pub fn classify_with(
+        mut self,
+        classify: impl Fn(StatusCode) -> OutcomeClass + Send + Sync + 'static,
+    ) -> Self {
+        self.classify = Arc::new(classify);
+        self
+    }
+
+    /// Sets the request body limit in bytes (413 beyond it).
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &Executor {
+        &self.executor
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotent<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotent {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service [`IdempotencyLayer`] wraps around a tool.
+#[derive(Clone, Debug)]
+pub struct Idempotent<S> {
+    inner: S,
+    layer: IdempotencyLayer,
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for Idempotent<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResB>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service is driven to readiness per request, in its own task.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        let inner = self.inner.clone();
+        let layer = self.layer.clone();
+        Box::pin(handle(layer, inner, request))
+    }
+}
+
+async fn handle<S, ReqB, ResB>(
+    layer: IdempotencyLayer,
+    inner: S,
+    request: Request<ReqB>,
+) -> Result<Response<ResB>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let prepared = match prepare(&layer, &parts, body).await {
+        Ok(prepared) => prepared,
+        Err(problem) => return Ok(problem.to_response()),
+    };
+    let Prepared {
+        scope,
+        key,
+        fingerprint,
+        body,
+    } = prepared;
+    let request = Request::from_parts(parts, ReqB::from(body));
+    let failure: Arc<Mutex<Option<S::Error>>> = Arc::new(Mutex::new(None));
+    let slot = failure.clone();
+    let classify = layer.classify.clone();
+    let executor = layer.executor.clone();
+    // Detached, so a caller that goes away cannot cancel the tool halfway.
+    let task = tokio::spawn(async move {
+        executor
+            .run(&scope, &key, &fingerprint, |attempt| async move {
+                let mut request = request;
+                request.extensions_mut().insert(attempt);
+                let mut inner = inner;
+                let answer = match poll_fn(|cx| inner.poll_ready(cx)).await {
+                    Ok(()) => inner.call(request).await,
+                    Err(e) => Err(e),
+                };
+                match answer {
+                    Ok(response) => to_outcome(response, &*classify).await,
+                    Err(e) => {
+                        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        internal_failure()
+                    }
+                }
+            })
+            .await
+    });
+    let result = match task.await {
+        Ok(result) => result,
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        Err(_) => return Ok(Problem::StoreError.to_response()),
+    };
+    if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    Ok(match result {
+        Ok(Execution::Executed { outcome, .. }) => wrap(&outcome, false),
+        Ok(Execution::Replayed { outcome }) => wrap(&outcome, true),
+        Err(Error::InFlight { retry_after, stale }) => Problem::InFlight {
+            retry_after_secs: retry_after.as_secs_f64().ceil().max(1.0) as u64,
+            stale,
+        }
+        .to_response(),
+        Err(Error::FingerprintMismatch) => Problem::FingerprintMismatch.to_response(),
+        Err(Error::Store(e)) if e.is_unavailable() => Problem::StoreUnavailable.to_response(),
+        Err(Error::Store(_)) => Problem::StoreError.to_response(),
+        // The tool ran and answered, but the answer could not be recorded: the caller still
+        // gets it (the effect happened); the record is left to the lease and reconciliation.
+        Err(Error::Fenced { outcome })
+        | Err(Error::OutcomeTooLarge { outcome, .. })
+        | Err(Error::NotRecorded { outcome, .. }) => wrap(&outcome, false),
+        Err(other) => {
+            tracing::error!(error = %other, "unexpected executor error");
+            Problem::StoreError.to_response()
+        }
+    })
+}
+
+struct Prepared {
+    scope: Scope,
+    key: idem_core::IdempotencyKey,
+    fingerprint: Fingerprint,
+    body: Bytes,
+}
+
+/// Everything that can refuse a request before any record is written.
+async fn prepare<B>(layer: &IdempotencyLayer, parts: &Parts, body: B) -> Result<Prepared, Problem>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let key = read_key(&parts.headers)?;
+    let principal = (layer.principal)(parts)?;
+    let path = parts.uri.path();
+    let scope = Scope::from_parts([principal.as_str(), path])
+        .map_err(|e| Problem::InvalidScope(e.to_string()))?;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > layer.body_limit as u64) {
+        return Err(Problem::BodyTooLarge {
+            limit: layer.body_limit,
+        });
+    }
+    let body = match Limited::new(body, layer.body_limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return Err(Problem::BodyTooLarge {
+                limit: layer.body_limit,
+            });
+        }
+        Err(e) => {
+            return Err(Problem::InvalidBody(format!(
+                "the body could not be read: {e}"
+            )));
+        }
+    };
+    let json: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| Problem::InvalidBody(format!("the body is not JSON: {e}")))?;
+    let fingerprint = Fingerprint::of(&format!("{} {}", parts.method, path), &json)
+        .map_err(|e| Problem::InvalidBody(e.to_string()))?;
+    Ok(Prepared {
+        scope,
+        key,
+        fingerprint,
+        body,
+    })
+}
+
+/// The tool's response as an outcome: its status, its body (JSON kept byte for byte; an empty
+/// body becomes `null`, any other non-JSON body a JSON string), classified.
+async fn to_outcome<B>(response: Response<B>, classify: &ClassifyFn) -> Outcome
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let status = response.status();
+    let class = classify(status);
+    let bytes = match response.into_body().collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let e: BoxError = e.into();
+            tracing::error!(error = %e, "the tool's response body failed");
+            return internal_failure();
+        }
+    };
+    let text = if bytes.is_empty() {
+        "null".to_owned()
+    } else {
+        match std::str::from_utf8(&bytes) {
+            Ok(s) if serde_json::from_str::<serde::de::IgnoredAny>(s).is_ok() => s.to_owned(),
+            Ok(s) => serde_json::Value::String(s.to_owned()).to_string(),
+            Err(_) => {
+                serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned()).to_string()
+            }
+        }
+    };
+    Outcome::from_json_text(status.as_u16(), text, class).unwrap_or_else(|_| internal_failure())
+}
+
+fn internal_failure() -> Outcome {
+    Outcome::from_json_text(
+        500,
+        r#"{"error":"the tool failed without an answer"}"#,
+        OutcomeClass::Retryable,
+    )
+    .expect("a constant JSON text")
+}
+
+/// The SPEC §5 envelope around a stored outcome; the tool's body is inserted byte for byte.
+fn wrap<B: From<Bytes>>(outcome: &Outcome, replay: bool) -> Response<B> {
+    let status =
+        StatusCode::from_u16(outcome.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = format!(
+        r#"{{"ok":{},"idempotent_replay":{},"original_response":{}}}"#,
+        status.is_success(),
+        replay,
+        outcome.body()
+    );
+    let mut response = Response::new(B::from(Bytes::from(body)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if replay {
+        headers.insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
+    }
+    response
+}

@@ -1,0 +1,12 @@
+#![doc = include_str!("../README.md")]
+
+mod key;
+mod layer;
+mod problem;
+
+pub use idem_core::Attempt;
+pub use key::{IDEMPOTENCY_KEY, read_key};
+pub use layer::{
+    DEFAULT_BODY_LIMIT, IDEMPOTENCY_REPLAYED, IdempotencyLayer, Idempotent, default_classify,
+};
+pub use problem::Problem;

@@ -1,0 +1,554 @@
+//! The layer over real HTTP on loopback, counting tickets where they land (SPEC §4–§5).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use idem_core::{
+    Executor, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Policy, Scope, StoreError,
+};
+use idem_http::IdempotencyLayer;
+use serde_json::{Value, json};
+use tokio::sync::{Barrier, Semaphore};
+
+/// Where the tool's effect lands: one row per ticket, with the tenant that asked.
+#[derive(Default)]
+struct Sink {
+    tickets: Mutex<Vec<(String, String)>>,
+}
+
+struct Tool {
+    sink: Arc<Sink>,
+    hold: Option<Arc<Semaphore>>,
+    latency: Duration,
+}
+
+async fn create_ticket(
+    State(tool): State<Arc<Tool>>,
+    headers: axum::http::HeaderMap,
+    axum::Json(args): axum::Json<Value>,
+) -> (StatusCode, axum::Json<Value>) {
+    let (Some(title), Some(_)) = (args["title"].as_str(), args["account_id"].as_str()) else {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(json!({"error": "title and account_id are required"})),
+        );
+    };
+    if let Some(hold) = &tool.hold {
+        hold.acquire().await.unwrap().forget();
+    }
+    if !tool.latency.is_zero() {
+        tokio::time::sleep(tool.latency).await;
+    }
+    let tenant = headers
+        .get("x-tenant-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("public")
+        .to_owned();
+    let mut tickets = tool.sink.tickets.lock().unwrap();
+    tickets.push((tenant, title.to_owned()));
+    let id = format!("T-{}", tickets.len());
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({"ticket_id": id, "title": title, "note": "ünïcode ✓"})),
+    )
+}
+
+struct Server {
+    url: String,
+    sink: Arc<Sink>,
+    clock: ManualClock,
+    store: Arc<dyn KeyStore>,
+}
+
+impl Server {
+    fn tickets(&self) -> usize {
+        self.sink.tickets.lock().unwrap().len()
+    }
+}
+
+async fn serve(
+    store: Arc<dyn KeyStore>,
+    hold: Option<Arc<Semaphore>>,
+    latency: Duration,
+) -> Server {
+    let sink = Arc::new(Sink::default());
+    let clock = ManualClock::starting_now();
+    let executor = Executor::from_arc(store.clone())
+        .with_policy(
+            Policy::builder()
+                .lease(Duration::from_secs(10))
+                .ttl(Duration::from_secs(3600))
+                .build()
+                .unwrap(),
+        )
+        .with_clock(clock.clone())
+        .with_spawner(|task| {
+            tokio::spawn(task);
+        });
+    let layer = IdempotencyLayer::new(executor, |parts| {
+        Ok(parts
+            .headers
+            .get("x-tenant-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("public")
+            .to_owned())
+    })
+    .body_limit(4096);
+    let tool = Arc::new(Tool {
+        sink: sink.clone(),
+        hold,
+        latency,
+    });
+    let app = Router::new()
+        .route("/tools/create_ticket", post(create_ticket))
+        .route_layer(layer)
+        .with_state(tool);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/tools/create_ticket",
+        listener.local_addr().unwrap()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server {
+        url,
+        sink,
+        clock,
+        store,
+    }
+}
+
+async fn memory_server() -> Server {
+    serve(Arc::new(MemoryStore::new()), None, Duration::ZERO).await
+}
+
+fn args() -> Value {
+    json!({"title": "Printer on fire", "account_id": "A-7"})
+}
+
+async fn post_json(
+    url: &str,
+    key: Option<&str>,
+    tenant: Option<&str>,
+    body: String,
+) -> reqwest::Response {
+    let client = reqwest::Client::new();
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    if let Some(tenant) = tenant {
+        req = req.header("x-tenant-id", tenant);
+    }
+    req.send().await.unwrap()
+}
+
+async fn problem(resp: reqwest::Response, status: u16, type_suffix: &str) -> Value {
+    assert_eq!(resp.status().as_u16(), status);
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        body["type"],
+        format!("urn:idem:problem:{type_suffix}"),
+        "{body}"
+    );
+    assert_eq!(body["status"], status);
+    body
+}
+
+#[tokio::test]
+async fn same_key_twice_one_ticket_and_a_marked_replay() {
+    let s = memory_server().await;
+    let first = post_json(
+        &s.url,
+        Some("\"wf-8812:step-3:create_ticket\""),
+        None,
+        args().to_string(),
+    )
+    .await;
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotency-replayed").is_none());
+    let first = first.text().await.unwrap();
+    // The retry: same key (sent bare this time), same arguments in another key order.
+    let again = post_json(
+        &s.url,
+        Some("wf-8812:step-3:create_ticket"),
+        None,
+        r#"{"account_id":"A-7",  "title":"Printer on fire"}"#.into(),
+    )
+    .await;
+    assert_eq!(again.status(), 201, "the same status");
+    assert_eq!(again.headers()["idempotency-replayed"], "true");
+    let again = again.text().await.unwrap();
+    assert_eq!(s.tickets(), 1, "one ticket at the sink");
+    assert_eq!(
+        again,
+        first.replace("\"idempotent_replay\":false", "\"idempotent_replay\":true"),
+        "the same body but the flag"
+    );
+    let body: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(body["ok"], true);
+    assert_eq!(body["idempotent_replay"], false);
+    assert_eq!(body["original_response"]["ticket_id"], "T-1");
+    assert_eq!(body["original_response"]["note"], "ünïcode ✓");
+}
+
+#[tokio::test]
+async fn same_key_other_body_is_422_and_no_ticket() {
+    let s = memory_server().await;
+    assert_eq!(
+        post_json(&s.url, Some("k-1"), None, args().to_string())
+            .await
+            .status(),
+        201
+    );
+    let other = json!({"title": "Printer fixed", "account_id": "A-7"}).to_string();
+    problem(
+        post_json(&s.url, Some("k-1"), None, other).await,
+        422,
+        "fingerprint-mismatch",
+    )
+    .await;
+    assert_eq!(s.tickets(), 1);
+}
+
+#[tokio::test]
+async fn refused_input_is_a_problem_and_writes_nothing() {
+    let s = memory_server().await;
+    let body = problem(
+        post_json(&s.url, None, None, args().to_string()).await,
+        400,
+        "key-required",
+    )
+    .await;
+    assert!(body["detail"].as_str().unwrap().contains("Idempotency-Key"));
+    let body = problem(
+        post_json(&s.url, Some(""), None, args().to_string()).await,
+        400,
+        "invalid-key",
+    )
+    .await;
+    assert!(body["detail"].as_str().unwrap().contains("empty"), "{body}");
+    let long = "k".repeat(256);
+    let body = problem(
+        post_json(&s.url, Some(&long), None, args().to_string()).await,
+        400,
+        "invalid-key",
+    )
+    .await;
+    assert!(body["detail"].as_str().unwrap().contains("255"), "{body}");
+    let body = problem(
+        post_json(&s.url, Some("\"a b\""), None, args().to_string()).await,
+        400,
+        "invalid-key",
+    )
+    .await;
+    assert!(
+        body["detail"].as_str().unwrap().contains("visible ASCII"),
+        "{body}"
+    );
+    problem(
+        post_json(&s.url, Some("k-2"), None, "{not json".into()).await,
+        400,
+        "invalid-body",
+    )
+    .await;
+    problem(
+        post_json(&s.url, Some("k-3"), None, String::new()).await,
+        400,
+        "invalid-body",
+    )
+    .await;
+    let big = json!({"title": "x".repeat(5000), "account_id": "A"}).to_string();
+    problem(
+        post_json(&s.url, Some("k-4"), None, big).await,
+        413,
+        "body-too-large",
+    )
+    .await;
+    assert_eq!(s.tickets(), 0, "no effect");
+    let now = idem_core::Clock::now(&s.clock);
+    for key in ["k-2", "k-3", "k-4"] {
+        let scope = Scope::from_parts(["public", "/tools/create_ticket"]).unwrap();
+        let key = IdempotencyKey::new(key).unwrap();
+        assert_eq!(
+            s.store.get(&scope, &key, now).await.unwrap(),
+            None,
+            "no record written"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_tool_validation_failure_is_definitive_and_replays() {
+    let s = memory_server().await;
+    let bad = json!({"title": "no account"}).to_string();
+    let first = post_json(&s.url, Some("k-v"), None, bad.clone()).await;
+    assert_eq!(first.status(), 422);
+    let body: Value = first.json().await.unwrap();
+    assert_eq!(body["ok"], false);
+    assert_eq!(
+        body["original_response"]["error"],
+        "title and account_id are required"
+    );
+    let again = post_json(&s.url, Some("k-v"), None, bad).await;
+    assert_eq!(again.status(), 422);
+    assert_eq!(again.headers()["idempotency-replayed"], "true");
+}
+
+#[tokio::test]
+async fn thirty_two_concurrent_requests_one_ticket() {
+    const N: usize = 32;
+    let hold = Arc::new(Semaphore::new(0));
+    let s = Arc::new(
+        serve(
+            Arc::new(MemoryStore::new()),
+            Some(hold.clone()),
+            Duration::ZERO,
+        )
+        .await,
+    );
+    let gate = Arc::new(Barrier::new(N));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..N {
+        let (s, gate) = (s.clone(), gate.clone());
+        tasks.spawn(async move {
+            // A client of its own: a separate connection per request.
+            let client = reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap();
+            gate.wait().await;
+            let resp = client
+                .post(&s.url)
+                .header("idempotency-key", "wf-1:step-1:create_ticket")
+                .json(&args())
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let replayed = resp.headers().get("idempotency-replayed").is_some();
+            (status, retry_after, replayed)
+        });
+    }
+    // The tool is held until every other request has had its answer.
+    let mut answers = Vec::new();
+    while answers.len() < N - 1 {
+        answers.push(tasks.join_next().await.unwrap().unwrap());
+    }
+    hold.add_permits(1);
+    answers.push(tasks.join_next().await.unwrap().unwrap());
+    let executed = answers
+        .iter()
+        .filter(|(st, _, rep)| *st == 201 && !rep)
+        .count();
+    let conflicts: Vec<_> = answers.iter().filter(|(st, _, _)| *st == 409).collect();
+    let replays = answers
+        .iter()
+        .filter(|(st, _, rep)| *st == 201 && *rep)
+        .count();
+    assert_eq!(executed, 1, "{answers:?}");
+    assert_eq!(
+        executed + conflicts.len() + replays,
+        N,
+        "every other answer a 409 or a replay: {answers:?}"
+    );
+    for (_, retry_after, _) in conflicts {
+        let secs: u64 = retry_after
+            .as_deref()
+            .expect("409 carries Retry-After")
+            .parse()
+            .unwrap();
+        assert!(secs >= 1);
+    }
+    assert_eq!(s.tickets(), 1, "exactly one ticket");
+}
+
+#[tokio::test]
+async fn after_expiry_it_runs_again_exactly_once() {
+    let s = memory_server().await;
+    assert_eq!(
+        post_json(&s.url, Some("k-e"), None, args().to_string())
+            .await
+            .status(),
+        201
+    );
+    s.clock.advance(Duration::from_secs(3601));
+    let again = post_json(&s.url, Some("k-e"), None, args().to_string()).await;
+    assert_eq!(again.status(), 201);
+    assert!(
+        again.headers().get("idempotency-replayed").is_none(),
+        "the expired record is gone: a new execution"
+    );
+    let third = post_json(&s.url, Some("k-e"), None, args().to_string()).await;
+    assert_eq!(third.headers()["idempotency-replayed"], "true");
+    assert_eq!(s.tickets(), 2, "exactly one new ticket");
+}
+
+#[tokio::test]
+async fn two_tenants_same_key_two_tickets_no_cross_replay() {
+    let s = memory_server().await;
+    let a = post_json(&s.url, Some("k-t"), Some("tenant-a"), args().to_string()).await;
+    let b = post_json(&s.url, Some("k-t"), Some("tenant-b"), args().to_string()).await;
+    assert!(a.headers().get("idempotency-replayed").is_none());
+    assert!(
+        b.headers().get("idempotency-replayed").is_none(),
+        "tenant b must not get tenant a's answer"
+    );
+    let (a, b): (Value, Value) = (a.json().await.unwrap(), b.json().await.unwrap());
+    assert_ne!(
+        a["original_response"]["ticket_id"],
+        b["original_response"]["ticket_id"]
+    );
+    assert_eq!(s.tickets(), 2);
+    let tenants: Vec<String> = s
+        .sink
+        .tickets
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(t, _)| t.clone())
+        .collect();
+    assert_eq!(tenants, ["tenant-a", "tenant-b"]);
+}
+
+#[tokio::test]
+async fn slow_tool_short_client_deadline_retries_get_409_then_the_replay() {
+    // Real latency on purpose: the tool takes 1.5 s, each client attempt gives up after 0.5 s.
+    let s = serve(
+        Arc::new(MemoryStore::new()),
+        None,
+        Duration::from_millis(1500),
+    )
+    .await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let (mut timeouts, mut conflicts) = (0, 0);
+    let replay = loop {
+        let sent = client
+            .post(&s.url)
+            .header("idempotency-key", "wf-2:step-1:create_ticket")
+            .json(&args())
+            .send()
+            .await;
+        match sent {
+            Err(e) if e.is_timeout() => timeouts += 1,
+            Err(e) => panic!("{e}"),
+            Ok(resp) if resp.status() == 409 => {
+                conflicts += 1;
+                let wait: u64 = resp.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!(wait >= 1);
+                // Honour the header, bounded so the test stays short.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Ok(resp) => break resp,
+        }
+        assert!(timeouts + conflicts < 50, "never finished");
+    };
+    assert!(timeouts >= 1, "the first attempt timed out");
+    assert!(conflicts >= 1, "retries while processing were told 409");
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotency-replayed"], "true");
+    assert_eq!(
+        s.tickets(),
+        1,
+        "the timed-out attempt's ticket is the only one"
+    );
+}
+
+/// A store that is down.
+#[derive(Debug)]
+struct Down;
+
+#[idem_core::async_trait]
+impl KeyStore for Down {
+    async fn claim(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: &idem_core::Fingerprint,
+        _: &Policy,
+        _: idem_core::Timestamp,
+    ) -> Result<idem_core::ClaimAnswer, StoreError> {
+        Err(StoreError::unavailable(
+            "down",
+            std::io::Error::other("connection refused"),
+        ))
+    }
+    async fn complete(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: idem_core::Token,
+        _: &idem_core::Outcome,
+        _: &Policy,
+        _: idem_core::Timestamp,
+    ) -> Result<idem_core::CompleteAnswer, StoreError> {
+        unreachable!()
+    }
+    async fn release(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: idem_core::Token,
+        _: idem_core::Timestamp,
+    ) -> Result<idem_core::ReleaseAnswer, StoreError> {
+        unreachable!()
+    }
+    async fn extend(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: idem_core::Token,
+        _: Duration,
+        _: idem_core::Timestamp,
+    ) -> Result<idem_core::ExtendAnswer, StoreError> {
+        unreachable!()
+    }
+    async fn get(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: idem_core::Timestamp,
+    ) -> Result<Option<idem_core::Record>, StoreError> {
+        unreachable!()
+    }
+    async fn list_in_flight(
+        &self,
+        _: idem_core::Timestamp,
+        _: usize,
+    ) -> Result<Vec<idem_core::Record>, StoreError> {
+        unreachable!()
+    }
+    async fn purge_expired(&self, _: idem_core::Timestamp, _: usize) -> Result<usize, StoreError> {
+        unreachable!()
+    }
+}
+
+#[tokio::test]
+async fn store_down_is_503_and_the_tool_does_not_run() {
+    let s = serve(Arc::new(Down), None, Duration::ZERO).await;
+    problem(
+        post_json(&s.url, Some("k-d"), None, args().to_string()).await,
+        503,
+        "store-unavailable",
+    )
+    .await;
+    assert_eq!(s.tickets(), 0, "never a silent proceed");
+}
