@@ -16,7 +16,7 @@ use idem_core::{
     Timestamp, Token, async_trait,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{PgConnection, Postgres};
+use sqlx::{PgConnection, Postgres, Row};
 
 pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 /// The driver this crate is built on, re-exported so callers use the same version.
@@ -290,20 +290,27 @@ impl PostgresStore {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<Option<ClaimAnswer>, sqlx::Error> {
-        // Assume the key is new: the common first execution costs this one statement.
+        // Assume the key is new: a first execution costs this one statement, and so does a
+        // replay (it reads the existing record in the same statement, writing nothing).
         let fresh = machine::claim(None, req, now, policy);
-        if let Some(record) = &fresh.write {
-            let inserted = bind_record(sqlx::query(&self.sql.insert), record)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
-            if inserted == 1 {
-                return Ok(Some(fresh.answer));
-            }
+        let Some(record) = &fresh.write else {
+            return Ok(Some(fresh.answer));
+        };
+        let row = bind_record(sqlx::query(&self.sql.insert), record)
+            .fetch_one(&self.pool)
+            .await?;
+        if row.try_get::<i64, _>("inserted")? == 1 {
+            return Ok(Some(fresh.answer));
         }
-        // Conflict. A separate statement, so its snapshot includes a row whose inserter we waited
-        // for (SPEC §7).
-        let Some(found) = self.read(req.scope, req.key).await? else {
+        let found = if row.try_get::<Option<String>, _>("scope")?.is_some() {
+            Some(record_from_row(&row).map_err(|e| sqlx::Error::Decode(e.into()))?)
+        } else {
+            // A conflict, yet no row in the statement's snapshot: the insert waited on a
+            // concurrent inserter that committed after the snapshot was taken. A separate
+            // statement takes a new snapshot and sees the row (SPEC §7).
+            self.read(req.scope, req.key).await?
+        };
+        let Some(found) = found else {
             return Ok(None); // purged meanwhile: insert again
         };
         let decided = machine::claim(Some(&found), req, now, policy);

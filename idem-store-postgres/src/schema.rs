@@ -67,10 +67,22 @@ impl Statements {
     /// Both names must have passed `check_identifier`: they are quoted, never escaped.
     pub(crate) fn new(schema: &str, table: &str) -> Self {
         let t = format!("\"{schema}\".\"{table}\"");
-        // A claim of an absent key: one round trip, no row written on conflict.
+        // Every claim starts here, one round trip: insert as if the key were new (writing nothing
+        // on conflict), and in the same statement read the record that was already there. Always
+        // one row: `inserted` = 1 when the insert won. The read uses the statement's snapshot, so
+        // when the insert waited on a concurrent inserter that then committed, it sees no record
+        // (SPEC §7); the caller then reads again with a separate statement.
+        let r_columns = COLUMNS
+            .split(", ")
+            .map(|c| format!("r.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let insert = format!(
-            "INSERT INTO {t} ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
-             ON CONFLICT (scope, key) DO NOTHING"
+            "WITH ins AS (INSERT INTO {t} ({COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+             ON CONFLICT (scope, key) DO NOTHING RETURNING 1) \
+             SELECT (SELECT count(*) FROM ins) AS inserted, {r_columns} \
+             FROM (VALUES (1)) AS one (x) LEFT JOIN {t} AS r ON r.scope = $1 AND r.key = $2"
         );
         let select_any = format!("SELECT {COLUMNS} FROM {t} WHERE scope = $1 AND key = $2");
         // Compare-and-set: the write the machine decided, only if the record is still the one it
