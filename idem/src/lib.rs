@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub use idem_core::*;
+
+/// The embedded SQLite store.
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite {
+    pub use idem_store_sqlite::*;
+}
+
+/// The PostgreSQL store.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres {
+    pub use idem_store_postgres::*;
+}
+
+/// The tower layer for HTTP tools.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http {
+    pub use idem_http::*;
+}
