@@ -1,0 +1,528 @@
+//! SQLite-specific behaviour beyond the conformance suite: completion inside the caller's
+//! transaction, migrations and table names, durability settings, error classification and
+//! corrupt rows. Real files in temporary directories; time is injected.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use idem_core::{
+    ClaimAnswer, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy,
+    RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
+};
+use idem_store_sqlite::rusqlite::{Connection, TransactionBehavior, params};
+use idem_store_sqlite::{SCHEMA_TABLE, SqliteStore, Synchronous, TableName, TableNameError};
+
+const NOW: Timestamp = Timestamp::from_millis(1_234_567_890_000);
+
+struct Db {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    store: SqliteStore,
+}
+
+fn db() -> Db {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.sqlite3");
+    let store = SqliteStore::open(&path).unwrap();
+    store.migrate().unwrap();
+    Db {
+        _dir: dir,
+        path,
+        store,
+    }
+}
+
+fn policy() -> Policy {
+    Policy::builder()
+        .lease(Duration::from_secs(30))
+        .ttl(Duration::from_secs(3600))
+        .build()
+        .unwrap()
+}
+
+fn scope() -> Scope {
+    Scope::new("tenant-a/create_ticket").unwrap()
+}
+
+fn key(k: &str) -> IdempotencyKey {
+    IdempotencyKey::new(k).unwrap()
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of(
+        "create_ticket",
+        &serde_json::json!({"title": "printer on fire"}),
+    )
+    .unwrap()
+}
+
+fn ticket(id: &str) -> Outcome {
+    Outcome::definitive(201, &serde_json::json!({"ticket_id": id})).unwrap()
+}
+
+fn claimed(answer: ClaimAnswer) -> (Token, u32) {
+    match answer {
+        ClaimAnswer::Claimed { token, attempt, .. } => (token, attempt),
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+fn effects_table(conn: &Connection) {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS tickets (idem_key TEXT NOT NULL, title TEXT NOT NULL)",
+    )
+    .unwrap();
+}
+
+fn count(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+/// The effect and the completion in one transaction of the caller: `commit` decides both.
+fn effect_and_complete(
+    store: &SqliteStore,
+    conn: &mut Connection,
+    key: &IdempotencyKey,
+    token: Token,
+    commit: bool,
+) -> CompleteAnswer {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap();
+    tx.execute(
+        "INSERT INTO tickets (idem_key, title) VALUES (?1, 'printer on fire')",
+        params![key.as_str()],
+    )
+    .unwrap();
+    let answer = store
+        .complete_in(&tx, &scope(), key, token, &ticket("T-1"), &policy(), NOW)
+        .unwrap();
+    if commit {
+        tx.commit().unwrap();
+    } // else dropped: rolled back
+    answer
+}
+
+#[tokio::test]
+async fn transactional_completion_rolled_back_leaves_nothing_and_retry_runs_once() {
+    let Db { store, .. } = &db();
+    let mut conn = store.connection().unwrap();
+    effects_table(&conn);
+    let k = key("wf-1:step-1:create_ticket");
+
+    let (token, attempt) = claimed(
+        store
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(attempt, 1);
+    // The completion succeeds inside the transaction, then the transaction is rolled back
+    // (a later step of the caller failed).
+    assert_eq!(
+        effect_and_complete(store, &mut conn, &k, token, false),
+        CompleteAnswer::Completed
+    );
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM tickets"),
+        0,
+        "no effect row"
+    );
+    let record = store.get(&scope(), &k, NOW).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Processing, "no completed record");
+    assert_eq!(record.outcome, None);
+
+    // The holder gives up; the retry claims again, and its effect and completion commit.
+    store.release(&scope(), &k, token, NOW).await.unwrap();
+    let (token, attempt) = claimed(
+        store
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(attempt, 2);
+    assert_eq!(
+        effect_and_complete(store, &mut conn, &k, token, true),
+        CompleteAnswer::Completed
+    );
+    // Every later call replays; the effect happened exactly once.
+    for _ in 0..3 {
+        let answer = store
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap();
+        assert_eq!(answer, ClaimAnswer::Replay(ticket("T-1")));
+    }
+    assert_eq!(count(&conn, "SELECT count(*) FROM tickets"), 1);
+}
+
+#[tokio::test]
+async fn transactional_completion_fenced_holder_rolls_back_its_effect() {
+    let Db { store, .. } = &db();
+    let mut conn = store.connection().unwrap();
+    effects_table(&conn);
+    let k = key("wf-2:step-1:create_ticket");
+    let takeover = policy()
+        .to_builder()
+        .stale(StalePolicy::Takeover)
+        .build()
+        .unwrap();
+
+    let (old, _) = claimed(
+        store
+            .claim(&scope(), &k, &fp(), &takeover, NOW)
+            .await
+            .unwrap(),
+    );
+    let later = NOW + Duration::from_secs(31);
+    let (new, _) = claimed(
+        store
+            .claim(&scope(), &k, &fp(), &takeover, later)
+            .await
+            .unwrap(),
+    );
+
+    // The paused old holder wakes up: fenced inside its transaction, so it rolls back.
+    assert_eq!(
+        effect_and_complete(store, &mut conn, &k, old, false),
+        CompleteAnswer::Fenced
+    );
+    assert_eq!(
+        effect_and_complete(store, &mut conn, &k, new, true),
+        CompleteAnswer::Completed
+    );
+    assert_eq!(count(&conn, "SELECT count(*) FROM tickets"), 1);
+    let record = store.get(&scope(), &k, later).await.unwrap().unwrap();
+    assert_eq!((record.state, record.token), (RecordState::Completed, new));
+}
+
+#[tokio::test]
+async fn transactional_completion_on_a_pooled_connection() {
+    let Db { store, .. } = &db();
+    effects_table(&store.connection().unwrap());
+    let k = key("wf-3:step-1:create_ticket");
+    let (token, _) = claimed(
+        store
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap(),
+    );
+    let (s, k2) = (store.clone(), k.clone());
+    let answer = store
+        .with_connection(move |conn| effect_and_complete(&s, conn, &k2, token, true))
+        .await
+        .unwrap();
+    assert_eq!(answer, CompleteAnswer::Completed);
+    assert!(matches!(
+        store
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap(),
+        ClaimAnswer::Replay(_)
+    ));
+}
+
+#[tokio::test]
+async fn complete_in_outside_a_transaction_is_refused() {
+    let Db { store, .. } = &db();
+    let k = key("wf-4:step-1:create_ticket");
+    let (token, _) = claimed(
+        store
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap(),
+    );
+    let conn = store.connection().unwrap();
+    let err = store
+        .complete_in(&conn, &scope(), &k, token, &ticket("T"), &policy(), NOW)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Misconfigured { .. }), "{err:?}");
+    let record = store.get(&scope(), &k, NOW).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Processing, "nothing written");
+}
+
+#[tokio::test]
+async fn complete_in_refuses_an_outcome_over_the_limit() {
+    let Db { store, .. } = &db();
+    let small = policy().to_builder().max_outcome_bytes(8).build().unwrap();
+    let k = key("wf-5:step-1:create_ticket");
+    let (token, _) = claimed(store.claim(&scope(), &k, &fp(), &small, NOW).await.unwrap());
+    let mut conn = store.connection().unwrap();
+    let tx = conn.transaction().unwrap();
+    let err = store
+        .complete_in(&tx, &scope(), &k, token, &ticket("T-123456"), &small, NOW)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::OutcomeTooLarge(_)), "{err:?}");
+}
+
+#[test]
+fn migrate_is_idempotent_and_versioned() {
+    let Db { store, path, .. } = &db();
+    store.migrate().unwrap();
+    SqliteStore::open(path).unwrap().migrate().unwrap();
+    let conn = Connection::open(path).unwrap();
+    let version: i64 = conn
+        .query_row(
+            &format!("SELECT version FROM {SCHEMA_TABLE} WHERE table_name = 'idem_records'"),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(version, idem_store_sqlite::SCHEMA_VERSION);
+    let indexes = count(
+        &conn,
+        "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records' \
+         AND name IN ('idem_records_in_flight', 'idem_records_expires_at')",
+    );
+    assert_eq!(indexes, 2, "the in-flight and expiry indexes exist");
+    // The reconciliation and purge queries use them.
+    let plan: String = conn
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT * FROM idem_records WHERE state = 'processing' \
+             AND lease_until <= 5 AND expires_at > 5 ORDER BY lease_until LIMIT 10",
+            [],
+            |r| r.get(3),
+        )
+        .unwrap();
+    assert!(plan.contains("idem_records_in_flight"), "{plan}");
+}
+
+#[test]
+fn migrate_refuses_a_newer_schema() {
+    let Db { store, path, .. } = &db();
+    Connection::open(path)
+        .unwrap()
+        .execute(&format!("UPDATE {SCHEMA_TABLE} SET version = 99"), [])
+        .unwrap();
+    let err = store.migrate().unwrap_err();
+    assert!(matches!(err, StoreError::Misconfigured { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn custom_tables_are_independent_in_one_file() {
+    let Db { store, path, .. } = &db();
+    let other = SqliteStore::builder(path)
+        .table_name("agent_tool_calls")
+        .unwrap()
+        .open()
+        .unwrap();
+    other.migrate().unwrap();
+    assert_eq!(other.table().as_str(), "agent_tool_calls");
+    let k = key("wf-6:step-1:create_ticket");
+    claimed(
+        store
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap(),
+    );
+    claimed(
+        other
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap(),
+    );
+    let conn = store.connection().unwrap();
+    assert_eq!(count(&conn, "SELECT count(*) FROM agent_tool_calls"), 1);
+    assert_eq!(count(&conn, "SELECT count(*) FROM idem_records"), 1);
+}
+
+#[test]
+fn bad_table_names_are_refused_with_a_typed_error() {
+    let builder = SqliteStore::builder("unused.sqlite3");
+    assert_eq!(
+        builder.clone().table_name("").unwrap_err(),
+        TableNameError::Empty
+    );
+    assert!(matches!(
+        builder.clone().table_name("x\"; DROP TABLE y; --"),
+        Err(TableNameError::InvalidCharacter { index: 1, ch: '"' })
+    ));
+    assert!(matches!(
+        builder.table_name("sqlite_schema"),
+        Err(TableNameError::Reserved { .. })
+    ));
+    assert!("ok_name".parse::<TableName>().is_ok());
+}
+
+#[tokio::test]
+async fn durability_is_full_by_default_and_normal_on_request() {
+    let Db { store, path, .. } = &db();
+    let pragma = |s: &SqliteStore| -> (i64, String) {
+        let conn = s.connection().unwrap();
+        (
+            conn.query_row("PRAGMA synchronous", [], |r| r.get(0))
+                .unwrap(),
+            conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap(),
+        )
+    };
+    assert_eq!(pragma(store), (2, "wal".to_owned()), "FULL and WAL");
+    // The pooled connections too.
+    let pooled: i64 = store
+        .with_connection(|c| c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(pooled, 2);
+    let normal = SqliteStore::builder(path)
+        .synchronous(Synchronous::Normal)
+        .open()
+        .unwrap();
+    assert_eq!(pragma(&normal).0, 1, "NORMAL");
+}
+
+#[tokio::test]
+async fn a_write_lock_held_past_the_busy_timeout_is_unavailable() {
+    let Db { path, .. } = &db();
+    // Short busy timeout on purpose: this test waits for it (50 ms of real time).
+    let store = SqliteStore::builder(path)
+        .busy_timeout(Duration::from_millis(50))
+        .open()
+        .unwrap();
+    let blocker = Connection::open(path).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let err = store
+        .claim(&scope(), &key("wf-7:step-1:x"), &fp(), &policy(), NOW)
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    blocker.execute_batch("ROLLBACK").unwrap();
+    // The store recovers once the lock is gone.
+    claimed(
+        store
+            .claim(&scope(), &key("wf-7:step-1:x"), &fp(), &policy(), NOW)
+            .await
+            .unwrap(),
+    );
+}
+
+#[test]
+fn a_file_that_cannot_be_opened_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = SqliteStore::open(dir.path().join("missing-dir/idem.sqlite3")).unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+}
+
+#[tokio::test]
+async fn before_migrate_operations_fail_as_backend_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("fresh.sqlite3")).unwrap();
+    let err = store
+        .claim(&scope(), &key("k"), &fp(), &policy(), NOW)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn rows_that_do_not_parse_are_corrupt() {
+    let Db { store, .. } = &db();
+    let conn = store.connection().unwrap();
+    let cases = [
+        ("token_id", "'not-hex'"),
+        ("state", "'done'"),
+        ("fingerprint", "'ABC'"),
+        ("lease_until", "-5"),
+        ("lease_until", "'soon'"),
+        ("outcome_body", "'{not json'"),
+        ("attempt", "5000000000"),
+    ];
+    for (i, (column, value)) in cases.iter().enumerate() {
+        let k = key(&format!("wf-8:step-{i}"));
+        let (token, _) = claimed(
+            store
+                .claim(&scope(), &k, &fp(), &policy(), NOW)
+                .await
+                .unwrap(),
+        );
+        store
+            .complete(&scope(), &k, token, &ticket("T"), &policy(), NOW)
+            .await
+            .unwrap();
+        conn.execute(
+            &format!("UPDATE idem_records SET {column} = {value} WHERE key = ?1"),
+            [k.as_str()],
+        )
+        .unwrap();
+        let err = store.get(&scope(), &k, NOW).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Corrupt { .. }),
+            "{column}: {err:?}"
+        );
+        let err = store
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::Corrupt { .. }),
+            "{column}: {err:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_outcome_body_is_stored_as_the_exact_text() {
+    let Db { store, .. } = &db();
+    let k = key("wf-9:step-1:create_ticket");
+    let text = "{ \"z\" : \"\\u00e9 😀\",\n  \"a\":[1.50, 1e2] }";
+    let outcome = Outcome::from_json_text(200, text, idem_core::OutcomeClass::Definitive).unwrap();
+    let (token, _) = claimed(
+        store
+            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&scope(), &k, token, &outcome, &policy(), NOW)
+        .await
+        .unwrap();
+    let stored: String = store
+        .connection()
+        .unwrap()
+        .query_row(
+            "SELECT outcome_body FROM idem_records WHERE key = ?1",
+            [k.as_str()],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, text, "the column holds the body as given");
+    match store
+        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .await
+        .unwrap()
+    {
+        ClaimAnswer::Replay(o) => assert_eq!(o.body(), text),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn timestamps_at_the_far_end_of_time_round_trip() {
+    let Db { store, .. } = &db();
+    let forever = Policy::builder()
+        .lease(Duration::from_secs(30))
+        .ttl(Duration::MAX)
+        .build()
+        .unwrap();
+    let k = key("wf-10:step-1:create_ticket");
+    claimed(
+        store
+            .claim(&scope(), &k, &fp(), &forever, NOW)
+            .await
+            .unwrap(),
+    );
+    let record = store.get(&scope(), &k, NOW).await.unwrap().unwrap();
+    assert_eq!(record.expires_at, Timestamp::from_millis(u64::MAX));
+    assert_eq!(record.lease_until, NOW + Duration::from_secs(30));
+    assert_eq!(record.created_at, NOW);
+}
+
+#[test]
+fn debug_shows_settings_and_backend_is_sqlite() {
+    let Db { store, .. } = &db();
+    let text = format!("{store:?}");
+    assert!(
+        text.contains("idem_records") && text.contains("Full"),
+        "{text}"
+    );
+    assert_eq!(store.backend(), "sqlite");
+}
