@@ -7,7 +7,7 @@
 //!     cargo bench -p idem-store-postgres --bench postgres
 //! ```
 //!
-//! `IDEM_BENCH_OPS` sets the operations per measured round (default 2000). Without
+//! `IDEM_BENCH_OPS` sets the operations per batch (default 200; 20 batches per figure). Without
 //! `IDEM_TEST_POSTGRES_URL` it prints why and exits.
 
 use std::sync::Arc;
@@ -21,7 +21,9 @@ use idem_store_postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
 
 const SCHEMA: &str = "idem_bench";
 const TABLE: &str = "idem_records";
-const ROUNDS: usize = 5;
+/// Measured batches per comparison; idem and raw alternate batch by batch (and which goes first),
+/// so drift in the machine's load affects both alike.
+const BATCHES: usize = 20;
 const COLUMNS: &str = "scope, key, fingerprint, state, token_seq, token_id, attempt, \
      lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at";
 
@@ -175,7 +177,7 @@ async fn main() {
     let ops: usize = std::env::var("IDEM_BENCH_OPS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(200);
     let pool = PgPoolOptions::new()
         .max_connections(8)
         .min_connections(8)
@@ -204,10 +206,10 @@ async fn main() {
     }
 
     println!(
-        "idem-store-postgres benchmark: {ops} operations per round, median of {ROUNDS} rounds"
+        "idem-store-postgres benchmark: mean latency per operation, median over {BATCHES} interleaved batches of {ops}"
     );
     println!(
-        "{:<34} {:>10} {:>10} {:>7}",
+        "{:<42} {:>10} {:>10} {:>7}",
         "", "idem µs", "raw µs", "ratio"
     );
     for tasks in [1, 8] {
@@ -220,14 +222,19 @@ async fn main() {
             ("replay", Op::IdemReplay, Op::RawReplay),
         ] {
             let (mut a, mut b) = (Vec::new(), Vec::new());
-            for round in 1..=ROUNDS {
-                // Interleaved, so drift in the server affects both alike.
-                a.push(bench.measure(idem, round + tasks * 10, ops, tasks).await);
-                b.push(bench.measure(raw, round + tasks * 10, ops, tasks).await);
+            for batch in 1..=BATCHES {
+                let round = batch + tasks * 100;
+                if batch % 2 == 0 {
+                    a.push(bench.measure(idem, round, ops, tasks).await);
+                    b.push(bench.measure(raw, round, ops, tasks).await);
+                } else {
+                    b.push(bench.measure(raw, round, ops, tasks).await);
+                    a.push(bench.measure(idem, round, ops, tasks).await);
+                }
             }
             let (a, b) = (median(a), median(b));
             println!(
-                "{:<34} {:>10.1} {:>10.1} {:>6.2}x",
+                "{:<42} {:>10.1} {:>10.1} {:>6.2}x",
                 format!("{name}, {tasks} task{}", if tasks == 1 { "" } else { "s" }),
                 micros(a),
                 micros(b),

@@ -397,3 +397,68 @@ async fn oversized_outcome_is_refused_before_sql() {
         .unwrap_err();
     assert!(matches!(err, StoreError::OutcomeTooLarge(_)), "{err:?}");
 }
+
+/// Many concurrent claims that all find a record the rules rewrite (a stale claim under
+/// `Takeover`, a `failed_retryable` record, an expired record): the compare-and-set lets exactly
+/// one of them win; the others see the winner's claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_rewrites_have_one_winner() {
+    let Some(url) = common::url() else { return };
+    let handles = [
+        common::store(&url, "idem-test-cas").await,
+        common::store(&url, "idem-test-cas").await,
+        common::store(&url, "idem-test-cas").await,
+    ];
+    let policy = Policy::builder()
+        .stale(idem_core::StalePolicy::Takeover)
+        .build()
+        .unwrap();
+    let t = t0();
+    for (case, later, expected) in [
+        ("takeover", t + policy.lease(), ClaimKind::TakenOver),
+        ("retry", t, ClaimKind::Retry),
+        ("expired", t + policy.ttl(), ClaimKind::ExpiredReplaced),
+    ] {
+        let (scope, key, fp) = names(case);
+        let ClaimAnswer::Claimed { token, .. } = handles[0]
+            .claim(&scope, &key, &fp, &policy, t)
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        if case == "retry" {
+            handles[0].release(&scope, &key, token, t).await.unwrap();
+        }
+        let claims: Vec<_> = (0..24)
+            .map(|i| {
+                let store = handles[i % handles.len()].clone();
+                let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
+                tokio::spawn(async move { store.claim(&scope, &key, &fp, &policy, later).await })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for c in claims {
+            match c.await.unwrap().unwrap() {
+                ClaimAnswer::Claimed {
+                    token,
+                    attempt,
+                    kind,
+                } => winners.push((token, attempt, kind)),
+                ClaimAnswer::InFlight { stale: false, .. } => {}
+                other => panic!("{case}: unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            winners.len(),
+            1,
+            "{case}: exactly one winner, got {winners:?}"
+        );
+        let (won, attempt, kind) = winners[0];
+        assert_eq!(kind, expected, "{case}");
+        assert_eq!(won.seq, token.seq + 1, "{case}: the token continues upward");
+        assert_eq!(attempt, if case == "expired" { 1 } else { 2 }, "{case}");
+        let record = handles[1].get(&scope, &key, later).await.unwrap().unwrap();
+        assert_eq!((record.state, record.token), (RecordState::Processing, won));
+    }
+}
