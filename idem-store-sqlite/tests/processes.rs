@@ -2,8 +2,9 @@
 //! `IDEM_SQLITE_CHILD` set) so that several processes share one database file.
 //!
 //! - `race_across_processes`: 4 processes claim the same 1 000 keys, released together; each
-//!   winner writes one effect row and completes in the same transaction. Counted at the sink:
-//!   exactly 1 000 effect rows, one per key.
+//!   winner commits one effect row on its own (as an external effect would be, so only the claim
+//!   prevents a second one), then completes. Counted at the sink: exactly 1 000 effect rows, one
+//!   per key. (Completion inside the effect's transaction is tested in `tests/store.rs`.)
 //! - `crash_after_claim_leaves_in_flight`: a process claims a key and is killed with SIGKILL;
 //!   the next attempt is told "in flight", and once the lease has elapsed (injected time) the
 //!   record is on reconciliation's list.
@@ -14,11 +15,11 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope,
-    StalePolicy, Timestamp,
+    ClaimAnswer, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy,
+    RecordState, Scope, StalePolicy, Timestamp,
 };
 use idem_store_sqlite::SqliteStore;
-use idem_store_sqlite::rusqlite::{TransactionBehavior, params};
+use idem_store_sqlite::rusqlite::params;
 
 const CHILD_ENV: &str = "IDEM_SQLITE_CHILD";
 const DB_ENV: &str = "IDEM_SQLITE_CHILD_DB";
@@ -111,8 +112,11 @@ fn race_across_processes() {
     }
     let mut won = 0;
     for (mut child, mut out) in children {
-        let n = wait_for(&mut out, "IDEM-WON").parse::<usize>().unwrap();
+        let report = wait_for(&mut out, "IDEM-WON");
+        let (n, fenced) = report.split_once(' ').unwrap();
+        let n: usize = n.parse().unwrap();
         eprintln!("a racing process won {n} keys");
+        assert_eq!(fenced, "0", "a winner's completion was fenced");
         won += n;
         assert!(child.wait().unwrap().success(), "a racing process failed");
     }
@@ -153,43 +157,44 @@ fn race_child(worker: i64) {
     std::io::stdin().read_line(&mut go).unwrap();
     assert_eq!(go.trim(), "GO");
 
-    let won = rt.block_on(async {
+    let (won, fenced) = rt.block_on(async {
         let (scope, fp, policy) = (scope(), fp(), policy());
-        let mut won = 0;
+        let (mut won, mut fenced) = (0, 0);
         for k in 0..KEYS {
             let key = IdempotencyKey::new(format!("wf-1:step-{k}:create_ticket")).unwrap();
             match store.claim(&scope, &key, &fp, &policy, NOW).await.unwrap() {
                 ClaimAnswer::Claimed { token, .. } => {
-                    let (store2, scope, key) = (store.clone(), scope.clone(), key.clone());
-                    let answer = store
+                    // The effect commits on its own, as an external effect would: only the
+                    // claim stands between it and a second execution.
+                    let k2 = key.clone();
+                    store
                         .with_connection(move |conn| {
-                            let tx = conn
-                                .transaction_with_behavior(TransactionBehavior::Immediate)
-                                .unwrap();
-                            tx.execute(
+                            conn.execute(
                                 "INSERT INTO effects (key, worker) VALUES (?1, ?2)",
-                                params![key.as_str(), worker],
+                                params![k2.as_str(), worker],
                             )
-                            .unwrap();
-                            let outcome = Outcome::definitive(201, &k).unwrap();
-                            let answer = store2
-                                .complete_in(&tx, &scope, &key, token, &outcome, &policy, NOW)
-                                .unwrap();
-                            tx.commit().unwrap();
-                            answer
+                            .unwrap()
                         })
                         .await
                         .unwrap();
-                    assert_eq!(answer, idem_core::CompleteAnswer::Completed);
+                    let outcome = Outcome::definitive(201, &k).unwrap();
+                    match store
+                        .complete(&scope, &key, token, &outcome, &policy, NOW)
+                        .await
+                        .unwrap()
+                    {
+                        CompleteAnswer::Completed => {}
+                        _ => fenced += 1,
+                    }
                     won += 1;
                 }
                 ClaimAnswer::InFlight { stale: false, .. } | ClaimAnswer::Replay(_) => {}
                 other => panic!("worker {worker}, key {k}: {other:?}"),
             }
         }
-        won
+        (won, fenced)
     });
-    println!("IDEM-WON {won}");
+    println!("IDEM-WON {won} {fenced}");
 }
 
 #[test]
