@@ -368,14 +368,15 @@ fn advisory_key(qualified: &str) -> i64 {
     i64::from_ne_bytes(h.to_ne_bytes())
 }
 
-/// A decode failure we raised ourselves carries a `StoreError::Corrupt`; keep it as such.
+/// A decode failure we raised ourselves carries a `StoreError::Corrupt`: hand it back as it is.
 fn claim_error(err: sqlx::Error) -> StoreError {
-    if let sqlx::Error::Decode(inner) = &err
-        && let Some(store) = inner.downcast_ref::<StoreError>()
-    {
-        return StoreError::corrupt(store.to_string());
+    match err {
+        sqlx::Error::Decode(inner) => match inner.downcast::<StoreError>() {
+            Ok(store) => *store,
+            Err(other) => classify("claim", sqlx::Error::Decode(other)),
+        },
+        other => classify("claim", other),
     }
-    classify("claim", err)
 }
 
 #[async_trait]

@@ -117,12 +117,13 @@ impl Statements {
             "SELECT {COLUMNS} FROM {t} WHERE state = 'processing' AND lease_until <= $1 \
              AND expires_at > $1 ORDER BY lease_until, scope, key LIMIT $2"
         );
-        // By primary key, re-checking expiry in the outer WHERE so a record replaced by a
-        // concurrent claim between the sub-select and the delete survives.
+        // A bounded batch whatever the backlog: the sub-select walks the expiry index for at
+        // most $2 rows and the delete fetches exactly those by ctid (a TID scan). The outer
+        // expiry check is re-evaluated on the current row version, so a record a concurrent
+        // claim replaced meanwhile (new version, new ctid) is left alone.
         let purge = format!(
-            "DELETE FROM {t} WHERE (scope, key) IN \
-             (SELECT scope, key FROM {t} WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2) \
-             AND expires_at <= $1"
+            "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} WHERE expires_at <= $1 \
+             ORDER BY expires_at LIMIT $2)) AND expires_at <= $1"
         );
         Self {
             schema_ident: format!("\"{schema}\""),

@@ -462,3 +462,68 @@ async fn concurrent_rewrites_have_one_winner() {
         assert_eq!((record.state, record.token), (RecordState::Processing, won));
     }
 }
+
+/// A purge that meets an expired record while a claim is replacing it (row locked, not yet
+/// committed) waits, then re-checks the new version and leaves it: the new claim survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_spares_a_record_replaced_while_it_waited() {
+    let Some(url) = common::url() else { return };
+    let app = common::unique("idem-test-purge");
+    let store = common::store(&url, &app).await;
+    let (scope, key, fp) = names("purge-race");
+    // 1971, a few seconds of ttl: no other test has records that expire this early.
+    let t = Timestamp::from_millis(40_000_000_000 + u64::from(rand::random::<u16>()) * 1000);
+    let policy = Policy::builder()
+        .lease(Duration::from_secs(1))
+        .ttl(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let ClaimAnswer::Claimed { .. } = store.claim(&scope, &key, &fp, &policy, t).await.unwrap()
+    else {
+        panic!()
+    };
+    let later = t + Duration::from_secs(5); // expired at `later`
+
+    // A claim replacing the expired record, held open in a transaction.
+    let mut replacer = store.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut *replacer).await.unwrap();
+    let replaced = sqlx::query(
+        "UPDATE idem_test.idem_records SET expires_at = $3, lease_until = $3, token_seq = token_seq + 1 \
+         WHERE scope = $1 AND key = $2",
+    )
+    .bind(scope.as_str())
+    .bind(key.as_str())
+    .bind(i64::try_from((later + Duration::from_secs(3600)).as_millis()).unwrap())
+    .execute(&mut *replacer)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(replaced, 1);
+
+    let purge = {
+        let store = store.clone();
+        tokio::spawn(async move { store.purge_expired(later, 10).await })
+    };
+    let admin = common::pool(&url, "idem-test-admin", 1).await;
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+             AND wait_event_type = 'Lock'",
+        )
+        .bind(&app)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    sqlx::query("COMMIT").execute(&mut *replacer).await.unwrap();
+    purge.await.unwrap().unwrap();
+    let record = store.get(&scope, &key, later).await.unwrap();
+    assert!(
+        record.is_some_and(|r| r.token.seq == 2),
+        "the replaced record must survive the purge"
+    );
+}
