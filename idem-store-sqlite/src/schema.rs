@@ -208,6 +208,14 @@ pub(crate) fn migrate(conn: &Connection, table: &TableName) -> Result<i64, Store
         .map_err(at("migrate: write version"))?;
     }
     tx.commit().map_err(at("migrate: commit"))?;
+    if found < SCHEMA_VERSION {
+        tracing::info!(
+            table = bare,
+            from = found,
+            to = SCHEMA_VERSION,
+            "idem sqlite schema migrated"
+        );
+    }
     Ok(found)
 }
 
