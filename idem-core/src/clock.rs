@@ -79,6 +79,12 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now(&self) -> Timestamp;
 }
 
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> Timestamp {
+        (**self).now()
+    }
+}
+
 /// The wall clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;

@@ -227,8 +227,14 @@ where
         }
         .to_response(),
         Err(Error::FingerprintMismatch) => Problem::FingerprintMismatch.to_response(),
-        Err(Error::Store(e)) if e.is_unavailable() => Problem::StoreUnavailable.to_response(),
-        Err(Error::Store(_)) => Problem::StoreError.to_response(),
+        Err(Error::Store(e)) => {
+            tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "store failed before the tool ran");
+            if e.is_unavailable() {
+                Problem::StoreUnavailable.to_response()
+            } else {
+                Problem::StoreError.to_response()
+            }
+        }
         // The tool ran and answered, but the answer could not be recorded: the caller still
         // gets it (the effect happened); the record is left to the lease and reconciliation.
         Err(Error::Fenced { outcome })

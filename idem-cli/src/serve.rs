@@ -1,0 +1,383 @@
+//! `idem serve`: the reference tool server.
+//!
+//! One tool, `POST /tools/create_ticket` (`title`, `account_id` required), behind the
+//! [`IdempotencyLayer`]. Each ticket is a row of the table `tickets` in the same database as the
+//! records, written in the same transaction as the record's completion: a ticket exists if and
+//! only if its record is completed. `GET /tools` describes the tool, with its processing window and
+//! the minimum client retry deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use idem_core::{
+    Attempt, Clock, CompleteAnswer, Executor, KeyStore, Outcome, OutcomeClass, Policy, StoreError,
+    SystemClock, Timestamp,
+};
+use idem_http::IdempotencyLayer;
+use idem_store_postgres::PostgresStore;
+use idem_store_sqlite::SqliteStore;
+use idem_store_sqlite::rusqlite::{self, TransactionBehavior};
+use serde_json::{Value, json};
+
+use crate::store_url::StoreUrl;
+
+/// A boxed error for the binary's setup paths.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The header naming the tenant (default `public`).
+pub const TENANT_HEADER: &str = "x-tenant-id";
+
+/// What the store write costs at most, added to the processing window for the client deadline.
+pub const STORE_WRITE_BUDGET: Duration = Duration::from_millis(500);
+
+/// How the server is set up.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// How long the tool works before answering (to give it real processing time).
+    pub tool_latency: Duration,
+    /// The clock (the system clock; tests pass a manual one).
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            tool_latency: Duration::ZERO,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl ServeOptions {
+    /// The tool's published processing window: its latency plus one second of margin.
+    pub fn processing_window(&self) -> Duration {
+        self.tool_latency + Duration::from_secs(1)
+    }
+
+    /// The minimum client retry deadline: processing window + store write (SPEC §5). Also the
+    /// lease of a claim.
+    pub fn min_client_deadline(&self) -> Duration {
+        self.processing_window() + STORE_WRITE_BUDGET
+    }
+}
+
+/// The database the records and the tickets share.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// An SQLite file.
+    Sqlite(SqliteStore),
+    /// A PostgreSQL database.
+    Postgres(PostgresStore),
+}
+
+enum Created {
+    Ticket(Outcome),
+    Fenced,
+}
+
+impl Backend {
+    /// Opens the store at `url`, migrates the records table and creates `tickets`.
+    pub async fn open(url: &StoreUrl) -> Result<Self, BoxError> {
+        let backend = match url {
+            StoreUrl::Sqlite(path) => {
+                let store = SqliteStore::open(path)?;
+                store.migrate()?;
+                Self::Sqlite(store)
+            }
+            StoreUrl::Postgres(url) => {
+                let store = PostgresStore::connect(url).await?;
+                store.migrate().await?;
+                Self::Postgres(store)
+            }
+            StoreUrl::Redis(_) => {
+                return Err("redis:// stores cannot hold the reference server's tickets in the same transaction as the record; use sqlite:// or postgres://".into());
+            }
+        };
+        backend.create_tickets_table().await?;
+        Ok(backend)
+    }
+
+    /// The record store.
+    pub fn store(&self) -> Arc<dyn KeyStore> {
+        match self {
+            Self::Sqlite(s) => Arc::new(s.clone()),
+            Self::Postgres(s) => Arc::new(s.clone()),
+        }
+    }
+
+    async fn create_tickets_table(&self) -> Result<(), BoxError> {
+        match self {
+            Self::Sqlite(s) => {
+                s.with_connection(|c| {
+                    c.execute_batch(
+                        "CREATE TABLE IF NOT EXISTS tickets (
+                            id INTEGER PRIMARY KEY AUTOINCREMENT,
+                            tenant TEXT NOT NULL,
+                            title TEXT NOT NULL,
+                            account_id TEXT NOT NULL,
+                            idempotency_key TEXT NOT NULL,
+                            created_at TEXT NOT NULL)",
+                    )
+                })
+                .await??
+            }
+            Self::Postgres(s) => {
+                idem_store_postgres::sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS tickets (
+                        id BIGSERIAL PRIMARY KEY,
+                        tenant TEXT NOT NULL,
+                        title TEXT NOT NULL,
+                        account_id TEXT NOT NULL,
+                        idempotency_key TEXT NOT NULL,
+                        created_at TEXT NOT NULL)",
+                )
+                .execute(s.pool())
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// How many tickets `tenant` has: the effects, counted where they land.
+    pub async fn ticket_count(&self, tenant: &str) -> Result<i64, BoxError> {
+        Ok(match self {
+            Self::Sqlite(s) => {
+                let tenant = tenant.to_owned();
+                s.with_connection(move |c| {
+                    c.query_row(
+                        "SELECT COUNT(*) FROM tickets WHERE tenant = ?1",
+                        [tenant],
+                        |r| r.get(0),
+                    )
+                })
+                .await??
+            }
+            Self::Postgres(s) => {
+                idem_store_postgres::sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM tickets WHERE tenant = $1",
+                )
+                .bind(tenant)
+                .fetch_one(s.pool())
+                .await?
+            }
+        })
+    }
+
+    /// Inserts the ticket and completes the record in one transaction.
+    async fn create_ticket(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+        policy: Policy,
+        now: Timestamp,
+    ) -> Result<Created, StoreError> {
+        let (scope, key, token) = (
+            attempt.scope().clone(),
+            attempt.key().clone(),
+            attempt.token(),
+        );
+        match self {
+            Self::Sqlite(store) => {
+                let store2 = store.clone();
+                store
+                    .with_connection(move |conn| {
+                        let db = |e: rusqlite::Error| StoreError::backend("sqlite: tickets", e);
+                        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+                        tx.execute(
+                            "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                            [&ticket.tenant, &ticket.title, &ticket.account_id, key.as_str(), &ticket.created_at],
+                        )
+                        .map_err(db)?;
+                        let outcome = ticket.outcome(tx.last_insert_rowid());
+                        match store2.complete_in(&tx, &scope, &key, token, &outcome, &policy, now)? {
+                            CompleteAnswer::Fenced => Ok(Created::Fenced), // dropped: rolled back
+                            _ => {
+                                tx.commit().map_err(db)?;
+                                Ok(Created::Ticket(outcome))
+                            }
+                        }
+                    })
+                    .await?
+            }
+            Self::Postgres(store) => {
+                let db = |e: idem_store_postgres::sqlx::Error| {
+                    StoreError::backend("postgres: tickets", e)
+                };
+                let mut tx = store.pool().begin().await.map_err(db)?;
+                let id: i64 = idem_store_postgres::sqlx::query_scalar(
+                    "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                )
+                .bind(&ticket.tenant)
+                .bind(&ticket.title)
+                .bind(&ticket.account_id)
+                .bind(key.as_str())
+                .bind(&ticket.created_at)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db)?;
+                let outcome = ticket.outcome(id);
+                match store
+                    .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+                    .await?
+                {
+                    CompleteAnswer::Fenced => {
+                        tx.rollback().await.map_err(db)?;
+                        Ok(Created::Fenced)
+                    }
+                    _ => {
+                        tx.commit().await.map_err(db)?;
+                        Ok(Created::Ticket(outcome))
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct NewTicket {
+    tenant: String,
+    title: String,
+    account_id: String,
+    created_at: String,
+}
+
+impl NewTicket {
+    fn outcome(&self, id: i64) -> Outcome {
+        let body = json!({"ticket_id": format!("T-{id:06}"), "created_at": self.created_at});
+        Outcome::new(201, &body, OutcomeClass::Definitive).expect("a JSON object")
+    }
+}
+
+struct AppState {
+    backend: Backend,
+    options: ServeOptions,
+    policy: Policy,
+}
+
+/// The tool's description, as `GET /tools` lists it.
+pub fn tools(options: &ServeOptions) -> Value {
+    let window = options.processing_window().as_millis() as u64;
+    let deadline = options.min_client_deadline().as_millis() as u64;
+    json!({"tools": [{
+        "name": "create_ticket",
+        "description": format!(
+            "Creates a support ticket. Side-effecting: send an Idempotency-Key header made from your \
+             durable workflow step and reuse it on every retry. Processing window: {window} ms; \
+             minimum client retry deadline: {deadline} ms — a client attempt shorter than that is \
+             cut off while the tool is still working."
+        ),
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string", "minLength": 1},
+                "account_id": {"type": "string", "minLength": 1}
+            },
+            "required": ["title", "account_id"],
+            "additionalProperties": false
+        },
+        "processing_window_ms": window,
+        "min_client_deadline_ms": deadline,
+    }]})
+}
+
+/// The server's router on `backend`.
+pub fn router(backend: Backend, options: ServeOptions) -> Router {
+    let policy = Policy::builder()
+        .lease(options.min_client_deadline())
+        .build()
+        .expect("a lease under the default ttl");
+    let executor = Executor::from_arc(backend.store())
+        .with_policy(policy)
+        .with_clock(options.clock.clone())
+        .with_spawner(|task| {
+            tokio::spawn(task);
+        });
+    let layer = IdempotencyLayer::new(executor, |parts| Ok(tenant(&parts.headers)));
+    let listing = tools(&options);
+    let state = Arc::new(AppState {
+        backend,
+        options,
+        policy,
+    });
+    Router::new()
+        .route("/tools/create_ticket", post(create_ticket))
+        .route_layer(layer)
+        .route("/tools", get(move || async move { Json(listing) }))
+        .with_state(state)
+}
+
+fn tenant(headers: &HeaderMap) -> String {
+    headers
+        .get(TENANT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .unwrap_or("public")
+        .to_owned()
+}
+
+async fn create_ticket(
+    State(app): State<Arc<AppState>>,
+    Extension(attempt): Extension<Attempt>,
+    headers: HeaderMap,
+    Json(args): Json<Value>,
+) -> Response {
+    let field = |name: &str| {
+        args.get(name)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let (Some(title), Some(account_id)) = (field("title"), field("account_id")) else {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"error": "title and account_id are required, non-empty strings"})),
+        )
+            .into_response();
+    };
+    if !app.options.tool_latency.is_zero() {
+        tokio::time::sleep(app.options.tool_latency).await;
+    }
+    let now = app.options.clock.now();
+    let created_at = humantime::format_rfc3339_millis(
+        std::time::UNIX_EPOCH + Duration::from_millis(now.as_millis()),
+    )
+    .to_string();
+    let ticket = NewTicket {
+        tenant: tenant(&headers),
+        title: title.to_owned(),
+        account_id: account_id.to_owned(),
+        created_at,
+    };
+    match app
+        .backend
+        .create_ticket(&attempt, ticket, app.policy, now)
+        .await
+    {
+        Ok(Created::Ticket(outcome)) => {
+            attempt.mark_recorded();
+            (
+                StatusCode::CREATED,
+                [(header::CONTENT_TYPE, "application/json")],
+                outcome.body().to_owned(),
+            )
+                .into_response()
+        }
+        Ok(Created::Fenced) => (
+            StatusCode::CONFLICT,
+            Json(json!({"error": "this attempt lost its claim; no ticket was created"})),
+        )
+            .into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "ticket not created");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": "the ticket could not be stored; no ticket was created"})),
+            )
+                .into_response()
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The reference tool server over real HTTP on loopback, on a real SQLite file and a real
+//! PostgreSQL, counting tickets in the database (issue: the tool interface).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_cli::serve::{Backend, ServeOptions, router};
+use idem_cli::store_url::StoreUrl;
+use idem_core::ManualClock;
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+struct Server {
+    base: String,
+    backend: Backend,
+    clock: ManualClock,
+    /// A tenant of this test's own, so counts on a shared database are this test's.
+    tenant: String,
+    _dir: Option<TempDir>,
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+async fn start(backend: &str, latency: Duration) -> Option<Server> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let (url, dir) = match backend {
+        "sqlite" => {
+            let dir = std::env::temp_dir().join(unique("idem-serve"));
+            std::fs::create_dir_all(&dir).unwrap();
+            (StoreUrl::Sqlite(dir.join("idem.db")), Some(TempDir(dir)))
+        }
+        _ => match std::env::var("IDEM_TEST_POSTGRES_URL") {
+            Ok(url) => (StoreUrl::Postgres(url), None),
+            Err(_) if std::env::var_os("CI").is_some() => {
+                panic!("IDEM_TEST_POSTGRES_URL is not set under CI: run scripts/test")
+            }
+            Err(_) => {
+                eprintln!("skipped: IDEM_TEST_POSTGRES_URL is not set (scripts/test sets it)");
+                return None;
+            }
+        },
+    };
+    let backend = Backend::open(&url).await.expect("store opens");
+    let clock = ManualClock::starting_now();
+    let options = ServeOptions {
+        tool_latency: latency,
+        clock: Arc::new(clock.clone()),
+    };
+    let app = router(backend.clone(), options);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Some(Server {
+        base,
+        backend,
+        clock,
+        tenant: unique("tenant"),
+        _dir: dir,
+    })
+}
+
+impl Server {
+    async fn tickets(&self) -> i64 {
+        self.backend.ticket_count(&self.tenant).await.unwrap()
+    }
+
+    async fn post(&self, key: Option<&str>, body: &str) -> reqwest::Response {
+        self.post_as(&self.tenant, key, body).await
+    }
+
+    async fn post_as(&self, tenant: &str, key: Option<&str>, body: &str) -> reqwest::Response {
+        let mut req = reqwest::Client::new()
+            .post(format!("{}/tools/create_ticket", self.base))
+            .header("content-type", "application/json")
+            .header("x-tenant-id", tenant)
+            .body(body.to_owned());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        req.send().await.unwrap()
+    }
+}
+
+fn args() -> String {
+    json!({"title": "Printer on fire", "account_id": "A-7"}).to_string()
+}
+
+async fn same_key_twice_one_ticket(s: Server) {
+    let first = s.post(Some("wf-8812:step-3:create_ticket"), &args()).await;
+    assert_eq!(first.status(), 201);
+    let first = first.text().await.unwrap();
+    let again = s.post(Some("wf-8812:step-3:create_ticket"), &args()).await;
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotency-replayed"], "true");
+    let again = again.text().await.unwrap();
+    assert_eq!(s.tickets().await, 1, "one ticket row");
+    assert_eq!(
+        again,
+        first.replace("\"idempotent_replay\":false", "\"idempotent_replay\":true")
+    );
+    let body: Value = serde_json::from_str(&first).unwrap();
+    assert!(
+        body["original_response"]["ticket_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("T-")
+    );
+    assert!(
+        body["original_response"]["created_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+}
+
+async fn other_body_is_422_and_no_ticket(s: Server) {
+    assert_eq!(s.post(Some("k-m"), &args()).await.status(), 201);
+    let other = json!({"title": "Printer fixed", "account_id": "A-7"}).to_string();
+    let resp = s.post(Some("k-m"), &other).await;
+    assert_eq!(resp.status(), 422);
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    assert_eq!(s.tickets().await, 1);
+}
+
+async fn refused_input_creates_nothing(s: Server) {
+    assert_eq!(s.post(None, &args()).await.status(), 400);
+    assert_eq!(s.post(Some("has space"), &args()).await.status(), 400);
+    assert_eq!(s.post(Some("k-j"), "{not json").await.status(), 400);
+    let invalid = s
+        .post(Some("k-v"), &json!({"title": "no account"}).to_string())
+        .await;
+    assert_eq!(invalid.status(), 422, "the tool's own validation");
+    assert_eq!(s.tickets().await, 0);
+}
+
+async fn thirty_two_concurrent_one_ticket(s: Server) {
+    const N: usize = 32;
+    let s = Arc::new(s);
+    let gate = Arc::new(Barrier::new(N));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..N {
+        let (s, gate) = (s.clone(), gate.clone());
+        tasks.spawn(async move {
+            let client = reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap();
+            gate.wait().await;
+            let resp = client
+                .post(format!("{}/tools/create_ticket", s.base))
+                .header("x-tenant-id", &s.tenant)
+                .header("idempotency-key", "wf-3:step-1:create_ticket")
+                .header("content-type", "application/json")
+                .body(args())
+                .send()
+                .await
+                .unwrap();
+            (
+                resp.status().as_u16(),
+                resp.headers().contains_key("idempotency-replayed"),
+            )
+        });
+    }
+    let answers: Vec<_> = tasks.join_all().await;
+    let executed = answers
+        .iter()
+        .filter(|(st, rep)| *st == 201 && !rep)
+        .count();
+    let others = answers
+        .iter()
+        .filter(|(st, rep)| *st == 409 || (*st == 201 && *rep))
+        .count();
+    assert_eq!((executed, others), (1, N - 1), "{answers:?}");
+    assert_eq!(s.tickets().await, 1, "exactly one ticket row");
+}
+
+async fn after_expiry_runs_again_once(s: Server) {
+    assert_eq!(s.post(Some("k-e"), &args()).await.status(), 201);
+    s.clock.advance(Duration::from_secs(24 * 3600 + 1));
+    let again = s.post(Some("k-e"), &args()).await;
+    assert!(again.headers().get("idempotency-replayed").is_none());
+    assert!(
+        s.post(Some("k-e"), &args())
+            .await
+            .headers()
+            .contains_key("idempotency-replayed")
+    );
+    assert_eq!(s.tickets().await, 2, "exactly one new ticket");
+}
+
+async fn two_tenants_two_tickets(s: Server) {
+    let other = unique("tenant-b");
+    assert!(
+        s.post(Some("k-t"), &args())
+            .await
+            .headers()
+            .get("idempotency-replayed")
+            .is_none()
+    );
+    let b = s.post_as(&other, Some("k-t"), &args()).await;
+    assert!(
+        b.headers().get("idempotency-replayed").is_none(),
+        "no cross-tenant replay"
+    );
+    assert_eq!(s.tickets().await, 1);
+    assert_eq!(s.backend.ticket_count(&other).await.unwrap(), 1);
+}
+
+async fn slow_tool_short_deadline_then_replay(s: Server) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let (mut timeouts, mut conflicts) = (0, 0);
+    let replay = loop {
+        let sent = client
+            .post(format!("{}/tools/create_ticket", s.base))
+            .header("x-tenant-id", &s.tenant)
+            .header("idempotency-key", "wf-4:step-1:create_ticket")
+            .header("content-type", "application/json")
+            .body(args())
+            .send()
+            .await;
+        match sent {
+            Err(e) if e.is_timeout() => timeouts += 1,
+            Err(e) => panic!("{e}"),
+            Ok(r) if r.status() == 409 => {
+                conflicts += 1;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Ok(r) => break r,
+        }
+        assert!(timeouts + conflicts < 50);
+    };
+    assert!(
+        timeouts >= 1 && conflicts >= 1,
+        "timeouts {timeouts}, 409s {conflicts}"
+    );
+    assert_eq!(replay.headers()["idempotency-replayed"], "true");
+    assert_eq!(s.tickets().await, 1);
+}
+
+async fn tools_publish_window_and_deadline(s: Server) {
+    let tools: Value = reqwest::get(format!("{}/tools", s.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tool = &tools["tools"][0];
+    assert_eq!(tool["name"], "create_ticket");
+    let window = tool["processing_window_ms"].as_u64().unwrap();
+    let deadline = tool["min_client_deadline_ms"].as_u64().unwrap();
+    assert!(deadline > window && window >= 1500, "{tool}");
+    let description = tool["description"].as_str().unwrap();
+    assert!(
+        description.contains(&format!("{window} ms"))
+            && description.contains(&format!("{deadline} ms"))
+    );
+    assert_eq!(
+        tool["input_schema"]["required"],
+        json!(["title", "account_id"])
+    );
+}
+
+macro_rules! on_backends {
+    ($($name:ident => $latency_ms:expr),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let s = super::start("sqlite", std::time::Duration::from_millis($latency_ms)).await.unwrap();
+                    super::$name(s).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(s) = super::start("postgres", std::time::Duration::from_millis($latency_ms)).await {
+                        super::$name(s).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_backends! {
+    same_key_twice_one_ticket => 0,
+    other_body_is_422_and_no_ticket => 0,
+    refused_input_creates_nothing => 0,
+    thirty_two_concurrent_one_ticket => 200,
+    after_expiry_runs_again_once => 0,
+    two_tenants_two_tickets => 0,
+    slow_tool_short_deadline_then_replay => 1500,
+    tools_publish_window_and_deadline => 500,
+}
