@@ -33,11 +33,13 @@ const MAX_CLAIM_ROUNDS: usize = 16;
 
 /// A [`KeyStore`] keeping records in one PostgreSQL table.
 ///
-/// - A claim of a fresh key is one round trip (`INSERT … ON CONFLICT DO NOTHING`). On conflict a
-///   separate `SELECT` reads the record (never a single insert-and-select statement, whose
-///   snapshot can miss a row committed while it waited), the rules of [`idem_core::machine`]
-///   decide, and a write they call for is a compare-and-set `UPDATE` that retries if the record
-///   changed meanwhile. Replays only read.
+/// - A claim is one round trip in the common cases: one statement inserts the record if the key is
+///   new (`INSERT … ON CONFLICT DO NOTHING`, writing nothing on conflict) and reads the record that
+///   was there. When that statement's snapshot predates a conflicting row (it waited on a
+///   concurrent inserter that then committed, SPEC §7), a separate `SELECT` reads it. The rules of
+///   [`idem_core::machine`] decide; a write they call for (expired record, retry, takeover) is a
+///   compare-and-set `UPDATE` that re-reads and retries if the record changed meanwhile. Replays
+///   only read.
 /// - `complete`, `release` and `extend` are one fenced `UPDATE` each.
 /// - [`PostgresStore::complete_with_conn`] completes inside the caller's transaction, so the
 ///   business write and the record commit together.
@@ -120,6 +122,10 @@ impl PostgresStore {
     /// Safe to call from any number of processes at once: the migrations run in one transaction
     /// under a transaction-scoped advisory lock named after the table. Also checks that the
     /// database encoding is UTF8, without which stored bodies would not replay byte for byte.
+    ///
+    /// Needs a role that may create in the database and schema (PostgreSQL checks that even when
+    /// everything exists); the store's day-to-day role only needs `SELECT`, `INSERT`, `UPDATE`
+    /// and `DELETE` on the table.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let op = "migrate";
         let bootstrap = format!(
