@@ -76,6 +76,62 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key of one step of a durable workflow: `{workflow_run_id}:{step_id}:{tool}`.
+    ///
+    /// **The orchestrator makes the key, never the model.** The key names one *business
+    /// operation*: "step 3 of workflow run 8812 creates a ticket". It must be the same on every
+    /// retry of that operation — after a timeout, after the model decides to "try again", after
+    /// the orchestrator itself restarts — and different for every other operation. Only the
+    /// orchestrator's durable state (the run id and the step id it persists before calling the
+    /// tool) has both properties. A model asked to invent a key produces a fresh one on every
+    /// attempt (the retry is then a new operation: a second charge) or reuses one across
+    /// different operations (the second then replays the first's answer). A provider's tool-call
+    /// id (`call_abc123`) is not a business-operation id either: it is minted per model response,
+    /// so the same intended action re-issued after a timeout gets a new one.
+    ///
+    /// Parts are used as given when they are visible ASCII without `:`; any other part (or a
+    /// result over 255 bytes) is replaced by a SHA-256-based digest of it, so the key stays valid,
+    /// stable and unambiguous.
+    ///
+    /// ```
+    /// use idem_core::IdempotencyKey;
+    /// let key = IdempotencyKey::for_step("wf-8812", "step-3", "create_ticket").unwrap();
+    /// assert_eq!(key.as_str(), "wf-8812:step-3:create_ticket");
+    /// // Stable across retries and restarts: the same inputs give the same key.
+    /// assert_eq!(key, IdempotencyKey::for_step("wf-8812", "step-3", "create_ticket").unwrap());
+    /// // A part with spaces or a colon is digested, never mangled into another step's key.
+    /// let odd = IdempotencyKey::for_step("run 1", "a:b", "t").unwrap();
+    /// assert_ne!(odd, IdempotencyKey::for_step("run 1:a", "b", "t").unwrap());
+    /// ```
+    pub fn for_step(workflow_run_id: &str, step_id: &str, tool: &str) -> Result<Self, KeyError> {
+        let parts = [workflow_run_id, step_id, tool];
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(KeyError::Empty);
+        }
+        let plain = |p: &str| p.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b':');
+        let mut key = parts
+            .iter()
+            .map(|p| if plain(p) { (*p).to_owned() } else { digest_part(p) })
+            .collect::<Vec<_>>()
+            .join(":");
+        if key.len() > MAX_KEY_BYTES {
+            key = parts.iter().map(|p| digest_part(p)).collect::<Vec<_>>().join(":");
+        }
+        Self::new(key)
+    }
+}
+
+/// `~` followed by 24 hex digits of SHA-256 of the part.
+fn digest_part(part: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(part.as_bytes());
+    let mut out = String::from("~");
+    for b in &digest[..12] {
+        use std::fmt::Write;
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 impl fmt::Display for IdempotencyKey {
@@ -248,6 +304,26 @@ mod tests {
                 .to_string()
                 .contains("visible ASCII")
         );
+    }
+
+    #[test]
+    fn step_keys_are_stable_valid_and_distinct() {
+        let a = IdempotencyKey::for_step("wf-1", "s-1", "t").unwrap();
+        assert_eq!(a.as_str(), "wf-1:s-1:t");
+        assert_eq!(IdempotencyKey::for_step("", "s", "t"), Err(KeyError::Empty));
+        let long = "r".repeat(300);
+        let k = IdempotencyKey::for_step(&long, "s-1", "t").unwrap();
+        assert!(k.as_str().len() <= 255);
+        assert_eq!(k, IdempotencyKey::for_step(&long, "s-1", "t").unwrap());
+        let unicode = IdempotencyKey::for_step("wf-é", "s-1", "t").unwrap();
+        assert!(unicode.as_str().starts_with('~'));
+        assert_ne!(
+            IdempotencyKey::for_step("a:b", "c", "t").unwrap(),
+            IdempotencyKey::for_step("a", "b:c", "t").unwrap()
+        );
+        // Many parts long enough together: every part digested.
+        let k = IdempotencyKey::for_step(&"a".repeat(120), &"b".repeat(120), &"c".repeat(20)).unwrap();
+        assert_eq!(k.as_str().matches('~').count(), 3);
     }
 
     #[test]

@@ -161,32 +161,21 @@ pub async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
         .unwrap();
 
     let purge_at = base + TTL + Duration::from_secs(3600);
-    // Before the purge the expired records are still there, seen from before their expiry.
-    for key in &expired {
-        assert!(
-            store.get(&scope, key, base).await.unwrap().is_some(),
-            "record written"
-        );
-    }
-    let (mut total, mut rounds) = (0, 0);
+    // Other cases may purge at the same time (every purge deletes every expired record): so this
+    // case checks the batch bound of its own calls and the state after them, not a count.
+    let mut rounds = 0;
     loop {
         let n = store.purge_expired(purge_at, 2).await.unwrap();
         assert!(
             n <= 2,
             "purge_expired deleted {n} records with a limit of 2"
         );
-        total += n;
         rounds += 1;
         if n < 2 {
             break;
         }
         assert!(rounds < 10_000, "purge never finished");
     }
-    assert!(
-        total >= expired.len(),
-        "purged {total}, expected at least {}",
-        expired.len()
-    );
     for key in &expired {
         assert_eq!(
             store.get(&scope, key, base).await.unwrap(),
@@ -200,11 +189,6 @@ pub async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
         .unwrap()
         .expect("live record purged");
     assert_eq!(r.outcome, Some(ok("L")));
-    assert_eq!(
-        store.purge_expired(purge_at, 100).await.unwrap(),
-        0,
-        "nothing left to purge"
-    );
 }
 
 /// A record purged and created again never gets a token its old holder has: the old holder is
@@ -217,9 +201,15 @@ pub async fn expiry_tokens_never_reused_after_purge(h: Harness) {
     let later = base + TTL + Duration::from_secs(1);
     while store.purge_expired(later, 1000).await.unwrap() == 1000 {}
     assert_eq!(store.get(&scope, &key, base).await.unwrap(), None, "purged");
+    // The new record lives far beyond any other case's purge time.
+    let long = policy()
+        .to_builder()
+        .ttl(Duration::from_secs(200 * 365 * 24 * 3600))
+        .build()
+        .unwrap();
     let (new, attempt) = claimed(
         &store
-            .claim(&scope, &key, &fp("a"), &policy(), later)
+            .claim(&scope, &key, &fp("a"), &long, later)
             .await
             .unwrap(),
         "after purge",
@@ -228,13 +218,21 @@ pub async fn expiry_tokens_never_reused_after_purge(h: Harness) {
     assert_ne!(new, old, "a token is never reused, even after a purge");
     assert_eq!(
         store
-            .complete(&scope, &key, old, &ok("old"), &policy(), later)
+            .complete(&scope, &key, old, &ok("old"), &long, later)
             .await
             .unwrap(),
         CompleteAnswer::Fenced
     );
     let r = store.get(&scope, &key, later).await.unwrap().unwrap();
     assert_eq!((r.state, r.token), (RecordState::Processing, new));
+    // The new holder can; and its record leaves the stale-processing lists of other cases.
+    assert_eq!(
+        store
+            .complete(&scope, &key, new, &ok("new"), &long, later)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
 }
 
 /// `get` returns the record as stored, and `None` for a key never claimed.
@@ -283,10 +281,11 @@ pub async fn inspect_list_in_flight_returns_only_stale_processing(h: Harness) {
             .0
         }
     };
-    // Claimed at 0, 10, 20 s: leases end at 30, 40, 50 s.
-    claim("stale-1", at(0)).await;
-    claim("stale-2", at(10)).await;
+    // Claimed at 0, 10, 20 s: leases end at 30, 40, 50 s. Written out of order, so the order of
+    // the listing is the store's doing, not the order of insertion.
     claim("running", at(20)).await;
+    claim("stale-2", at(10)).await;
+    claim("stale-1", at(0)).await;
     let done = claim("completed", at(0)).await;
     store
         .complete(
@@ -332,7 +331,6 @@ pub async fn inspect_list_in_flight_returns_only_stale_processing(h: Harness) {
     assert_eq!(listed, ["stale-1"], "only leases ended by older_than");
     let first = store.list_in_flight(at(45), 1).await.unwrap();
     assert_eq!(first.len(), 1, "limit respected");
-    assert_eq!(mine(first), ["stale-1"], "the earliest lease comes first");
     let listed = mine(store.list_in_flight(at(70), 1000).await.unwrap());
     assert_eq!(
         listed,
