@@ -1,0 +1,301 @@
+//! The server settings a store depends on, read and judged: [`RedisStore::check_config`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use idem_core::StoreError;
+use redis::Value;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+
+use crate::error::{classify, is_transient};
+use crate::{Conn, RedisStore};
+
+/// The settings read from one server (one master of a cluster). A field is `None` when the
+/// server did not answer it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeConfig {
+    /// The server, as `host:port`.
+    pub node: String,
+    /// `maxmemory-policy`, e.g. `noeviction`.
+    pub maxmemory_policy: Option<String>,
+    /// `maxmemory` in bytes (0: no limit).
+    pub maxmemory: Option<u64>,
+    /// `appendonly`: whether the append-only file is on.
+    pub appendonly: Option<bool>,
+    /// `appendfsync`: `always`, `everysec` or `no`.
+    pub appendfsync: Option<String>,
+    /// `save`: the snapshot schedule; empty when snapshots are off.
+    pub save: Option<String>,
+}
+
+/// A setting that can turn a replay into a second execution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigWarning {
+    /// `maxmemory-policy` lets the server evict keys. Every record carries a native expiry (its
+    /// garbage collection), so the `volatile-*` policies can evict records too: an evicted claim
+    /// or outcome is a double effect waiting to happen. Use `noeviction`.
+    Eviction {
+        /// The server.
+        node: String,
+        /// The policy it runs.
+        policy: String,
+        /// Its `maxmemory` (0: no limit yet, but one set later arms the policy).
+        maxmemory: Option<u64>,
+    },
+    /// Neither the append-only file nor snapshots are on: a restart loses every record.
+    NoPersistence {
+        /// The server.
+        node: String,
+    },
+    /// Only snapshots (`save`) are on: a restart loses the records written since the last one.
+    SnapshotsOnly {
+        /// The server.
+        node: String,
+        /// The snapshot schedule.
+        save: String,
+    },
+    /// The settings could not be read (`CONFIG` renamed or denied, as on some managed services).
+    Unreadable {
+        /// The server, or `cluster` when the cluster's masters could not all be asked.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Eviction {
+                node,
+                policy,
+                maxmemory,
+            } => write!(
+                f,
+                "{node}: maxmemory-policy is {policy} (maxmemory {}): the server may evict idempotency records, \
+                 and an evicted claim or outcome lets the operation run again; set maxmemory-policy noeviction",
+                maxmemory.map_or_else(|| "unknown".to_owned(), |m| m.to_string())
+            ),
+            Self::NoPersistence { node } => write!(
+                f,
+                "{node}: persistence is off (appendonly no, no save schedule): a restart loses every \
+                 idempotency record; set appendonly yes"
+            ),
+            Self::SnapshotsOnly { node, save } => write!(
+                f,
+                "{node}: only snapshots persist records (save {save:?}, appendonly no): a restart loses \
+                 the records written since the last snapshot; set appendonly yes"
+            ),
+            Self::Unreadable { node, reason } => write!(
+                f,
+                "{node}: the server's settings could not be read ({reason}); check maxmemory-policy and \
+                 persistence by hand"
+            ),
+        }
+    }
+}
+
+/// What [`RedisStore::check_config`] found: the settings of each server and the warnings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConfigReport {
+    /// Each server asked (each master of a cluster).
+    pub nodes: Vec<NodeConfig>,
+    /// What is unsafe, or could not be checked.
+    pub warnings: Vec<ConfigWarning>,
+}
+
+impl ConfigReport {
+    /// Whether nothing was found to warn about.
+    pub fn is_safe(&self) -> bool {
+        self.warnings.is_empty()
+    }
+
+    fn judge(&mut self) {
+        for n in &self.nodes {
+            if let Some(policy) = &n.maxmemory_policy
+                && policy != "noeviction"
+            {
+                self.warnings.push(ConfigWarning::Eviction {
+                    node: n.node.clone(),
+                    policy: policy.clone(),
+                    maxmemory: n.maxmemory,
+                });
+            }
+            let save = n.save.as_deref().map(str::trim);
+            match (n.appendonly, save) {
+                (Some(false), Some("")) => self.warnings.push(ConfigWarning::NoPersistence {
+                    node: n.node.clone(),
+                }),
+                (Some(false), Some(save)) => self.warnings.push(ConfigWarning::SnapshotsOnly {
+                    node: n.node.clone(),
+                    save: save.to_owned(),
+                }),
+                _ => {}
+            }
+        }
+    }
+}
+
+const PARAMETERS: [&str; 5] = [
+    "maxmemory-policy",
+    "maxmemory",
+    "appendonly",
+    "appendfsync",
+    "save",
+];
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The value of `param` in a `CONFIG GET param` reply (a flat array in RESP2, a map in RESP3).
+fn config_value(reply: &Value, param: &str) -> Option<String> {
+    let pairs: Vec<(Option<String>, Option<String>)> = match reply {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter(|c| c.len() == 2)
+            .map(|c| (text(&c[0]), text(&c[1])))
+            .collect(),
+        Value::Map(items) => items.iter().map(|(k, v)| (text(k), text(v))).collect(),
+        _ => return None,
+    };
+    pairs
+        .into_iter()
+        .find(|(k, _)| k.as_deref() == Some(param))
+        .and_then(|(_, v)| v)
+}
+
+fn set(node: &mut NodeConfig, param: &str, value: Option<String>) {
+    match param {
+        "maxmemory-policy" => node.maxmemory_policy = value,
+        "maxmemory" => node.maxmemory = value.and_then(|v| v.parse().ok()),
+        "appendonly" => node.appendonly = value.map(|v| v == "yes"),
+        "appendfsync" => node.appendfsync = value,
+        _ => node.save = value,
+    }
+}
+
+impl RedisStore {
+    /// Reads the settings the store's guarantees depend on from the server (from every master of
+    /// a cluster) and reports what is unsafe: an eviction policy other than `noeviction`, and
+    /// persistence off or snapshot-only. [`RedisStore::migrate`] runs it and logs each warning.
+    ///
+    /// A server that refuses `CONFIG GET` (renamed or denied) gives a report with a
+    /// [`ConfigWarning::Unreadable`], not an error; an unreachable one gives
+    /// [`StoreError::Unavailable`].
+    pub async fn check_config(&self) -> Result<ConfigReport, StoreError> {
+        let mut nodes: BTreeMap<String, NodeConfig> = BTreeMap::new();
+        let mut report = ConfigReport::default();
+        for param in PARAMETERS {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("GET").arg(param);
+            let replies: Result<Vec<(String, Value)>, redis::RedisError> = match &self.conn {
+                Conn::Single(c) => {
+                    let mut c = c.clone();
+                    cmd.query_async::<Value>(&mut c)
+                        .await
+                        .map(|v| vec![(self.endpoints.join(","), v)])
+                }
+                Conn::Cluster(c) => {
+                    let mut c = c.clone();
+                    let routing =
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                    c.route_command(&cmd, routing).await.map(|v| match v {
+                        Value::Map(items) => items
+                            .into_iter()
+                            .map(|(node, reply)| (text(&node).unwrap_or_default(), reply))
+                            .collect(),
+                        other => vec![("cluster".to_owned(), other)],
+                    })
+                }
+            };
+            let replies = match replies {
+                Ok(replies) => replies,
+                Err(e) if is_transient(&e) => return Err(classify("config check", e)),
+                Err(e) => {
+                    report.warnings.push(ConfigWarning::Unreadable {
+                        node: if self.is_cluster() {
+                            "cluster".to_owned()
+                        } else {
+                            self.endpoints.join(",")
+                        },
+                        reason: format!("CONFIG GET {param}: {e}"),
+                    });
+                    return Ok(report);
+                }
+            };
+            for (node, reply) in replies {
+                let entry = nodes.entry(node.clone()).or_insert_with(|| NodeConfig {
+                    node,
+                    ..NodeConfig::default()
+                });
+                set(entry, param, config_value(&reply, param));
+            }
+        }
+        report.nodes = nodes.into_values().collect();
+        report.judge();
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(policy: &str, aof: bool, save: &str) -> NodeConfig {
+        NodeConfig {
+            node: "n:1".into(),
+            maxmemory_policy: Some(policy.into()),
+            maxmemory: Some(0),
+            appendonly: Some(aof),
+            appendfsync: Some("everysec".into()),
+            save: Some(save.into()),
+        }
+    }
+
+    fn judge(nodes: Vec<NodeConfig>) -> Vec<ConfigWarning> {
+        let mut r = ConfigReport {
+            nodes,
+            warnings: vec![],
+        };
+        r.judge();
+        r.warnings
+    }
+
+    #[test]
+    fn judgement() {
+        assert!(judge(vec![node("noeviction", true, "")]).is_empty());
+        assert!(matches!(
+            judge(vec![node("volatile-lru", true, "")])[..],
+            [ConfigWarning::Eviction { .. }]
+        ));
+        assert!(matches!(
+            judge(vec![node("noeviction", false, "")])[..],
+            [ConfigWarning::NoPersistence { .. }]
+        ));
+        assert!(matches!(
+            judge(vec![node("allkeys-lru", false, "3600 1")])[..],
+            [
+                ConfigWarning::Eviction { .. },
+                ConfigWarning::SnapshotsOnly { .. }
+            ]
+        ));
+    }
+
+    #[test]
+    fn reply_shapes() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![bulk("save"), bulk("")]);
+        assert_eq!(config_value(&resp2, "save").as_deref(), Some(""));
+        let resp3 = Value::Map(vec![(bulk("appendonly"), bulk("yes"))]);
+        assert_eq!(config_value(&resp3, "appendonly").as_deref(), Some("yes"));
+        assert_eq!(config_value(&resp3, "save"), None);
+    }
+}

@@ -1,0 +1,169 @@
+//! Where records live: key names, buckets and hash tags.
+//!
+//! A record for (scope, key) is the hash `<prefix>:{b<NN>}:r:<hex scope>:<hex key>`, where `NN`
+//! is its bucket, `hash(scope, key) % BUCKETS`. Each bucket has two sorted-set indexes under the
+//! same hash tag, `<prefix>:{b<NN>}:exp` (every record, scored by `expires_at`) and
+//! `<prefix>:{b<NN>}:lease` (the `processing` records, scored by `lease_until`), so a script that
+//! writes a record and its index entries touches one cluster slot. Hex keeps the name injective:
+//! no `{`, `}` or `:` of a scope or key can reach the name's structure.
+
+use idem_core::{IdempotencyKey, Scope};
+
+/// How many buckets records are spread over. Part of the stored format: every handle on the same
+/// data must agree, so it is a constant, not a setting.
+pub const BUCKETS: u16 = 64;
+
+/// FNV-1a, 64 bits: small, stable across versions and platforms (the bucket is part of the
+/// stored format, so it must never change).
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in *part {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0x0f)] as char);
+    }
+    out
+}
+
+/// The names of one record and its bucket's indexes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RecordKeys {
+    pub record: String,
+    pub expiry_index: String,
+    pub lease_index: String,
+    /// The record's entry in the indexes; `record` is `<bucket prefix>:r:<member>`.
+    pub member: String,
+}
+
+/// The bucket of (scope, key).
+pub(crate) fn bucket_of(scope: &Scope, key: &IdempotencyKey) -> u16 {
+    let hash = fnv1a(&[scope.as_str().as_bytes(), &[0x1f], key.as_str().as_bytes()]);
+    (hash % u64::from(BUCKETS)) as u16
+}
+
+/// The names of bucket `bucket`'s indexes and its record prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BucketKeys {
+    pub expiry_index: String,
+    pub lease_index: String,
+    record_prefix: String,
+}
+
+impl BucketKeys {
+    pub(crate) fn new(prefix: &str, bucket: u16) -> Self {
+        let base = format!("{prefix}:{{b{bucket:02}}}");
+        Self {
+            expiry_index: format!("{base}:exp"),
+            lease_index: format!("{base}:lease"),
+            record_prefix: format!("{base}:r:"),
+        }
+    }
+
+    /// The record key of an index member.
+    pub(crate) fn record(&self, member: &str) -> String {
+        format!("{}{member}", self.record_prefix)
+    }
+}
+
+impl RecordKeys {
+    pub(crate) fn new(prefix: &str, scope: &Scope, key: &IdempotencyKey) -> Self {
+        let bucket = BucketKeys::new(prefix, bucket_of(scope, key));
+        let member = format!(
+            "{}:{}",
+            hex(scope.as_str().as_bytes()),
+            hex(key.as_str().as_bytes())
+        );
+        Self {
+            record: bucket.record(&member),
+            expiry_index: bucket.expiry_index,
+            lease_index: bucket.lease_index,
+            member,
+        }
+    }
+}
+
+/// Why a key prefix was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid key prefix {prefix:?}: it must be 1 to 64 bytes of visible ASCII without '{{' or '}}' (they would break the cluster hash tag)"
+)]
+pub struct InvalidPrefix {
+    /// The prefix given.
+    pub prefix: String,
+}
+
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), InvalidPrefix> {
+    let ok = !prefix.is_empty()
+        && prefix.len() <= 64
+        && prefix
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidPrefix {
+            prefix: prefix.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(scope: &str, key: &str) -> RecordKeys {
+        RecordKeys::new(
+            "idem",
+            &Scope::new(scope).unwrap(),
+            &IdempotencyKey::new(key).unwrap(),
+        )
+    }
+
+    #[test]
+    fn names_share_one_hash_tag_and_are_injective() {
+        let k = keys("tenant-1/tool", "wf-1:step-1");
+        let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
+        assert_eq!(tag(&k.record), tag(&k.expiry_index));
+        assert_eq!(tag(&k.record), tag(&k.lease_index));
+        assert!(k.record.ends_with(&k.member));
+        // Braces and separators in scope or key cannot move the tag or merge two names.
+        let a = keys("a}{:", "b");
+        assert_eq!(a.record.matches('{').count(), 1);
+        assert_ne!(keys("ab", "c").member, keys("a", "bc").member);
+        assert_ne!(keys("a:b", "c").member, keys("a", "b:c").member);
+    }
+
+    #[test]
+    fn buckets_are_stable_and_spread() {
+        // Part of the stored format: these values must never change.
+        assert_eq!(fnv1a(&[b"a"]), 0xaf63_dc4c_8601_ec8c);
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..1000 {
+            seen.insert(bucket_of(
+                &Scope::new("s").unwrap(),
+                &IdempotencyKey::new(format!("k{i}")).unwrap(),
+            ));
+        }
+        assert_eq!(seen.len(), usize::from(BUCKETS));
+    }
+
+    #[test]
+    fn prefixes() {
+        assert!(check_prefix("idem").is_ok());
+        assert!(check_prefix("app:idem").is_ok());
+        assert!(check_prefix("").is_err());
+        assert!(check_prefix("a{b").is_err());
+        assert!(check_prefix("a b").is_err());
+    }
+}

@@ -1,0 +1,613 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod error;
+mod keys;
+mod record;
+mod scripts;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::machine::{
+    self, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope, StalePolicy, StoreError,
+    Timestamp, Token, async_trait,
+};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+
+pub use config::{ConfigReport, ConfigWarning, NodeConfig};
+pub use keys::{BUCKETS, InvalidPrefix};
+/// The driver this crate is built on, re-exported so callers use the same version.
+pub use redis;
+
+use error::classify;
+use keys::{BucketKeys, RecordKeys, check_prefix};
+use record::Fields;
+use scripts::{CLAIM_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, PURGE_SCRIPT, RELEASE_SCRIPT};
+
+/// Native expiries at or beyond this many milliseconds are not set (the record is kept until
+/// purged): Lua numbers are doubles, exact only below 2^53.
+const MAX_NATIVE_TTL_MS: u64 = 1 << 53;
+
+/// How many index entries one `purge_expired` script handles at most.
+const PURGE_BATCH: usize = 256;
+
+/// How many index entries `list_in_flight` reads per page.
+const LIST_PAGE: usize = 256;
+
+/// A reconnecting, multiplexed connection to a standalone server or to a cluster.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// A [`KeyStore`] on Redis or Redis Cluster.
+///
+/// - Every operation is one Lua script run with `EVALSHA` (loaded again on `NOSCRIPT`): one round
+///   trip, atomic on the server, deciding expiry and leases against the caller's `now`.
+/// - A record is one hash; it and its bucket's two index entries share a hash tag, so each
+///   script touches one cluster slot. `list_in_flight` and `purge_expired` walk the
+///   [`BUCKETS`] per-bucket indexes (no single hot index key).
+/// - Native expiry (`PEXPIRE`, relative, `ttl + gc margin`) only collects garbage; it never
+///   decides whether a record exists.
+///
+/// Clones share the connection. See the crate documentation for the layout and the durability
+/// trade-offs.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Conn,
+    prefix: Arc<str>,
+    gc_margin: Duration,
+    endpoints: Arc<[String]>,
+}
+
+impl fmt::Debug for RedisStore {
+    // Hand-written: the client's connection info holds the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field(
+                "mode",
+                &if self.is_cluster() {
+                    "cluster"
+                } else {
+                    "standalone"
+                },
+            )
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("gc_margin", &self.gc_margin)
+            .finish_non_exhaustive()
+    }
+}
+
+fn endpoint(info: &redis::ConnectionInfo) -> String {
+    // `ConnectionAddr` displays host and port only, never credentials.
+    info.addr.to_string()
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn invalid_config(err: redis::RedisError) -> StoreError {
+    StoreError::Misconfigured {
+        message: format!("redis: {err}"),
+    }
+}
+
+impl RedisStore {
+    /// The default key prefix: `idem`.
+    pub const DEFAULT_PREFIX: &'static str = "idem";
+    /// The default garbage-collection margin: one hour past a record's logical expiry.
+    pub const DEFAULT_GC_MARGIN: Duration = Duration::from_secs(3600);
+
+    /// The connection settings [`RedisStore::connect`] uses: 5 s to connect, 10 s for a reply,
+    /// and a short reconnection back-off so calls fail fast with
+    /// [`StoreError::Unavailable`] while the server is down.
+    pub fn default_connection_config() -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_secs(5))
+            .set_response_timeout(Duration::from_secs(10))
+            .set_number_of_retries(2)
+            .set_factor(50)
+            .set_max_delay(500)
+    }
+
+    /// Connects to a standalone server, e.g. `redis://:password@host:6379/0`.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(invalid_config)?;
+        Self::from_client(client, Self::default_connection_config()).await
+    }
+
+    /// A store on a standalone server through a [`ConnectionManager`] made with `config`.
+    pub async fn from_client(
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    ) -> Result<Self, StoreError> {
+        let endpoints = vec![endpoint(client.get_connection_info())];
+        let manager = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| classify("connect", e))?;
+        Ok(Self::new(Conn::Single(manager), endpoints))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes, e.g. `["redis://10.0.0.1:7000",
+    /// "redis://10.0.0.2:7000"]`, with 5 s to connect, 10 s for a reply and 3 retries of a
+    /// command on a moved slot or a broken connection (safe: every script recognises a second
+    /// delivery of itself).
+    pub async fn connect_cluster<I, S>(urls: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let endpoints: Vec<String> = urls
+            .iter()
+            .filter_map(|u| u.as_str().into_connection_info().ok())
+            .map(|info| endpoint(&info))
+            .collect();
+        let client = ClusterClient::builder(urls)
+            .connection_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(10))
+            .retries(3)
+            .build()
+            .map_err(invalid_config)?;
+        let mut store = Self::from_cluster_client(client).await?;
+        store.endpoints = Arc::from(endpoints);
+        Ok(store)
+    }
+
+    /// A store on a cluster through `client`'s multiplexed, reconnecting connection.
+    pub async fn from_cluster_client(client: ClusterClient) -> Result<Self, StoreError> {
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| classify("connect", e))?;
+        Ok(Self::new(Conn::Cluster(conn), vec!["cluster".to_owned()]))
+    }
+
+    /// A store on a [`ConnectionManager`] the caller made.
+    pub fn from_connection_manager(manager: ConnectionManager) -> Self {
+        Self::new(Conn::Single(manager), vec!["standalone".to_owned()])
+    }
+
+    fn new(conn: Conn, endpoints: Vec<String>) -> Self {
+        Self {
+            conn,
+            prefix: Arc::from(Self::DEFAULT_PREFIX),
+            gc_margin: Self::DEFAULT_GC_MARGIN,
+            endpoints: endpoints.into(),
+        }
+    }
+
+    /// The same store with keys under `prefix` instead of `idem` (for several applications on
+    /// one server). 1 to 64 bytes of visible ASCII without `{` or `}`. Every handle on the same
+    /// records must use the same prefix.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, InvalidPrefix> {
+        check_prefix(prefix)?;
+        self.prefix = Arc::from(prefix);
+        Ok(self)
+    }
+
+    /// The same store with a different garbage-collection margin: how long past its logical
+    /// expiry (by the writer's clock) the server keeps a record before deleting it natively. It
+    /// must exceed the clock skew between the store's callers; the default is one hour.
+    pub fn with_gc_margin(mut self, margin: Duration) -> Self {
+        self.gc_margin = margin;
+        self
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether the store runs on a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// Prepares the server: loads the scripts (on every master of a cluster; they are loaded
+    /// again on demand anyway, the script cache being volatile) and runs
+    /// [`RedisStore::check_config`], logging each warning with `tracing`. There is no schema.
+    /// Returns the report; warnings do not fail it.
+    pub async fn migrate(&self) -> Result<ConfigReport, StoreError> {
+        let mut conn = self.conn.clone();
+        for script in scripts::all() {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| classify("script load", e))?;
+        }
+        let report = self.check_config().await?;
+        for warning in &report.warnings {
+            tracing::warn!(backend = "redis", "{warning}");
+        }
+        if report.is_safe() {
+            tracing::info!(
+                backend = "redis",
+                nodes = report.nodes.len(),
+                "redis settings checked: no eviction, persistence on"
+            );
+        }
+        Ok(report)
+    }
+
+    fn native_ttl(&self, ttl: Duration) -> String {
+        let ms = millis(ttl).saturating_add(millis(self.gc_margin));
+        if ms >= MAX_NATIVE_TTL_MS {
+            String::new()
+        } else {
+            ms.to_string()
+        }
+    }
+
+    fn conn(&self) -> Conn {
+        self.conn.clone()
+    }
+}
+
+fn nonce() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+fn utf8(what: &str, bytes: &[u8]) -> Result<String, StoreError> {
+    String::from_utf8(bytes.to_vec())
+        .map_err(|_| StoreError::corrupt(format!("redis script: {what} is not UTF-8")))
+}
+
+fn parse_claim(reply: &[Vec<u8>], token_id: u128) -> Result<ClaimAnswer, StoreError> {
+    let field = |i: usize| -> Result<String, StoreError> {
+        let bytes = reply
+            .get(i)
+            .ok_or_else(|| StoreError::corrupt("redis claim script: short answer"))?;
+        utf8("answer", bytes)
+    };
+    match field(0)?.as_str() {
+        "claimed" => {
+            let seq = record::number("token seq", &field(1)?)?;
+            let attempt = record::number("attempt", &field(2)?)?;
+            let kind = match field(3)?.as_str() {
+                "new" => ClaimKind::New,
+                "expired_replaced" => ClaimKind::ExpiredReplaced,
+                "retry" => ClaimKind::Retry,
+                "taken_over" => ClaimKind::TakenOver,
+                other => {
+                    return Err(StoreError::corrupt(format!(
+                        "redis record: claim kind {other:?}"
+                    )));
+                }
+            };
+            Ok(ClaimAnswer::Claimed {
+                token: Token::with_id(seq, token_id),
+                attempt,
+                kind,
+            })
+        }
+        "replay" => {
+            let body = reply
+                .get(2)
+                .ok_or_else(|| StoreError::corrupt("redis claim script: short answer"))?;
+            Ok(ClaimAnswer::Replay(record::outcome(
+                &field(1)?,
+                body,
+                &field(3)?,
+            )?))
+        }
+        "in_flight" => {
+            let ms: u64 = record::number("retry_after", &field(1)?)?;
+            Ok(ClaimAnswer::InFlight {
+                retry_after: Duration::from_millis(ms.max(1)),
+                stale: field(2)? == "1",
+            })
+        }
+        "mismatch" => Ok(ClaimAnswer::FingerprintMismatch),
+        "corrupt" => Err(StoreError::corrupt(format!("redis record: {}", field(1)?))),
+        other => Err(StoreError::corrupt(format!(
+            "redis claim script: unknown answer {other:?}"
+        ))),
+    }
+}
+
+#[async_trait]
+impl KeyStore for RedisStore {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
+        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let token_id: u128 = rand::random();
+        let takeover = match policy.stale() {
+            StalePolicy::Takeover => "1",
+            StalePolicy::Reconcile => "0",
+        };
+        let reply: Vec<Vec<u8>> = CLAIM_SCRIPT
+            .key(&keys.record)
+            .key(&keys.expiry_index)
+            .key(&keys.lease_index)
+            .arg(format!("{token_id:032x}"))
+            .arg(fingerprint.as_str())
+            .arg(now.as_millis())
+            .arg((now + policy.lease()).as_millis())
+            .arg((now + policy.ttl()).as_millis())
+            .arg(millis(policy.lease()).max(1))
+            .arg(takeover)
+            .arg(scope.as_str())
+            .arg(key.as_str())
+            .arg(&keys.member)
+            .arg(self.native_ttl(policy.ttl()))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| classify("claim", e))?;
+        parse_claim(&reply, token_id)
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
+        machine::check_outcome_size(outcome, policy)?;
+        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let state = machine::completed_state(outcome, policy);
+        let reply: String = COMPLETE_SCRIPT
+            .key(&keys.record)
+            .key(&keys.expiry_index)
+            .key(&keys.lease_index)
+            .arg(nonce())
+            .arg(now.as_millis())
+            .arg(token.seq)
+            .arg(token.id_hex())
+            .arg(state.as_str())
+            .arg(outcome.status())
+            .arg(outcome.body())
+            .arg(outcome.class().as_str())
+            .arg((now + policy.ttl()).as_millis())
+            .arg(&keys.member)
+            .arg(self.native_ttl(policy.ttl()))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| classify("complete", e))?;
+        match reply.as_str() {
+            "completed" => Ok(CompleteAnswer::Completed),
+            "marked_retryable" => Ok(CompleteAnswer::MarkedRetryable),
+            "fenced" => Ok(CompleteAnswer::Fenced),
+            other => Err(StoreError::corrupt(format!(
+                "redis complete script: unknown answer {other:?}"
+            ))),
+        }
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError> {
+        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let reply: String = RELEASE_SCRIPT
+            .key(&keys.record)
+            .key(&keys.lease_index)
+            .arg(nonce())
+            .arg(now.as_millis())
+            .arg(token.seq)
+            .arg(token.id_hex())
+            .arg(&keys.member)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| classify("release", e))?;
+        match reply.as_str() {
+            "released" => Ok(ReleaseAnswer::Released),
+            "fenced" => Ok(ReleaseAnswer::Fenced),
+            other => Err(StoreError::corrupt(format!(
+                "redis release script: unknown answer {other:?}"
+            ))),
+        }
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError> {
+        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let lease_until = now + lease;
+        let reply: String = EXTEND_SCRIPT
+            .key(&keys.record)
+            .key(&keys.expiry_index)
+            .key(&keys.lease_index)
+            .arg(nonce())
+            .arg(now.as_millis())
+            .arg(token.seq)
+            .arg(token.id_hex())
+            .arg(lease_until.as_millis())
+            .arg(&keys.member)
+            .arg(millis(self.gc_margin))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| classify("extend", e))?;
+        match reply.as_str() {
+            "extended" => Ok(ExtendAnswer::Extended { lease_until }),
+            "fenced" => Ok(ExtendAnswer::Fenced),
+            other => Err(StoreError::corrupt(format!(
+                "redis extend script: unknown answer {other:?}"
+            ))),
+        }
+    }
+
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
+        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let fields: Fields = redis::cmd("HGETALL")
+            .arg(&keys.record)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| classify("get", e))?;
+        Ok(record::record(&fields)?.filter(|r| !r.is_expired(now)))
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let mut conn = self.conn();
+        let mut stale = Vec::new();
+        if limit == 0 {
+            return Ok(stale);
+        }
+        for bucket in 0..BUCKETS {
+            let keys = BucketKeys::new(&self.prefix, bucket);
+            let (mut found, mut offset) = (0usize, 0usize);
+            loop {
+                // The index holds the `processing` records by lease; the records decide.
+                let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                    .arg(&keys.lease_index)
+                    .arg("-inf")
+                    .arg(older_than.as_millis())
+                    .arg("LIMIT")
+                    .arg(offset)
+                    .arg(LIST_PAGE)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| classify("list_in_flight", e))?;
+                if members.is_empty() {
+                    break;
+                }
+                let mut pipe = redis::pipe();
+                for m in &members {
+                    pipe.cmd("HGETALL").arg(keys.record(m));
+                }
+                let replies: Vec<Fields> = pipe
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| classify("list_in_flight", e))?;
+                for fields in &replies {
+                    match record::record(fields) {
+                        Ok(Some(r)) if r.is_stale_processing(older_than) => {
+                            found += 1;
+                            stale.push(r);
+                        }
+                        Ok(_) => {}
+                        // One unreadable record must not stop reconciliation of the others.
+                        Err(e) => {
+                            tracing::warn!(backend = "redis", error = %e, "list_in_flight skipped a corrupt record")
+                        }
+                    }
+                }
+                if found >= limit || members.len() < LIST_PAGE {
+                    break;
+                }
+                offset += members.len();
+            }
+        }
+        stale.sort_by(|a, b| {
+            (a.lease_until, &a.scope, &a.key).cmp(&(b.lease_until, &b.scope, &b.key))
+        });
+        stale.truncate(limit);
+        Ok(stale)
+    }
+
+    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+        let mut conn = self.conn();
+        let mut deleted = 0usize;
+        for bucket in 0..BUCKETS {
+            if deleted >= limit {
+                break;
+            }
+            let keys = BucketKeys::new(&self.prefix, bucket);
+            while deleted < limit {
+                let want = (limit - deleted).min(PURGE_BATCH);
+                let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                    .arg(&keys.expiry_index)
+                    .arg("-inf")
+                    .arg(now.as_millis())
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(want)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| classify("purge_expired", e))?;
+                if members.is_empty() {
+                    break;
+                }
+                // The script re-checks each candidate against `now`: the index was read outside it.
+                let mut invocation = PURGE_SCRIPT.prepare_invoke();
+                invocation.key(&keys.expiry_index).key(&keys.lease_index);
+                for m in &members {
+                    invocation.key(keys.record(m));
+                }
+                invocation.arg(now.as_millis());
+                for m in &members {
+                    invocation.arg(m);
+                }
+                let n: usize = invocation
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| classify("purge_expired", e))?;
+                deleted += n;
+                if members.len() < want {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+}

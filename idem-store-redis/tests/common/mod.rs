@@ -1,0 +1,41 @@
+//! What the tests share: the servers they are told about, and unique names.
+#![allow(dead_code)]
+
+/// The standalone server's URL from `IDEM_TEST_REDIS_URL`, read at run time. `None` (after saying
+/// why) when it is unset; under `CI` a missing server fails the test instead.
+pub fn url() -> Option<String> {
+    var("IDEM_TEST_REDIS_URL")
+}
+
+/// The cluster's node URLs from `IDEM_TEST_REDIS_CLUSTER_URLS` (comma-separated), read at run
+/// time; `None` (after saying why) when unset, a failure under `CI`.
+pub fn cluster_urls() -> Option<Vec<String>> {
+    var("IDEM_TEST_REDIS_CLUSTER_URLS").map(|v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
+fn var(name: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            let why = format!(
+                "{name} is not set: skipping (scripts/test starts the servers and sets it)"
+            );
+            if std::env::var_os("CI").is_some() {
+                panic!("{why}; under CI a missing server is a failure");
+            }
+            eprintln!("{why}");
+            None
+        }
+    }
+}
+
+/// A name no other test or run uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", rand::random::<u64>())
+}
