@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+#[cfg(feature = "client")]
+pub mod client;
 mod key;
 mod layer;
 mod problem;

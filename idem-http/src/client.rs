@@ -1,0 +1,316 @@
+//! The agent side: a tool client that reuses one key on every attempt (SPEC §6, client side).
+
+use std::time::Duration;
+
+use http::StatusCode;
+use idem_core::IdempotencyKey;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::{IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED};
+
+/// How a [`ToolClient`] retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// How long one attempt may take before the client gives up on it and retries.
+    pub attempt_timeout: Duration,
+    /// How long the whole call may take, all attempts and waits included.
+    pub overall_deadline: Duration,
+    /// The first backoff; it doubles after each retry, up to `max_backoff`, with jitter.
+    pub initial_backoff: Duration,
+    /// The largest backoff.
+    pub max_backoff: Duration,
+    /// Allow an `attempt_timeout` below the tool's published minimum client deadline. Off by
+    /// default: such attempts are cut off while the tool still works, so every one of them ends in
+    /// a timeout and a retry.
+    pub allow_short_attempts: bool,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempt_timeout: Duration::from_secs(30),
+            overall_deadline: Duration::from_secs(120),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            allow_short_attempts: false,
+        }
+    }
+}
+
+/// Why a call produced no answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The per-attempt deadline is below the tool's published minimum (processing window plus
+    /// store write): every attempt would be cut off while the tool works.
+    #[error(
+        "attempt timeout {attempt_timeout:?} is below the tool's minimum client deadline {min_client_deadline:?}; raise it (or opt out with allow_short_attempts)"
+    )]
+    DeadlineBelowMinimum {
+        /// The configured per-attempt deadline.
+        attempt_timeout: Duration,
+        /// The tool's published minimum.
+        min_client_deadline: Duration,
+    },
+    /// The overall deadline passed before an answer; the operation may still complete, and a
+    /// later call with the same key gets its answer.
+    #[error("no answer within the overall deadline after {attempts} attempts (last: {last})")]
+    DeadlineExceeded {
+        /// Attempts made.
+        attempts: u32,
+        /// What the last attempt got.
+        last: String,
+    },
+    /// The server refused the request in a way a retry cannot fix (400, 401, 413, 422…).
+    #[error("the tool refused the request: {status} {body}")]
+    Refused {
+        /// The status.
+        status: StatusCode,
+        /// The body (an `application/problem+json` object for idem's refusals).
+        body: Value,
+    },
+    /// The tool could not be discovered from `GET /tools`.
+    #[error("tool discovery failed: {0}")]
+    Discovery(String),
+    /// The HTTP client could not be built.
+    #[error("http client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+/// The answer to a call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolAnswer {
+    /// The tool's status.
+    pub status: StatusCode,
+    /// The envelope `{"ok", "idempotent_replay", "original_response"}`.
+    pub body: Value,
+    /// Whether the final answer was a replay of an earlier execution.
+    pub replayed: bool,
+    /// HTTP attempts made (1 if the first answered).
+    pub attempts: u32,
+    /// How many attempts were answered 409 (in flight).
+    pub in_flight: u32,
+    /// How many attempts timed out or failed to connect.
+    pub failed_attempts: u32,
+}
+
+impl ToolAnswer {
+    /// The tool's own response body.
+    pub fn original_response(&self) -> &Value {
+        &self.body["original_response"]
+    }
+}
+
+/// A client for one side-effecting HTTP tool: attaches the key in the `Idempotency-Key` header
+/// after the model's arguments are final, never changes it between attempts, retries timeouts,
+/// connection errors, 409, 429, 502, 503 and 504 with exponential backoff and jitter (honouring
+/// `Retry-After`), and stops at the overall deadline.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_core::IdempotencyKey;
+/// use idem_http::client::{RetryPolicy, ToolClient};
+/// let client = ToolClient::discover(
+///     "http://127.0.0.1:8787/tools",
+///     "create_ticket",
+///     "http://127.0.0.1:8787/tools/create_ticket",
+///     RetryPolicy::default(),
+/// )
+/// .await?;
+/// // From the orchestrator's durable step, never from the model.
+/// let key = IdempotencyKey::for_step("wf-8812", "step-3", "create_ticket")?;
+/// let answer = client.call(&key, &serde_json::json!({"title": "Printer on fire", "account_id": "A-7"})).await?;
+/// println!("{} replayed={}", answer.original_response(), answer.replayed);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ToolClient {
+    http: reqwest::Client,
+    url: String,
+    policy: RetryPolicy,
+    min_client_deadline: Option<Duration>,
+}
+
+impl ToolClient {
+    /// A client for the tool at `url` (a `POST` endpoint). With `min_client_deadline` (the tool's
+    /// published `min_client_deadline_ms`), refuses a policy whose attempt timeout is shorter,
+    /// unless `policy.allow_short_attempts`.
+    pub fn new(
+        url: impl Into<String>,
+        policy: RetryPolicy,
+        min_client_deadline: Option<Duration>,
+    ) -> Result<Self, ClientError> {
+        if let Some(min) = min_client_deadline
+            && policy.attempt_timeout < min
+            && !policy.allow_short_attempts
+        {
+            return Err(ClientError::DeadlineBelowMinimum {
+                attempt_timeout: policy.attempt_timeout,
+                min_client_deadline: min,
+            });
+        }
+        Ok(Self {
+            http: reqwest::Client::builder().build()?,
+            url: url.into(),
+            policy,
+            min_client_deadline,
+        })
+    }
+
+    /// Reads tool `name`'s `min_client_deadline_ms` from the listing at `tools_url`
+    /// (`GET /tools`), then builds the client as [`ToolClient::new`] does.
+    pub async fn discover(
+        tools_url: &str,
+        name: &str,
+        url: impl Into<String>,
+        policy: RetryPolicy,
+    ) -> Result<Self, ClientError> {
+        let listing: Value = reqwest::get(tools_url)
+            .await
+            .and_then(|r| r.error_for_status())
+            .map_err(|e| ClientError::Discovery(e.to_string()))?
+            .json()
+            .await
+            .map_err(|e| ClientError::Discovery(e.to_string()))?;
+        let min = listing["tools"]
+            .as_array()
+            .and_then(|tools| tools.iter().find(|t| t["name"] == name))
+            .and_then(|t| t["min_client_deadline_ms"].as_u64())
+            .ok_or_else(|| {
+                ClientError::Discovery(format!(
+                    "{tools_url} lists no tool {name:?} with min_client_deadline_ms"
+                ))
+            })?;
+        Self::new(url, policy, Some(Duration::from_millis(min)))
+    }
+
+    /// The tool's minimum client deadline, if known.
+    pub fn min_client_deadline(&self) -> Option<Duration> {
+        self.min_client_deadline
+    }
+
+    /// Calls the tool with `arguments` under `key`, retrying as the policy says. Every attempt
+    /// carries the same key and the same body.
+    pub async fn call(
+        &self,
+        key: &IdempotencyKey,
+        arguments: &Value,
+    ) -> Result<ToolAnswer, ClientError> {
+        let started = Instant::now();
+        let deadline = started + self.policy.overall_deadline;
+        let body = arguments.to_string();
+        let (mut attempts, mut in_flight, mut failed) = (0u32, 0u32, 0u32);
+        let mut backoff = self.policy.initial_backoff;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClientError::DeadlineExceeded {
+                    attempts,
+                    last: "deadline reached".into(),
+                });
+            }
+            attempts += 1;
+            let timeout = self.policy.attempt_timeout.min(deadline - now);
+            let sent = self
+                .http
+                .post(&self.url)
+                .header(IDEMPOTENCY_KEY, key.as_str())
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(body.clone())
+                .timeout(timeout)
+                .send()
+                .await;
+            let (retry_after, last) = match sent {
+                Ok(response) => {
+                    let status = response.status();
+                    if !retryable_status(status) {
+                        let replayed = response
+                            .headers()
+                            .get(IDEMPOTENCY_REPLAYED)
+                            .is_some_and(|v| v == "true");
+                        let text = response.text().await.unwrap_or_default();
+                        let body: Value =
+                            serde_json::from_str(&text).unwrap_or(Value::String(text));
+                        if status.is_client_error() {
+                            return Err(ClientError::Refused { status, body });
+                        }
+                        return Ok(ToolAnswer {
+                            status,
+                            body,
+                            replayed,
+                            attempts,
+                            in_flight,
+                            failed_attempts: failed,
+                        });
+                    }
+                    if status == StatusCode::CONFLICT {
+                        in_flight += 1;
+                    }
+                    let retry_after = response
+                        .headers()
+                        .get(http::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    (retry_after, format!("HTTP {status}"))
+                }
+                Err(e) => {
+                    failed += 1;
+                    (None, format!("{e}"))
+                }
+            };
+            let jittered = jitter(backoff);
+            let wait = retry_after.map_or(jittered, |r| r.max(jittered));
+            if Instant::now() + wait >= deadline {
+                return Err(ClientError::DeadlineExceeded { attempts, last });
+            }
+            tokio::time::sleep(wait).await;
+            backoff = (backoff * 2).min(self.policy.max_backoff);
+        }
+    }
+}
+
+/// Statuses worth retrying with the same key: in flight, rate limited, store or gateway down.
+fn retryable_status(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 409 | 429 | 502 | 503 | 504)
+}
+
+/// "Equal jitter": a random wait between half the backoff and the whole of it.
+fn jitter(backoff: Duration) -> Duration {
+    let half = backoff / 2;
+    half + half.mul_f64(rand::random::<f64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_rule_refuses_short_attempts_unless_opted_out() {
+        let short = RetryPolicy {
+            attempt_timeout: Duration::from_millis(500),
+            ..RetryPolicy::default()
+        };
+        let err =
+            ToolClient::new("http://x", short, Some(Duration::from_millis(1500))).unwrap_err();
+        assert!(matches!(err, ClientError::DeadlineBelowMinimum { .. }));
+        assert!(err.to_string().contains("minimum client deadline"));
+        let opted = RetryPolicy {
+            allow_short_attempts: true,
+            ..short
+        };
+        assert!(ToolClient::new("http://x", opted, Some(Duration::from_millis(1500))).is_ok());
+        assert!(ToolClient::new("http://x", short, None).is_ok());
+    }
+
+    #[test]
+    fn jitter_stays_within_half_and_whole() {
+        for _ in 0..100 {
+            let j = jitter(Duration::from_millis(100));
+            assert!(j >= Duration::from_millis(50) && j <= Duration::from_millis(100));
+        }
+        assert!(retryable_status(StatusCode::CONFLICT));
+        assert!(!retryable_status(StatusCode::UNPROCESSABLE_ENTITY));
+    }
+}
