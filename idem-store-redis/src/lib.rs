@@ -138,15 +138,14 @@ impl RedisStore {
     pub const DEFAULT_GC_MARGIN: Duration = Duration::from_secs(3600);
 
     /// The connection settings [`RedisStore::connect`] uses: 5 s to connect, 10 s for a reply,
-    /// and a short reconnection back-off so calls fail fast with
-    /// [`StoreError::Unavailable`] while the server is down.
+    /// and no waiting reconnection attempts (the driver's back-off starts at one second), so calls
+    /// fail fast with [`StoreError::Unavailable`] while the server is down; each new call
+    /// reconnects in the background, and calls succeed again as soon as it is back.
     pub fn default_connection_config() -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
             .set_connection_timeout(Duration::from_secs(5))
             .set_response_timeout(Duration::from_secs(10))
-            .set_number_of_retries(2)
-            .set_factor(50)
-            .set_max_delay(500)
+            .set_number_of_retries(0)
     }
 
     /// Connects to a standalone server, e.g. `redis://:password@host:6379/0`.

@@ -1,6 +1,8 @@
 //! What the tests share: the servers they are told about, and unique names.
 #![allow(dead_code)]
 
+pub mod server;
+
 /// The standalone server's URL from `IDEM_TEST_REDIS_URL`, read at run time. `None` (after saying
 /// why) when it is unset; under `CI` a missing server fails the test instead.
 pub fn url() -> Option<String> {
