@@ -1,4 +1,5 @@
 //! The `idem` binary's library: the reference tool server and store URLs, usable from tests.
 
+pub mod demo;
 pub mod serve;
 pub mod store_url;

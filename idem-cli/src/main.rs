@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use idem_cli::demo::{self, DemoOptions};
 use idem_cli::serve::{Backend, ServeOptions, router};
 use idem_cli::store_url::StoreUrl;
 
@@ -33,6 +34,29 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         tool_latency_ms: u64,
     },
+    /// Simulated agents retry a real tool under injected faults; effects counted at the sink.
+    ///
+    /// Starts the reference tool server on a loopback port (an embedded SQLite file by default)
+    /// and sends every operation through the retrying client, with per-attempt deadlines shorter
+    /// than the tool, duplicate concurrent sends, a repeat after success, and holders that crash
+    /// mid-flight. Exits non-zero if any operation produced two tickets.
+    Demo {
+        /// Where records and tickets live (default: a fresh SQLite file in a temp directory).
+        #[arg(long)]
+        store: Option<StoreUrl>,
+        /// How many operations.
+        #[arg(long, default_value_t = 200)]
+        operations: usize,
+        /// How many operations run at once.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// How long the tool works, in milliseconds.
+        #[arg(long, default_value_t = 60)]
+        tool_latency_ms: u64,
+        /// Also run the same traffic against the same tool without idem, side by side.
+        #[arg(long)]
+        without_idem: bool,
+    },
 }
 
 #[tokio::main]
@@ -50,6 +74,22 @@ async fn main() -> ExitCode {
             addr,
             tool_latency_ms,
         } => serve(store, addr, tool_latency_ms).await,
+        Command::Demo {
+            store,
+            operations,
+            concurrency,
+            tool_latency_ms,
+            without_idem,
+        } => {
+            demo(
+                store,
+                operations,
+                concurrency,
+                tool_latency_ms,
+                without_idem,
+            )
+            .await
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -57,6 +97,69 @@ async fn main() -> ExitCode {
             eprintln!("idem: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+async fn demo(
+    store: Option<StoreUrl>,
+    operations: usize,
+    concurrency: usize,
+    latency_ms: u64,
+    without_idem: bool,
+) -> Result<(), idem_cli::serve::BoxError> {
+    let _temp;
+    let store = match store {
+        Some(store) => store,
+        None => {
+            let dir = std::env::temp_dir().join(format!("idem-demo-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            _temp = RemoveOnDrop(dir.clone());
+            StoreUrl::Sqlite(dir.join("demo.db"))
+        }
+    };
+    let mut options = DemoOptions {
+        store,
+        operations,
+        concurrency,
+        tool_latency: Duration::from_millis(latency_ms),
+        progress: true,
+    };
+    println!(
+        "idem demo: {operations} operations, {concurrency} at a time, tool latency {latency_ms} ms, store {}",
+        options.store
+    );
+    println!(
+        "faults: attempt deadlines shorter than the tool, duplicate concurrent sends, a repeat after success, holders that crash mid-flight"
+    );
+    let with = demo::run(&options, true).await?;
+    let without = if without_idem {
+        println!("the same traffic without idem:");
+        options.progress = true;
+        Some(demo::run(&options, false).await?)
+    } else {
+        None
+    };
+    println!();
+    print!("{}", demo::table(&with, without.as_ref()));
+    if with.double_effects > 0 {
+        return Err(format!("{} operations produced two tickets", with.double_effects).into());
+    }
+    if let Some(w) = without {
+        println!(
+            "\nwithout idem the same traffic produced {} duplicate tickets over {} operations.",
+            w.tickets - w.operations as i64,
+            w.double_effects
+        );
+    }
+    Ok(())
+}
+
+/// Removes a directory when dropped.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -42,13 +42,20 @@ pub struct ServeOptions {
     pub tool_latency: Duration,
     /// The clock (the system clock; tests pass a manual one).
     pub clock: Arc<dyn Clock>,
+    /// Honour the demo's fault header ([`DEMO_FAULT_HEADER`]); never on in `idem serve`.
+    pub demo_faults: bool,
 }
+
+/// With [`ServeOptions::demo_faults`], a request with `x-idem-demo-fault: hang` makes the first
+/// attempt of its key hang before its effect, as a holder that crashed mid-flight.
+pub const DEMO_FAULT_HEADER: &str = "x-idem-demo-fault";
 
 impl Default for ServeOptions {
     fn default() -> Self {
         Self {
             tool_latency: Duration::ZERO,
             clock: Arc::new(SystemClock),
+            demo_faults: false,
         }
     }
 }
@@ -168,6 +175,59 @@ impl Backend {
         })
     }
 
+    /// Inserts a ticket with no record at all (the tool without idem).
+    async fn insert_ticket(&self, key: &str, ticket: &NewTicket) -> Result<i64, BoxError> {
+        const SQLITE: &str = "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES (?1, ?2, ?3, ?4, ?5)";
+        const POSTGRES: &str = "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id";
+        let fields = [
+            ticket.tenant.clone(),
+            ticket.title.clone(),
+            ticket.account_id.clone(),
+            key.to_owned(),
+            ticket.created_at.clone(),
+        ];
+        Ok(match self {
+            Self::Sqlite(s) => {
+                s.with_connection(move |c| {
+                    c.execute(SQLITE, fields)?;
+                    Ok::<_, rusqlite::Error>(c.last_insert_rowid())
+                })
+                .await??
+            }
+            Self::Postgres(s) => {
+                let [a, b, c, d, e] = fields;
+                idem_store_postgres::sqlx::query_scalar(POSTGRES)
+                    .bind(a)
+                    .bind(b)
+                    .bind(c)
+                    .bind(d)
+                    .bind(e)
+                    .fetch_one(s.pool())
+                    .await?
+            }
+        })
+    }
+
+    /// Keys of `tenant` with more than one ticket: double effects, counted at the sink.
+    pub async fn double_effects(&self, tenant: &str) -> Result<i64, BoxError> {
+        const SQL: &str = "SELECT COUNT(*) FROM (SELECT idempotency_key FROM tickets WHERE tenant = $1 GROUP BY idempotency_key HAVING COUNT(*) > 1) AS d";
+        Ok(match self {
+            Self::Sqlite(s) => {
+                let tenant = tenant.to_owned();
+                s.with_connection(move |c| {
+                    c.query_row(&SQL.replace("$1", "?1"), [tenant], |r| r.get(0))
+                })
+                .await??
+            }
+            Self::Postgres(s) => {
+                idem_store_postgres::sqlx::query_scalar(SQL)
+                    .bind(tenant)
+                    .fetch_one(s.pool())
+                    .await?
+            }
+        })
+    }
+
     /// Inserts the ticket and completes the record in one transaction.
     async fn create_ticket(
         &self,
@@ -257,6 +317,8 @@ struct AppState {
     backend: Backend,
     options: ServeOptions,
     policy: Policy,
+    /// Keys whose first unprotected request was hung (demo faults without idem).
+    hung: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The tool's description, as `GET /tools` lists it.
@@ -287,8 +349,12 @@ pub fn tools(options: &ServeOptions) -> Value {
 
 /// The server's router on `backend`.
 pub fn router(backend: Backend, options: ServeOptions) -> Router {
+    // Takeover is safe here, and only because the ticket and the completion commit together: a
+    // record still `processing` after its lease means its holder never committed, so no ticket
+    // exists, and a late holder is fenced inside its own transaction (which then rolls back).
     let policy = Policy::builder()
         .lease(options.min_client_deadline())
+        .stale(idem_core::StalePolicy::Takeover)
         .build()
         .expect("a lease under the default ttl");
     let executor = Executor::from_arc(backend.store())
@@ -303,12 +369,93 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
         backend,
         options,
         policy,
+        hung: Default::default(),
     });
     Router::new()
         .route("/tools/create_ticket", post(create_ticket))
         .route_layer(layer)
         .route("/tools", get(move || async move { Json(listing) }))
         .with_state(state)
+}
+
+/// The same tool without the idempotency layer (for `idem demo --without-idem`): every request
+/// that reaches it creates a ticket. Like the layered tool, the work runs in its own task, so a
+/// client that gives up does not stop a ticket that is being created.
+pub fn router_without_idem(backend: Backend, options: ServeOptions) -> Router {
+    let listing = tools(&options);
+    let state = Arc::new(AppState {
+        backend,
+        options,
+        policy: Policy::default(),
+        hung: Default::default(),
+    });
+    Router::new()
+        .route("/tools/create_ticket", post(create_ticket_unprotected))
+        .route("/tools", get(move || async move { Json(listing) }))
+        .with_state(state)
+}
+
+async fn create_ticket_unprotected(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(args): Json<Value>,
+) -> Response {
+    let work = tokio::spawn(async move {
+        let field = |name: &str| {
+            args.get(name)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
+        let (Some(title), Some(account_id)) = (field("title"), field("account_id")) else {
+            return (StatusCode::UNPROCESSABLE_ENTITY, "{}".to_owned());
+        };
+        if app.options.demo_faults && headers.get(DEMO_FAULT_HEADER).is_some_and(|v| v == "hang") {
+            // Without a record there is no "first attempt": hang the first request of the key.
+            let first = app
+                .hung
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key_of(&headers));
+            if first {
+                std::future::pending::<()>().await;
+            }
+        }
+        if !app.options.tool_latency.is_zero() {
+            tokio::time::sleep(app.options.tool_latency).await;
+        }
+        let ticket = NewTicket {
+            tenant: tenant(&headers),
+            title: title.to_owned(),
+            account_id: account_id.to_owned(),
+            created_at: rfc3339(app.options.clock.now()),
+        };
+        match app.backend.insert_ticket(&key_of(&headers), &ticket).await {
+            Ok(id) => (StatusCode::CREATED, ticket.outcome(id).body().to_owned()),
+            Err(e) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": e.to_string()}).to_string(),
+            ),
+        }
+    });
+    match work.await {
+        Ok((status, body)) => {
+            (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+fn key_of(headers: &HeaderMap) -> String {
+    headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn rfc3339(now: Timestamp) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(now.as_millis()))
+        .to_string()
 }
 
 fn tenant(headers: &HeaderMap) -> String {
@@ -338,19 +485,22 @@ async fn create_ticket(
         )
             .into_response();
     };
+    if app.options.demo_faults
+        && attempt.number() == 1
+        && headers.get(DEMO_FAULT_HEADER).is_some_and(|v| v == "hang")
+    {
+        // A holder that crashed mid-flight: it never commits and never answers.
+        std::future::pending::<()>().await;
+    }
     if !app.options.tool_latency.is_zero() {
         tokio::time::sleep(app.options.tool_latency).await;
     }
     let now = app.options.clock.now();
-    let created_at = humantime::format_rfc3339_millis(
-        std::time::UNIX_EPOCH + Duration::from_millis(now.as_millis()),
-    )
-    .to_string();
     let ticket = NewTicket {
         tenant: tenant(&headers),
         title: title.to_owned(),
         account_id: account_id.to_owned(),
-        created_at,
+        created_at: rfc3339(now),
     };
     match app
         .backend

@@ -64,6 +64,7 @@ async fn start(backend: &str, latency: Duration) -> Option<Server> {
     let options = ServeOptions {
         tool_latency: latency,
         clock: Arc::new(clock.clone()),
+        demo_faults: false,
     };
     let app = router(backend.clone(), options);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -112,11 +112,21 @@ impl IdempotencyKey {
         let plain = |p: &str| p.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b':');
         let mut key = parts
             .iter()
-            .map(|p| if plain(p) { (*p).to_owned() } else { digest_part(p) })
+            .map(|p| {
+                if plain(p) {
+                    (*p).to_owned()
+                } else {
+                    digest_part(p)
+                }
+            })
             .collect::<Vec<_>>()
             .join(":");
         if key.len() > MAX_KEY_BYTES {
-            key = parts.iter().map(|p| digest_part(p)).collect::<Vec<_>>().join(":");
+            key = parts
+                .iter()
+                .map(|p| digest_part(p))
+                .collect::<Vec<_>>()
+                .join(":");
         }
         Self::new(key)
     }
@@ -322,7 +332,8 @@ mod tests {
             IdempotencyKey::for_step("a", "b:c", "t").unwrap()
         );
         // Many parts long enough together: every part digested.
-        let k = IdempotencyKey::for_step(&"a".repeat(120), &"b".repeat(120), &"c".repeat(20)).unwrap();
+        let k =
+            IdempotencyKey::for_step(&"a".repeat(120), &"b".repeat(120), &"c".repeat(20)).unwrap();
         assert_eq!(k.as_str().matches('~').count(), 3);
     }
 

@@ -130,6 +130,7 @@ pub struct ToolClient {
     url: String,
     policy: RetryPolicy,
     min_client_deadline: Option<Duration>,
+    headers: http::HeaderMap,
 }
 
 impl ToolClient {
@@ -155,7 +156,21 @@ impl ToolClient {
             url: url.into(),
             policy,
             min_client_deadline,
+            headers: http::HeaderMap::new(),
         })
+    }
+
+    /// Sends `name: value` with every attempt (e.g. the caller's authentication or tenant).
+    /// A header that is not valid HTTP is ignored; `Idempotency-Key` cannot be set this way.
+    pub fn with_header(mut self, name: &str, value: &str) -> Self {
+        if let (Ok(name), Ok(value)) = (
+            http::HeaderName::try_from(name),
+            http::HeaderValue::try_from(value),
+        ) && name != IDEMPOTENCY_KEY
+        {
+            self.headers.insert(name, value);
+        }
+        self
     }
 
     /// Reads tool `name`'s `min_client_deadline_ms` from the listing at `tools_url`
@@ -215,6 +230,7 @@ impl ToolClient {
             let sent = self
                 .http
                 .post(&self.url)
+                .headers(self.headers.clone())
                 .header(IDEMPOTENCY_KEY, key.as_str())
                 .header(http::header::CONTENT_TYPE, "application/json")
                 .body(body.clone())

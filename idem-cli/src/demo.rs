@@ -1,0 +1,284 @@
+//! `idem demo`: simulated agents retrying a real tool under injected faults, effects counted at
+//! the sink.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::IdempotencyKey;
+use idem_http::client::{ClientError, RetryPolicy, ToolClient};
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use crate::serve::{
+    Backend, BoxError, DEMO_FAULT_HEADER, ServeOptions, TENANT_HEADER, router, router_without_idem,
+};
+use crate::store_url::StoreUrl;
+
+/// How the demo runs.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Where records and tickets live.
+    pub store: StoreUrl,
+    /// How many operations the agents perform.
+    pub operations: usize,
+    /// How many operations run at once.
+    pub concurrency: usize,
+    /// How long the tool works.
+    pub tool_latency: Duration,
+    /// Print progress to stderr.
+    pub progress: bool,
+}
+
+/// What one run produced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DemoReport {
+    /// Operations the agents meant to perform (each once).
+    pub operations: usize,
+    /// HTTP requests sent.
+    pub attempts: usize,
+    /// Answers that were first executions.
+    pub executed: usize,
+    /// Answers that were replays.
+    pub replays: usize,
+    /// Answers that said "in flight" (409).
+    pub conflicts: usize,
+    /// Operations that got no answer within their deadline.
+    pub unanswered: usize,
+    /// Tickets at the sink.
+    pub tickets: i64,
+    /// Operations with more than one ticket.
+    pub double_effects: i64,
+}
+
+/// The faults, one per operation in turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Answered, then "the model decides to call again" with the same arguments.
+    CallAgain,
+    /// Per-attempt deadline shorter than the tool's latency: every attempt times out until the
+    /// first execution has finished.
+    ShortDeadline,
+    /// The orchestrator sends the call twice at once.
+    DuplicateSend,
+    /// The first holder crashes mid-flight (hangs before its effect); the retry resolves it.
+    CrashedHolder,
+}
+
+impl Fault {
+    fn of(i: usize) -> Self {
+        match i % 8 {
+            0 | 4 => Self::CallAgain,
+            1 | 5 => Self::ShortDeadline,
+            2 | 6 => Self::DuplicateSend,
+            3 => Self::CrashedHolder,
+            _ => Self::CallAgain,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    attempts: AtomicUsize,
+    executed: AtomicUsize,
+    replays: AtomicUsize,
+    conflicts: AtomicUsize,
+    unanswered: AtomicUsize,
+    done: AtomicUsize,
+}
+
+impl Counters {
+    fn record(&self, answer: &Result<idem_http::client::ToolAnswer, ClientError>) {
+        match answer {
+            Ok(a) => {
+                self.attempts
+                    .fetch_add(a.attempts as usize, Ordering::Relaxed);
+                self.conflicts
+                    .fetch_add(a.in_flight as usize, Ordering::Relaxed);
+                if a.replayed {
+                    self.replays.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.executed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(ClientError::DeadlineExceeded { attempts, .. }) => {
+                self.attempts
+                    .fetch_add(*attempts as usize, Ordering::Relaxed);
+                self.unanswered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.attempts.fetch_add(1, Ordering::Relaxed);
+                self.unanswered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Runs the agents' traffic against the tool — behind idem (`with_idem`) or bare — and counts.
+pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, BoxError> {
+    let backend = Backend::open(&options.store).await?;
+    let serve = ServeOptions {
+        tool_latency: options.tool_latency,
+        demo_faults: true,
+        ..ServeOptions::default()
+    };
+    let min_deadline = serve.min_client_deadline();
+    let app = if with_idem {
+        router(backend.clone(), serve)
+    } else {
+        router_without_idem(backend.clone(), serve)
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let tenant = format!("demo-{:016x}", rand::random::<u64>());
+    let run_id = format!("run-{:08x}", rand::random::<u32>());
+    let url = format!("{base}/tools/create_ticket");
+    let patient = RetryPolicy {
+        attempt_timeout: min_deadline + Duration::from_millis(500),
+        overall_deadline: min_deadline * 3,
+        initial_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(500),
+        allow_short_attempts: false,
+    };
+    // Read the tool's published minimum deadline, as an agent runtime would.
+    let client = ToolClient::discover(
+        &format!("{base}/tools"),
+        "create_ticket",
+        url.clone(),
+        patient,
+    )
+    .await?;
+    let hasty = ToolClient::new(
+        url.clone(),
+        RetryPolicy {
+            attempt_timeout: options.tool_latency / 2,
+            allow_short_attempts: true, // the fault under test
+            ..patient
+        },
+        client.min_client_deadline(),
+    )?;
+    let crashing = ToolClient::new(url.clone(), patient, None)?
+        .with_header(DEMO_FAULT_HEADER, "hang")
+        .with_header(TENANT_HEADER, &tenant);
+    let (client, hasty) = (
+        client.with_header(TENANT_HEADER, &tenant),
+        hasty.with_header(TENANT_HEADER, &tenant),
+    );
+
+    let counters = Arc::new(Counters::default());
+    let slots = Arc::new(Semaphore::new(options.concurrency.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..options.operations {
+        let permit = slots.clone().acquire_owned().await?;
+        let (client, hasty, crashing) = (client.clone(), hasty.clone(), crashing.clone());
+        let shared = counters.clone();
+        let key = IdempotencyKey::for_step(&run_id, &format!("step-{i}"), "create_ticket")?;
+        let args = json!({"title": format!("Ticket {i}"), "account_id": format!("A-{}", i % 17)});
+        tasks.spawn(async move {
+            let _permit = permit;
+            let counters = shared;
+            match Fault::of(i) {
+                Fault::CallAgain => {
+                    counters.record(&client.call(&key, &args).await);
+                    counters.record(&client.call(&key, &args).await);
+                }
+                Fault::ShortDeadline => counters.record(&hasty.call(&key, &args).await),
+                Fault::DuplicateSend => {
+                    let (a, b) = tokio::join!(client.call(&key, &args), client.call(&key, &args));
+                    counters.record(&a);
+                    counters.record(&b);
+                }
+                Fault::CrashedHolder => counters.record(&crashing.call(&key, &args).await),
+            }
+            counters.done.fetch_add(1, Ordering::Relaxed);
+        });
+        if options.progress {
+            progress(counters.done.load(Ordering::Relaxed), options.operations);
+        }
+    }
+    while tasks.join_next().await.is_some() {
+        if options.progress {
+            progress(counters.done.load(Ordering::Relaxed), options.operations);
+        }
+    }
+    if options.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!();
+    }
+    server.abort();
+    Ok(DemoReport {
+        operations: options.operations,
+        attempts: counters.attempts.load(Ordering::Relaxed),
+        executed: counters.executed.load(Ordering::Relaxed),
+        replays: counters.replays.load(Ordering::Relaxed),
+        conflicts: counters.conflicts.load(Ordering::Relaxed),
+        unanswered: counters.unanswered.load(Ordering::Relaxed),
+        tickets: backend.ticket_count(&tenant).await?,
+        double_effects: backend.double_effects(&tenant).await?,
+    })
+}
+
+fn progress(done: usize, total: usize) {
+    use std::io::IsTerminal;
+    static SHOWN: AtomicUsize = AtomicUsize::new(usize::MAX);
+    // Only when the count moved; on a terminal redraw one line, elsewhere a line per 10%.
+    if SHOWN.swap(done, Ordering::Relaxed) == done {
+        return;
+    }
+    if !std::io::stderr().is_terminal() {
+        if done.is_multiple_of((total / 10).max(1)) || done == total {
+            eprintln!("  {done}/{total} operations");
+        }
+        return;
+    }
+    let width = 30;
+    let filled = done * width / total.max(1);
+    eprint!(
+        "\r  [{}{}] {done}/{total} operations",
+        "#".repeat(filled),
+        " ".repeat(width - filled)
+    );
+    let _ = std::io::stderr().flush();
+}
+
+/// The closing table; a second column when the run without idem is given.
+pub fn table(with: &DemoReport, without: Option<&DemoReport>) -> String {
+    let cells = |r: &DemoReport| {
+        [
+            r.operations as i64,
+            r.attempts as i64,
+            r.executed as i64,
+            r.replays as i64,
+            r.conflicts as i64,
+            r.unanswered as i64,
+            r.tickets,
+            r.double_effects,
+        ]
+    };
+    let names = [
+        "operations",
+        "attempts (HTTP requests)",
+        "answered: executed",
+        "answered: replayed",
+        "409 in flight",
+        "unanswered",
+        "tickets at the sink",
+        "double effects",
+    ];
+    let mut out = format!("{:<26}{:>12}", "", "with idem");
+    if without.is_some() {
+        out.push_str(&format!("{:>16}", "without idem"));
+    }
+    out.push('\n');
+    let (with, without) = (cells(with), without.map(cells));
+    for (i, name) in names.iter().enumerate() {
+        out.push_str(&format!("{name:<26}{:>12}", with[i]));
+        if let Some(w) = &without {
+            out.push_str(&format!("{:>16}", w[i]));
+        }
+        out.push('\n');
+    }
+    out
+}
