@@ -37,3 +37,49 @@ pub fn downstream_key(scope: &Scope, key: &IdempotencyKey, provider: &str) -> St
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stable_per_operation_and_distinct_per_provider_scope_and_key() {
+        let scope = Scope::new("t/charge").unwrap();
+        let key = IdempotencyKey::new("wf-1:s-1:charge").unwrap();
+        let stripe = downstream_key(&scope, &key, "stripe");
+        // Stable: the same on every attempt and in every process (a fixed derivation, no state).
+        assert_eq!(
+            stripe,
+            downstream_key(&scope.clone(), &key.clone(), "stripe")
+        );
+        assert_ne!(stripe, downstream_key(&scope, &key, "adyen"));
+        assert_ne!(
+            stripe,
+            downstream_key(&Scope::new("u/charge").unwrap(), &key, "stripe")
+        );
+        assert_ne!(
+            stripe,
+            downstream_key(
+                &scope,
+                &IdempotencyKey::new("wf-1:s-2:charge").unwrap(),
+                "stripe"
+            )
+        );
+        // Length-prefixed parts: moving a boundary changes the key.
+        assert_ne!(
+            downstream_key(
+                &Scope::new("ab").unwrap(),
+                &IdempotencyKey::new("c").unwrap(),
+                "p"
+            ),
+            downstream_key(
+                &Scope::new("a").unwrap(),
+                &IdempotencyKey::new("bc").unwrap(),
+                "p"
+            )
+        );
+        // A known value (computed independently) pins the derivation across releases.
+        assert_eq!(stripe, "idem-b0d00321a760fa47e06543d8f3ea594aa1c0c818");
+        assert!(!stripe.contains("wf-1"), "reveals neither scope nor key");
+    }
+}
