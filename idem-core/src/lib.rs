@@ -10,6 +10,7 @@ pub mod machine;
 pub mod memory;
 pub mod outcome;
 pub mod policy;
+pub mod reconcile;
 pub mod record;
 pub mod store;
 pub mod token;
@@ -25,6 +26,7 @@ pub use machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseA
 pub use memory::MemoryStore;
 pub use outcome::{Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};
+pub use reconcile::{Finding, Probe, PurgeReport, ReconcileReport, Reconciler, purge_expired_all};
 pub use record::{Record, RecordState};
 pub use store::{BoxError, KeyStore, StoreError};
 pub use token::Token;

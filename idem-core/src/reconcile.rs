@@ -1,0 +1,256 @@
+//! Reconciliation and purge: the way out for records stuck in `processing` (SPEC §6), and the
+//! garbage collection of expired ones.
+//!
+//! The seed's third case: the tool succeeded, the response write failed, the key says
+//! `processing` forever. Neither "pretend it did not happen" (a retry would do it twice) nor
+//! "stuck until a human reads the database". The [`Reconciler`] lists `processing` records whose
+//! lease has elapsed, takes each over with a fresh token (so the original holder, if it is still
+//! alive somewhere, is fenced out), asks a user-supplied [`Probe`] whether the effect happened
+//! downstream, and acts:
+//!
+//! | probe says | action |
+//! | --- | --- |
+//! | [`Finding::Happened`] with the outcome | completes the record with that outcome: retries replay it |
+//! | [`Finding::NotHappened`] | releases the record (`failed_retryable`): the next retry runs the operation |
+//! | [`Finding::Unknown`] | leaves it `processing` (under the reconciler's token and lease) and reports it |
+//!
+//! **The limit, honestly:** "not found" is only safe if the original holder can no longer act
+//! downstream. The store fences the *record*, not the external effect: a holder that is merely
+//! slow (a GC pause, a partition) may still perform its effect after the probe looked. That is
+//! what the lease must guarantee — set it above the tool's real worst case — and what holders
+//! doing long work must keep true by heartbeating ([`crate::Attempt::extend`]) and stopping when a
+//! heartbeat reports the claim lost. Pass the [`crate::downstream_key`] to the provider too, so
+//! the provider itself refuses a second effect.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
+use crate::{Clock, KeyStore, Outcome, Policy, Record, StalePolicy, StoreError, Timestamp};
+
+/// What a probe found downstream about one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// The effect happened; this is the answer to store (what the operation would have returned).
+    Happened(Outcome),
+    /// The effect did not happen (and, given the lease, cannot happen any more).
+    NotHappened,
+    /// The probe cannot tell (the downstream system is unavailable, say).
+    Unknown,
+}
+
+/// Asks the downstream system whether an operation's effect happened: e.g. "is there a ticket
+/// whose external id is `downstream_key(scope, key, "helpdesk")`?".
+#[async_trait]
+pub trait Probe: Send + Sync {
+    /// Looks `record`'s operation up downstream.
+    async fn probe(&self, record: &Record) -> Finding;
+}
+
+/// What one reconciliation pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Stale records examined.
+    pub examined: usize,
+    /// Completed with the probe's outcome.
+    pub completed: usize,
+    /// Released for a retry.
+    pub released: usize,
+    /// Left for later: the probe could not tell.
+    pub unknown: Vec<Record>,
+    /// Skipped: no longer stale when taken over (completed meanwhile, retried, expired, or taken
+    /// by another reconciler).
+    pub skipped: usize,
+}
+
+/// Settles stale `processing` records with a [`Probe`]; see the module docs.
+pub struct Reconciler<P> {
+    store: Arc<dyn KeyStore>,
+    clock: Arc<dyn Clock>,
+    policy: Policy,
+    probe: P,
+    batch: usize,
+    stale_for: Duration,
+}
+
+impl<P: Probe> Reconciler<P> {
+    /// A reconciler over `store` with `probe`. `policy` is the one the records were written with
+    /// (its lease is the reconciler's own lease while it probes; its ttl and cache policy apply
+    /// to the completion).
+    pub fn new(store: Arc<dyn KeyStore>, clock: Arc<dyn Clock>, policy: Policy, probe: P) -> Self {
+        Self {
+            store,
+            clock,
+            policy,
+            probe,
+            batch: 100,
+            stale_for: Duration::ZERO,
+        }
+    }
+
+    /// How many records one pass examines at most (default 100).
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// Only records whose lease ended at least this long ago (default: any elapsed lease).
+    pub fn stale_for(mut self, stale_for: Duration) -> Self {
+        self.stale_for = stale_for;
+        self
+    }
+
+    /// One pass: lists stale records and settles each.
+    pub async fn run_once(&self) -> Result<ReconcileReport, StoreError> {
+        let now = self.clock.now();
+        let stale = self
+            .store
+            .list_in_flight(now - self.stale_for, self.batch)
+            .await?;
+        let mut report = ReconcileReport::default();
+        for record in stale {
+            report.examined += 1;
+            self.settle(record, &mut report).await?;
+        }
+        Ok(report)
+    }
+
+    async fn settle(&self, record: Record, report: &mut ReconcileReport) -> Result<(), StoreError> {
+        let takeover = self
+            .policy
+            .to_builder()
+            .stale(StalePolicy::Takeover)
+            .build()
+            .expect("the same policy with another stale policy is valid");
+        let now = self.clock.now();
+        // Take the record over first: from here on the original holder is fenced out.
+        let answer = self
+            .store
+            .claim(
+                &record.scope,
+                &record.key,
+                &record.fingerprint,
+                &takeover,
+                now,
+            )
+            .await?;
+        let ClaimAnswer::Claimed { token, .. } = answer else {
+            tracing::info!(name: "reconcile_skipped", scope = %record.scope, key = %record.key, ?answer, "no longer stale");
+            report.skipped += 1;
+            return Ok(());
+        };
+        let taken = Record { token, ..record };
+        match self.probe.probe(&taken).await {
+            Finding::Happened(outcome) => {
+                let now = self.clock.now();
+                match self
+                    .store
+                    .complete(&taken.scope, &taken.key, token, &outcome, &self.policy, now)
+                    .await?
+                {
+                    CompleteAnswer::Fenced => report.skipped += 1,
+                    _ => {
+                        tracing::info!(name: "completed", scope = %taken.scope, key = %taken.key, status = outcome.status(), "reconciled: the effect happened; outcome stored");
+                        report.completed += 1;
+                    }
+                }
+            }
+            Finding::NotHappened => {
+                let now = self.clock.now();
+                match self
+                    .store
+                    .release(&taken.scope, &taken.key, token, now)
+                    .await?
+                {
+                    ReleaseAnswer::Released => {
+                        tracing::info!(name: "released", scope = %taken.scope, key = %taken.key, "reconciled: the effect did not happen; released for a retry");
+                        report.released += 1;
+                    }
+                    ReleaseAnswer::Fenced => report.skipped += 1,
+                }
+            }
+            Finding::Unknown => {
+                tracing::warn!(name: "reconcile_unknown", scope = %taken.scope, key = %taken.key, "reconciliation: the probe cannot tell; left processing");
+                report.unknown.push(taken);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a pass every `interval` until the returned future is dropped. `sleep` is the
+    /// runtime's sleep (e.g. `tokio::time::sleep`); spawn the future as a task. A failed pass is
+    /// logged and the next one runs on schedule.
+    pub async fn run_periodically<S, F>(&self, interval: Duration, sleep: S)
+    where
+        S: Fn(Duration) -> F,
+        F: Future<Output = ()>,
+    {
+        loop {
+            match self.run_once().await {
+                Ok(report) if report.examined > 0 => tracing::info!(
+                    examined = report.examined,
+                    completed = report.completed,
+                    released = report.released,
+                    unknown = report.unknown.len(),
+                    skipped = report.skipped,
+                    "reconciliation pass"
+                ),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "reconciliation pass failed"),
+            }
+            sleep(interval).await;
+        }
+    }
+}
+
+impl<P> std::fmt::Debug for Reconciler<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("store", &self.store)
+            .field("batch", &self.batch)
+            .field("stale_for", &self.stale_for)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a purge did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Records deleted.
+    pub deleted: usize,
+    /// Batches run.
+    pub batches: usize,
+    /// Whether it stopped at the deadline with expired records possibly left.
+    pub stopped_at_deadline: bool,
+}
+
+/// Deletes the records expired at `now` in batches of `batch` until a batch comes back short or
+/// `deadline` (on `clock`) passes; `on_batch` sees the running total after each batch (for a
+/// progress bar). Usable as a periodic task.
+pub async fn purge_expired_all(
+    store: &dyn KeyStore,
+    clock: &dyn Clock,
+    batch: usize,
+    deadline: Option<Timestamp>,
+    mut on_batch: impl FnMut(&PurgeReport),
+) -> Result<PurgeReport, StoreError> {
+    let batch = batch.max(1);
+    let now = clock.now();
+    let mut report = PurgeReport::default();
+    loop {
+        if deadline.is_some_and(|d| clock.now() >= d) {
+            report.stopped_at_deadline = true;
+            return Ok(report);
+        }
+        let n = store.purge_expired(now, batch).await?;
+        report.deleted += n;
+        report.batches += 1;
+        on_batch(&report);
+        if n < batch {
+            return Ok(report);
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Reconciliation settles stale claims by asking the downstream system; purge empties expired
+//! records in batches. Effects are counted downstream.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::machine::{ClaimAnswer, CompleteAnswer};
+use idem_core::{
+    Clock, Executor, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
+    Outcome, Policy, Probe, Reconciler, Record, RecordState, Scope, StalePolicy, Timestamp,
+    async_trait, downstream_key, purge_expired_all,
+};
+use serde_json::json;
+
+/// The downstream system: tickets by their external (downstream) key.
+#[derive(Default, Clone)]
+struct Helpdesk {
+    tickets: Arc<Mutex<HashMap<String, String>>>,
+    reachable: Arc<Mutex<bool>>,
+}
+
+#[async_trait]
+impl Probe for Helpdesk {
+    async fn probe(&self, record: &Record) -> Finding {
+        if !*self.reachable.lock().unwrap() {
+            return Finding::Unknown;
+        }
+        let external = downstream_key(&record.scope, &record.key, "helpdesk");
+        match self.tickets.lock().unwrap().get(&external) {
+            Some(id) => {
+                Finding::Happened(Outcome::definitive(201, &json!({"ticket_id": id})).unwrap())
+            }
+            None => Finding::NotHappened,
+        }
+    }
+}
+
+struct World {
+    store: MemoryStore,
+    clock: ManualClock,
+    policy: Policy,
+    helpdesk: Helpdesk,
+    scope: Scope,
+    fp: Fingerprint,
+}
+
+fn world() -> World {
+    let helpdesk = Helpdesk::default();
+    *helpdesk.reachable.lock().unwrap() = true;
+    World {
+        store: MemoryStore::new(),
+        clock: ManualClock::new(Timestamp::from_millis(1_700_000_000_000)),
+        policy: Policy::builder()
+            .lease(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+        helpdesk,
+        scope: Scope::new("tenant/create_ticket").unwrap(),
+        fp: Fingerprint::of("create_ticket", &json!({"title": "x"})).unwrap(),
+    }
+}
+
+impl World {
+    fn reconciler(&self) -> Reconciler<Helpdesk> {
+        Reconciler::new(
+            Arc::new(self.store.clone()),
+            Arc::new(self.clock.clone()),
+            self.policy,
+            self.helpdesk.clone(),
+        )
+    }
+
+    /// A holder that claims `key`, maybe does the effect downstream, and then dies.
+    async fn crashed_holder(
+        &self,
+        key: &str,
+        did_effect: bool,
+    ) -> (IdempotencyKey, idem_core::Token) {
+        let key = IdempotencyKey::new(key).unwrap();
+        let ClaimAnswer::Claimed { token, .. } = self
+            .store
+            .claim(&self.scope, &key, &self.fp, &self.policy, self.clock.now())
+            .await
+            .unwrap()
+        else {
+            panic!("claim")
+        };
+        if did_effect {
+            let external = downstream_key(&self.scope, &key, "helpdesk");
+            self.helpdesk
+                .tickets
+                .lock()
+                .unwrap()
+                .insert(external, "T-1".into());
+        }
+        (key, token)
+    }
+
+    fn executor(&self) -> Executor {
+        Executor::new(self.store.clone())
+            .with_policy(self.policy)
+            .with_clock(self.clock.clone())
+    }
+
+    fn effects(&self) -> usize {
+        self.helpdesk.tickets.lock().unwrap().len()
+    }
+}
+
+#[tokio::test]
+async fn an_effect_that_happened_is_completed_and_replays() {
+    let w = world();
+    let (key, old) = w.crashed_holder("k-happened", true).await;
+    // Before the lease ends there is nothing to reconcile.
+    assert_eq!(w.reconciler().run_once().await.unwrap().examined, 0);
+    w.clock.advance(Duration::from_secs(31));
+    let report = w.reconciler().run_once().await.unwrap();
+    assert_eq!((report.examined, report.completed), (1, 1));
+    let r = w
+        .store
+        .get(&w.scope, &key, w.clock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.state, RecordState::Completed);
+    // The retry replays the reconciled answer; no second ticket.
+    let again = w
+        .executor()
+        .run(&w.scope, &key, &w.fp, |_| async {
+            unreachable!("replayed")
+        })
+        .await
+        .unwrap();
+    assert!(again.is_replay());
+    assert_eq!(again.outcome().body_json()["ticket_id"], "T-1");
+    assert_eq!(w.effects(), 1);
+    // The original holder, waking up late, is fenced.
+    let late = Outcome::definitive(201, &json!({"ticket_id": "T-late"})).unwrap();
+    assert_eq!(
+        w.store
+            .complete(&w.scope, &key, old, &late, &w.policy, w.clock.now())
+            .await
+            .unwrap(),
+        CompleteAnswer::Fenced
+    );
+}
+
+#[tokio::test]
+async fn an_effect_that_did_not_happen_is_released_and_runs_once_on_retry() {
+    let w = world();
+    let (key, _) = w.crashed_holder("k-not", false).await;
+    w.clock.advance(Duration::from_secs(31));
+    let report = w.reconciler().run_once().await.unwrap();
+    assert_eq!((report.examined, report.released), (1, 1));
+    assert_eq!(
+        w.store
+            .get(&w.scope, &key, w.clock.now())
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        RecordState::FailedRetryable
+    );
+    let helpdesk = w.helpdesk.clone();
+    let (scope, k2) = (w.scope.clone(), key.clone());
+    let run = w
+        .executor()
+        .run(&w.scope, &key, &w.fp, |_| async move {
+            helpdesk
+                .tickets
+                .lock()
+                .unwrap()
+                .insert(downstream_key(&scope, &k2, "helpdesk"), "T-2".into());
+            Outcome::definitive(201, &json!({"ticket_id": "T-2"})).unwrap()
+        })
+        .await
+        .unwrap();
+    assert!(!run.is_replay());
+    assert_eq!(w.effects(), 1, "exactly one ticket");
+}
+
+#[tokio::test]
+async fn unknown_is_left_and_reported_with_the_original_holder_fenced() {
+    let w = world();
+    *w.helpdesk.reachable.lock().unwrap() = false;
+    let (key, old) = w.crashed_holder("k-unknown", true).await;
+    w.clock.advance(Duration::from_secs(31));
+    let report = w.reconciler().run_once().await.unwrap();
+    assert_eq!(report.unknown.len(), 1);
+    assert_eq!(report.unknown[0].key, key);
+    let r = w
+        .store
+        .get(&w.scope, &key, w.clock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.state, RecordState::Processing, "left processing");
+    assert_ne!(r.token, old, "taken over: the original holder is fenced");
+    // A retry meanwhile is in flight, not a second effect.
+    let err = w
+        .executor()
+        .run(&w.scope, &key, &w.fp, |_| async { unreachable!() })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, idem_core::Error::InFlight { .. }));
+    // Once the helpdesk answers, the next pass (after the reconciler's own lease) settles it.
+    *w.helpdesk.reachable.lock().unwrap() = true;
+    w.clock.advance(Duration::from_secs(31));
+    let report = w.reconciler().run_once().await.unwrap();
+    assert_eq!(report.completed, 1);
+    assert_eq!(w.effects(), 1);
+}
+
+#[tokio::test]
+async fn a_claim_taken_over_elsewhere_is_not_reconciled() {
+    let w = world();
+    let (key, _) = w.crashed_holder("k-moved", false).await;
+    w.clock.advance(Duration::from_secs(31));
+    // Another process took it over first: its lease runs, so the record is not stale.
+    let takeover = w
+        .policy
+        .to_builder()
+        .stale(StalePolicy::Takeover)
+        .build()
+        .unwrap();
+    let answer = w
+        .store
+        .claim(&w.scope, &key, &w.fp, &takeover, w.clock.now())
+        .await
+        .unwrap();
+    assert!(matches!(answer, ClaimAnswer::Claimed { .. }));
+    let report = w.reconciler().run_once().await.unwrap();
+    assert_eq!(
+        report,
+        idem_core::ReconcileReport::default(),
+        "a running lease is left alone"
+    );
+}
+
+#[tokio::test]
+async fn purge_runs_batches_until_none_are_left_and_keeps_live_records() {
+    let w = world();
+    let short = Policy::builder()
+        .lease(Duration::from_secs(1))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    for i in 0..5 {
+        let key = IdempotencyKey::new(format!("old-{i}")).unwrap();
+        w.store
+            .claim(&w.scope, &key, &w.fp, &short, w.clock.now())
+            .await
+            .unwrap();
+    }
+    w.clock.advance(Duration::from_secs(61));
+    for i in 0..2 {
+        let key = IdempotencyKey::new(format!("live-{i}")).unwrap();
+        w.store
+            .claim(&w.scope, &key, &w.fp, &short, w.clock.now())
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let report = purge_expired_all(&w.store, &w.clock, 2, None, |r| seen.push(r.deleted))
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.deleted, report.batches, report.stopped_at_deadline),
+        (5, 3, false)
+    );
+    assert_eq!(seen, [2, 4, 5], "progress after each batch");
+    assert_eq!(w.store.len(), 2, "live records stay");
+    // A deadline already passed stops before deleting anything.
+    let stopped = purge_expired_all(&w.store, &w.clock, 2, Some(w.clock.now()), |_| {})
+        .await
+        .unwrap();
+    assert!(stopped.stopped_at_deadline);
+    assert_eq!(stopped.deleted, 0);
+}
