@@ -104,7 +104,9 @@ impl TestServer {
             return false;
         }
         let mut buf = [0u8; 64];
-        matches!(s.read(&mut buf).await, Ok(n) if buf[..n].starts_with(b"+PONG"))
+        // NOAUTH: up, and guarded by a password. LOADING: still reading its data.
+        matches!(s.read(&mut buf).await,
+            Ok(n) if buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
     }
 }
 

@@ -1,0 +1,203 @@
+//! The store's own promises beyond the suite, against servers the tests start themselves (so
+//! their settings and key space are known): the configuration check, native expiry relative to
+//! the caller's clock, and a `Debug` without credentials.
+
+mod common;
+
+use std::time::Duration;
+
+use common::server::TestServer;
+use idem_core::{ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Policy, Scope, Timestamp};
+use idem_store_redis::{ConfigWarning, RedisStore, redis};
+
+fn fingerprint() -> Fingerprint {
+    Fingerprint::of("charge", &serde_json::json!({"cents": 500})).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_check_warns_about_eviction_and_missing_persistence() {
+    let Some(server) = TestServer::start(&[
+        "--maxmemory",
+        "100mb",
+        "--maxmemory-policy",
+        "allkeys-lru",
+        "--appendonly",
+        "no",
+        "--save",
+        "",
+    ])
+    .await
+    else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let report = store.migrate().await.unwrap();
+    assert!(!report.is_safe());
+    assert_eq!(report.nodes.len(), 1);
+    let node = &report.nodes[0];
+    assert_eq!(node.maxmemory_policy.as_deref(), Some("allkeys-lru"));
+    assert_eq!(node.maxmemory, Some(100 * 1024 * 1024));
+    assert_eq!(node.appendonly, Some(false));
+    assert!(
+        matches!(
+            &report.warnings[..],
+            [ConfigWarning::Eviction { policy, .. }, ConfigWarning::NoPersistence { .. }]
+                if policy == "allkeys-lru"
+        ),
+        "{:?}",
+        report.warnings
+    );
+    // The warnings say what to do.
+    assert!(report.warnings[0].to_string().contains("noeviction"));
+
+    let Some(server) =
+        TestServer::start(&["--maxmemory-policy", "volatile-lru", "--save", "900 1"]).await
+    else {
+        return;
+    };
+    let report = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .check_config()
+        .await
+        .unwrap();
+    // Records carry a native expiry, so volatile-* can evict them too.
+    assert!(matches!(
+        &report.warnings[..],
+        [
+            ConfigWarning::Eviction { .. },
+            ConfigWarning::SnapshotsOnly { .. }
+        ]
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_check_passes_a_durable_server() {
+    let Some(server) = TestServer::start(&[
+        "--maxmemory-policy",
+        "noeviction",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+    ])
+    .await
+    else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let report = store.migrate().await.unwrap();
+    assert!(report.is_safe(), "{:?}", report.warnings);
+    assert_eq!(report.nodes[0].appendfsync.as_deref(), Some("always"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_check_covers_every_master_of_a_cluster() {
+    let Some(urls) = common::cluster_urls() else {
+        return;
+    };
+    let store = RedisStore::connect_cluster(&urls).await.unwrap();
+    let report = store.check_config().await.unwrap();
+    assert_eq!(report.nodes.len(), 3, "{report:?}");
+    // scripts/test's cluster runs without persistence, so each master is reported.
+    for node in &report.nodes {
+        assert!(node.maxmemory_policy.is_some(), "{node:?}");
+    }
+}
+
+/// Native expiry is set relative to the caller's `now` (ttl + margin from the write), so a caller
+/// whose clock is decades in the past or the future neither loses its record at once nor keeps
+/// it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_expiry_is_relative_to_the_callers_clock() {
+    let Some(server) = TestServer::start(&[]).await else {
+        return;
+    };
+    let margin = Duration::from_secs(600);
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_gc_margin(margin);
+    let policy = Policy::builder()
+        .ttl(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let scope = Scope::new("expiry").unwrap();
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let year = 365 * 24 * 3600 * 1000;
+    for (name, now) in [
+        ("past", Timestamp::from_millis(5 * year)),
+        ("future", Timestamp::from_millis(230 * year)),
+    ] {
+        let key = IdempotencyKey::new(name).unwrap();
+        let answer = store
+            .claim(&scope, &key, &fingerprint(), &policy, now)
+            .await
+            .unwrap();
+        assert!(matches!(answer, ClaimAnswer::Claimed { .. }));
+        let records: Vec<String> = redis::cmd("KEYS")
+            .arg("idem:*:r:*")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let mut ttls = Vec::new();
+        for record in &records {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(record)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            ttls.push(ttl);
+        }
+        let expected = (3600 + 600) * 1000;
+        assert!(
+            ttls.iter()
+                .all(|t| *t > expected - 60_000 && *t <= expected),
+            "{name}: native ttls {ttls:?}, expected about {expected} ms"
+        );
+        assert!(store.get(&scope, &key, now).await.unwrap().is_some());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_never_prints_the_password() {
+    let Some(server) = TestServer::start(&["--requirepass", "s3cret-pa55"]).await else {
+        return;
+    };
+    let url = server.url().replace("redis://", "redis://:s3cret-pa55@");
+    let store = RedisStore::connect(&url).await.unwrap();
+    let debug = format!("{store:?}");
+    assert!(!debug.contains("s3cret"), "{debug}");
+    assert!(debug.contains("127.0.0.1"), "{debug}");
+    assert_eq!(store.backend(), "redis");
+    // And it works through the password.
+    let key = IdempotencyKey::new("k").unwrap();
+    let scope = Scope::new("auth").unwrap();
+    let now = Timestamp::now();
+    assert!(matches!(
+        store
+            .claim(&scope, &key, &fingerprint(), &Policy::default(), now)
+            .await
+            .unwrap(),
+        ClaimAnswer::Claimed { .. }
+    ));
+}
+
+#[test]
+fn prefixes_that_would_break_the_hash_tag_are_refused() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(server) = rt.block_on(TestServer::start(&[])) else {
+        return;
+    };
+    let store = rt.block_on(RedisStore::connect(&server.url())).unwrap();
+    assert!(store.clone().with_prefix("a{b").is_err());
+    assert!(store.clone().with_prefix("").is_err());
+    assert_eq!(store.with_prefix("app:idem").unwrap().prefix(), "app:idem");
+}
