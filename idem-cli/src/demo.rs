@@ -138,7 +138,8 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
     let url = format!("{base}/tools/create_ticket");
     let patient = RetryPolicy {
         attempt_timeout: min_deadline + Duration::from_millis(500),
-        overall_deadline: min_deadline * 3,
+        // Room for a crashed holder: its lease, then a takeover or a reconciliation, then a run.
+        overall_deadline: min_deadline * 4,
         initial_backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(500),
         allow_short_attempts: false,

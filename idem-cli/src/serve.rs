@@ -18,8 +18,12 @@ use idem_core::{
     Attempt, Clock, CompleteAnswer, Executor, KeyStore, Outcome, OutcomeClass, Policy, StoreError,
     SystemClock, Timestamp,
 };
+use idem_core::{Finding, Probe, Reconciler};
 use idem_http::IdempotencyLayer;
 use idem_store_postgres::PostgresStore;
+use idem_store_redis::RedisStore;
+use idem_store_redis::redis::AsyncCommands;
+use idem_store_redis::redis::aio::ConnectionManager;
 use idem_store_sqlite::SqliteStore;
 use idem_store_sqlite::rusqlite::{self, TransactionBehavior};
 use serde_json::{Value, json};
@@ -74,17 +78,74 @@ impl ServeOptions {
 }
 
 /// The database the records and the tickets share.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Backend {
     /// An SQLite file.
     Sqlite(SqliteStore),
     /// A PostgreSQL database.
     Postgres(PostgresStore),
+    /// A Redis server. Tickets cannot share a transaction with the record here: the ticket is
+    /// written, then the layer completes the record; a holder that dies in between leaves a
+    /// `processing` record that the reconciler settles by looking the ticket up.
+    Redis {
+        /// The record store.
+        store: RedisStore,
+        /// A connection for the tickets.
+        tickets: ConnectionManager,
+    },
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sqlite(s) => s.fmt(f),
+            Self::Postgres(s) => s.fmt(f),
+            Self::Redis { store, .. } => store.fmt(f),
+        }
+    }
 }
 
 enum Created {
-    Ticket(Outcome),
+    /// The ticket exists; `recorded` says whether its record was completed with it.
+    Ticket {
+        outcome: Outcome,
+        recorded: bool,
+    },
     Fenced,
+}
+
+/// Where a Redis backend keeps tickets: per tenant, the list of the keys of its tickets (one
+/// entry per ticket, so duplicates show), and the ticket of each (scope, key) for the probe.
+fn redis_tickets_key(tenant: &str) -> String {
+    format!("idem-demo:tickets:{{{tenant}}}")
+}
+
+const REDIS_TICKET_OF: &str = "idem-demo:ticket-of";
+
+fn redis_ticket_field(scope: &idem_core::Scope, key: &str) -> String {
+    format!("{}\n{key}", scope.as_str())
+}
+
+/// The reconciler's probe on a Redis backend: is there a ticket for this (scope, key)?
+struct RedisTicketProbe(ConnectionManager);
+
+#[idem_core::async_trait]
+impl Probe for RedisTicketProbe {
+    async fn probe(&self, record: &idem_core::Record) -> Finding {
+        let mut conn = self.0.clone();
+        let found: Result<Option<String>, _> = conn
+            .hget(
+                REDIS_TICKET_OF,
+                redis_ticket_field(&record.scope, record.key.as_str()),
+            )
+            .await;
+        match found {
+            Ok(Some(body)) => Outcome::from_json_text(201, body, OutcomeClass::Definitive)
+                .map_or(Finding::Unknown, Finding::Happened),
+            Ok(None) => Finding::NotHappened,
+            Err(_) => Finding::Unknown,
+        }
+    }
 }
 
 impl Backend {
@@ -101,8 +162,16 @@ impl Backend {
                 store.migrate().await?;
                 Self::Postgres(store)
             }
-            StoreUrl::Redis(_) => {
-                return Err("redis:// stores cannot hold the reference server's tickets in the same transaction as the record; use sqlite:// or postgres://".into());
+            StoreUrl::Redis(url) => {
+                let store = RedisStore::connect(url).await?;
+                let report = store.migrate().await?;
+                for warning in &report.warnings {
+                    tracing::warn!(%warning, "redis configuration");
+                }
+                let tickets = idem_store_redis::redis::Client::open(url.as_str())?
+                    .get_connection_manager()
+                    .await?;
+                Self::Redis { store, tickets }
             }
         };
         backend.create_tickets_table().await?;
@@ -114,6 +183,7 @@ impl Backend {
         match self {
             Self::Sqlite(s) => Arc::new(s.clone()),
             Self::Postgres(s) => Arc::new(s.clone()),
+            Self::Redis { store, .. } => Arc::new(store.clone()),
         }
     }
 
@@ -146,6 +216,7 @@ impl Backend {
                 .execute(s.pool())
                 .await?;
             }
+            Self::Redis { .. } => {}
         }
         Ok(())
     }
@@ -172,6 +243,10 @@ impl Backend {
                 .fetch_one(s.pool())
                 .await?
             }
+            Self::Redis { tickets, .. } => {
+                let n: i64 = tickets.clone().llen(redis_tickets_key(tenant)).await?;
+                n
+            }
         })
     }
 
@@ -193,6 +268,12 @@ impl Backend {
                     Ok::<_, rusqlite::Error>(c.last_insert_rowid())
                 })
                 .await??
+            }
+            Self::Redis { tickets, .. } => {
+                let mut conn = tickets.clone();
+                let id: i64 = conn.incr("idem-demo:ticket-seq", 1).await?;
+                let _: () = conn.rpush(redis_tickets_key(&ticket.tenant), key).await?;
+                id
             }
             Self::Postgres(s) => {
                 let [a, b, c, d, e] = fields;
@@ -224,6 +305,17 @@ impl Backend {
                     .bind(tenant)
                     .fetch_one(s.pool())
                     .await?
+            }
+            Self::Redis { tickets, .. } => {
+                let keys: Vec<String> = tickets
+                    .clone()
+                    .lrange(redis_tickets_key(tenant), 0, -1)
+                    .await?;
+                let mut counts = std::collections::HashMap::new();
+                for key in keys {
+                    *counts.entry(key).or_insert(0) += 1;
+                }
+                counts.values().filter(|n| **n > 1).count() as i64
             }
         })
     }
@@ -258,7 +350,10 @@ impl Backend {
                             CompleteAnswer::Fenced => Ok(Created::Fenced), // dropped: rolled back
                             _ => {
                                 tx.commit().map_err(db)?;
-                                Ok(Created::Ticket(outcome))
+                                Ok(Created::Ticket {
+                                    outcome,
+                                    recorded: true,
+                                })
                             }
                         }
                     })
@@ -291,9 +386,37 @@ impl Backend {
                     }
                     _ => {
                         tx.commit().await.map_err(db)?;
-                        Ok(Created::Ticket(outcome))
+                        Ok(Created::Ticket {
+                            outcome,
+                            recorded: true,
+                        })
                     }
                 }
+            }
+            Self::Redis { tickets, .. } => {
+                let db = |e: idem_store_redis::redis::RedisError| {
+                    StoreError::unavailable("redis: tickets", e)
+                };
+                let mut conn = tickets.clone();
+                let id: i64 = conn.incr("idem-demo:ticket-seq", 1).await.map_err(db)?;
+                let outcome = ticket.outcome(id);
+                let _: () = idem_store_redis::redis::pipe()
+                    .atomic()
+                    .rpush(redis_tickets_key(&ticket.tenant), key.as_str())
+                    .hset(
+                        REDIS_TICKET_OF,
+                        redis_ticket_field(&scope, key.as_str()),
+                        outcome.body(),
+                    )
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(db)?;
+                // Not recorded: the layer completes the record after this answer.
+                let _ = (token, policy, now);
+                Ok(Created::Ticket {
+                    outcome,
+                    recorded: false,
+                })
             }
         }
     }
@@ -349,14 +472,30 @@ pub fn tools(options: &ServeOptions) -> Value {
 
 /// The server's router on `backend`.
 pub fn router(backend: Backend, options: ServeOptions) -> Router {
-    // Takeover is safe here, and only because the ticket and the completion commit together: a
-    // record still `processing` after its lease means its holder never committed, so no ticket
-    // exists, and a late holder is fenced inside its own transaction (which then rolls back).
+    // On SQL stores, Takeover is safe, and only because the ticket and the completion commit
+    // together: a record still `processing` after its lease means its holder never committed, so
+    // no ticket exists, and a late holder is fenced inside its own transaction (which then rolls
+    // back). On Redis the ticket is written before the record is completed, so a stale record
+    // is left to the reconciler, which looks the ticket up.
+    let stale = match backend {
+        Backend::Redis { .. } => idem_core::StalePolicy::Reconcile,
+        _ => idem_core::StalePolicy::Takeover,
+    };
     let policy = Policy::builder()
         .lease(options.min_client_deadline())
-        .stale(idem_core::StalePolicy::Takeover)
+        .stale(stale)
         .build()
         .expect("a lease under the default ttl");
+    if let Backend::Redis { tickets, .. } = &backend {
+        let reconciler = Reconciler::new(
+            backend.store(),
+            options.clock.clone(),
+            policy,
+            RedisTicketProbe(tickets.clone()),
+        );
+        let every = policy.lease() / 2;
+        tokio::spawn(async move { reconciler.run_periodically(every, tokio::time::sleep).await });
+    }
     let executor = Executor::from_arc(backend.store())
         .with_policy(policy)
         .with_clock(options.clock.clone())
@@ -507,8 +646,10 @@ async fn create_ticket(
         .create_ticket(&attempt, ticket, app.policy, now)
         .await
     {
-        Ok(Created::Ticket(outcome)) => {
-            attempt.mark_recorded();
+        Ok(Created::Ticket { outcome, recorded }) => {
+            if recorded {
+                attempt.mark_recorded();
+            }
             (
                 StatusCode::CREATED,
                 [(header::CONTENT_TYPE, "application/json")],

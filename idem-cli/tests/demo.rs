@@ -72,6 +72,17 @@ async fn demo_on_postgres() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn demo_on_redis() {
+    match std::env::var("IDEM_TEST_REDIS_URL") {
+        Ok(url) => check(StoreUrl::Redis(url)).await,
+        Err(_) if std::env::var_os("CI").is_some() => {
+            panic!("IDEM_TEST_REDIS_URL is not set under CI: run scripts/test")
+        }
+        Err(_) => eprintln!("skipped: IDEM_TEST_REDIS_URL is not set (scripts/test sets it)"),
+    }
+}
+
 #[test]
 fn the_binary_prints_the_table_and_exits_zero() {
     let (store, dir) = temp_sqlite();

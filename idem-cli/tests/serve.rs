@@ -48,16 +48,23 @@ async fn start(backend: &str, latency: Duration) -> Option<Server> {
             std::fs::create_dir_all(&dir).unwrap();
             (StoreUrl::Sqlite(dir.join("idem.db")), Some(TempDir(dir)))
         }
-        _ => match std::env::var("IDEM_TEST_POSTGRES_URL") {
-            Ok(url) => (StoreUrl::Postgres(url), None),
-            Err(_) if std::env::var_os("CI").is_some() => {
-                panic!("IDEM_TEST_POSTGRES_URL is not set under CI: run scripts/test")
+        server => {
+            let var = match server {
+                "postgres" => "IDEM_TEST_POSTGRES_URL",
+                _ => "IDEM_TEST_REDIS_URL",
+            };
+            match std::env::var(var) {
+                Ok(url) if server == "postgres" => (StoreUrl::Postgres(url), None),
+                Ok(url) => (StoreUrl::Redis(url), None),
+                Err(_) if std::env::var_os("CI").is_some() => {
+                    panic!("{var} is not set under CI: run scripts/test")
+                }
+                Err(_) => {
+                    eprintln!("skipped: {var} is not set (scripts/test sets it)");
+                    return None;
+                }
             }
-            Err(_) => {
-                eprintln!("skipped: IDEM_TEST_POSTGRES_URL is not set (scripts/test sets it)");
-                return None;
-            }
-        },
+        }
     };
     let backend = Backend::open(&url).await.expect("store opens");
     let clock = ManualClock::starting_now();
@@ -299,6 +306,16 @@ macro_rules! on_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     if let Some(s) = super::start("postgres", std::time::Duration::from_millis($latency_ms)).await {
+                        super::$name(s).await;
+                    }
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(s) = super::start("redis", std::time::Duration::from_millis($latency_ms)).await {
                         super::$name(s).await;
                     }
                 }

@@ -17,6 +17,13 @@ pub mod postgres {
     pub use idem_store_postgres::*;
 }
 
+/// The Redis and Redis Cluster store.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis {
+    pub use idem_store_redis::*;
+}
+
 /// The tower layer for HTTP tools.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
