@@ -552,3 +552,85 @@ async fn store_down_is_503_and_the_tool_does_not_run() {
     .await;
     assert_eq!(s.tickets(), 0, "never a silent proceed");
 }
+
+/// A tool that fails retryably (503) on its first call and succeeds after.
+async fn flaky_server(layer_classify_503_definitive: bool) -> (String, Arc<Mutex<Vec<u16>>>) {
+    let calls: Arc<Mutex<Vec<u16>>> = Arc::default();
+    let executor = Executor::new(MemoryStore::new()).with_spawner(|t| {
+        tokio::spawn(t);
+    });
+    let mut layer = IdempotencyLayer::new(executor, |_| Ok("public".into()));
+    if layer_classify_503_definitive {
+        layer = layer.classify_with(|status| {
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                idem_core::OutcomeClass::Definitive
+            } else {
+                idem_http::default_classify(status)
+            }
+        });
+    }
+    let seen = calls.clone();
+    let tool = move || {
+        let seen = seen.clone();
+        async move {
+            let mut calls = seen.lock().unwrap();
+            let status = if calls.is_empty() { 503 } else { 201 };
+            calls.push(status);
+            (
+                StatusCode::from_u16(status).unwrap(),
+                axum::Json(json!({"n": calls.len()})),
+            )
+        }
+    };
+    let app = Router::new().route("/tool", post(tool)).route_layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/tool", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, calls)
+}
+
+#[tokio::test]
+async fn a_retryable_answer_lets_the_next_request_run_again() {
+    let (url, calls) = flaky_server(false).await;
+    let first = post_json(&url, Some("k-f"), None, "{}".into()).await;
+    assert_eq!(first.status(), 503, "the tool's own answer passes through");
+    let second = post_json(&url, Some("k-f"), None, "{}".into()).await;
+    assert_eq!(
+        second.status(),
+        201,
+        "5xx is retryable by default: the tool ran again"
+    );
+    assert!(second.headers().get("idempotency-replayed").is_none());
+    let third = post_json(&url, Some("k-f"), None, "{}".into()).await;
+    assert_eq!(
+        (
+            third.status().as_u16(),
+            third.headers()["idempotency-replayed"].to_str().unwrap()
+        ),
+        (201, "true")
+    );
+    assert_eq!(
+        *calls.lock().unwrap(),
+        [503, 201],
+        "two executions, the success once"
+    );
+}
+
+#[tokio::test]
+async fn classification_is_overridable() {
+    let (url, calls) = flaky_server(true).await;
+    assert_eq!(
+        post_json(&url, Some("k-c"), None, "{}".into())
+            .await
+            .status(),
+        503
+    );
+    let again = post_json(&url, Some("k-c"), None, "{}".into()).await;
+    assert_eq!(
+        again.status(),
+        503,
+        "503 classified definitive: it is the answer for good"
+    );
+    assert_eq!(again.headers()["idempotency-replayed"], "true");
+    assert_eq!(*calls.lock().unwrap(), [503], "the tool ran once");
+}
