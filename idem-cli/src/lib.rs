@@ -1,5 +1,6 @@
 //! The `idem` binary's library: the reference tool server and store URLs, usable from tests.
 
 pub mod demo;
+pub mod ops;
 pub mod serve;
 pub mod store_url;

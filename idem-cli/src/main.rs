@@ -1,13 +1,16 @@
-//! `idem`: the reference tool server (and, as issues land, the demo and operator commands).
+//! `idem`: the reference tool server, the demo, and operator commands on any store URL.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use idem_cli::demo::{self, DemoOptions};
-use idem_cli::serve::{Backend, ServeOptions, router};
+use idem_cli::ops;
+use idem_cli::serve::{Backend, BoxError, ServeOptions, router};
 use idem_cli::store_url::StoreUrl;
+use idem_core::{IdempotencyKey, Scope};
 
 #[derive(Parser)]
 #[command(
@@ -24,7 +27,7 @@ struct Cli {
 enum Command {
     /// Serve the reference tool `POST /tools/create_ticket` behind the idempotency layer.
     Serve {
-        /// Where records and tickets live: sqlite://PATH (default), postgres://…
+        /// Where records and tickets live: sqlite://PATH (default), postgres://…, redis://…
         #[arg(long, env = "IDEM_STORE", default_value = "sqlite://idem.db")]
         store: StoreUrl,
         /// The address to listen on.
@@ -57,17 +60,81 @@ enum Command {
         #[arg(long)]
         without_idem: bool,
     },
+    /// Inspect and settle keys.
+    Keys {
+        /// The store: sqlite://PATH, postgres://…, redis://…
+        #[arg(long, env = "IDEM_STORE", default_value = "sqlite://idem.db")]
+        store: StoreUrl,
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Delete expired records in bounded batches until none are left.
+    Purge {
+        /// The store: sqlite://PATH, postgres://…, redis://…
+        #[arg(long, env = "IDEM_STORE", default_value = "sqlite://idem.db")]
+        store: StoreUrl,
+        /// Records per batch.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+    },
+    /// Run the public conformance suite against a live store (in scopes of its own) and print
+    /// pass/fail per case: does this PostgreSQL or Redis setup really give the guarantees?
+    Conformance {
+        /// The store: sqlite://PATH, postgres://…, redis://…
+        #[arg(long)]
+        store: StoreUrl,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Show one record, its outcome body pretty-printed.
+    Show {
+        /// The scope, e.g. `public/%2Ftools%2Fcreate_ticket`.
+        scope: Scope,
+        /// The key.
+        key: IdempotencyKey,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Settle a stuck key by hand: complete it with the outcome in FILE
+    /// (`{"status": 201, "body": {...}}`). Refuses a completed record and a running lease.
+    Resolve {
+        /// The scope.
+        scope: Scope,
+        /// The key.
+        key: IdempotencyKey,
+        /// A JSON file `{"status": …, "body": …}`.
+        #[arg(long)]
+        outcome: PathBuf,
+    },
+    /// Give a stuck key back so that the next retry runs the operation. Refuses a completed
+    /// record and a running lease.
+    Release {
+        /// The scope.
+        scope: Scope,
+        /// The key.
+        key: IdempotencyKey,
+    },
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo's table and the operator's answers are the point; per-call logs come with
+    // RUST_LOG=info.
+    let default_level = match cli.command {
+        Command::Serve { .. } => "info",
+        _ => "error",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve {
             store,
@@ -81,15 +148,21 @@ async fn main() -> ExitCode {
             tool_latency_ms,
             without_idem,
         } => {
-            demo(
-                store,
+            let options = DemoOptions {
+                store: store.unwrap_or_else(|| StoreUrl::Sqlite(PathBuf::new())),
                 operations,
                 concurrency,
-                tool_latency_ms,
-                without_idem,
-            )
-            .await
+                tool_latency: Duration::from_millis(tool_latency_ms),
+                progress: true,
+            };
+            run_demo(options, without_idem).await
         }
+        Command::Keys { store, command } => keys(store, command).await,
+        Command::Purge { store, batch } => match ops::open_store(&store).await {
+            Ok(s) => ops::purge(&*s, batch, true).await.map(|m| println!("{m}")),
+            Err(e) => Err(format!("cannot open the store {store}: {e}").into()),
+        },
+        Command::Conformance { store } => conformance(store).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -100,32 +173,57 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn demo(
-    store: Option<StoreUrl>,
-    operations: usize,
-    concurrency: usize,
-    latency_ms: u64,
-    without_idem: bool,
-) -> Result<(), idem_cli::serve::BoxError> {
-    let _temp;
-    let store = match store {
-        Some(store) => store,
-        None => {
-            let dir = std::env::temp_dir().join(format!("idem-demo-{}", std::process::id()));
-            std::fs::create_dir_all(&dir)?;
-            _temp = RemoveOnDrop(dir.clone());
-            StoreUrl::Sqlite(dir.join("demo.db"))
+async fn keys(store: StoreUrl, command: KeysCommand) -> Result<(), BoxError> {
+    let s = ops::open_store(&store)
+        .await
+        .map_err(|e| format!("cannot open the store {store}: {e}"))?;
+    let out = match command {
+        KeysCommand::Show { scope, key, json } => ops::show(&*s, &scope, &key, json).await?,
+        KeysCommand::Resolve {
+            scope,
+            key,
+            outcome,
+        } => {
+            let text = std::fs::read_to_string(&outcome)
+                .map_err(|e| format!("cannot read {}: {e}", outcome.display()))?;
+            let value = serde_json::from_str(&text)
+                .map_err(|e| format!("{} is not JSON: {e}", outcome.display()))?;
+            ops::resolve(&*s, &scope, &key, &value).await?
         }
+        KeysCommand::Release { scope, key } => ops::release(&*s, &scope, &key).await?,
     };
-    let mut options = DemoOptions {
-        store,
-        operations,
-        concurrency,
-        tool_latency: Duration::from_millis(latency_ms),
-        progress: true,
-    };
+    println!("{}", out.trim_end());
+    Ok(())
+}
+
+async fn conformance(store: StoreUrl) -> Result<(), BoxError> {
+    // Fail early and clearly if the store cannot be opened at all.
+    ops::open_store(&store)
+        .await
+        .map_err(|e| format!("cannot open the store {store}: {e}"))?;
+    // The suite runs each case on a runtime of its own: off this one.
+    let report = tokio::task::spawn_blocking(move || ops::conformance(store)).await?;
+    println!("{report}");
+    if report.failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} conformance cases failed", report.failed.len()).into())
+    }
+}
+
+async fn run_demo(mut options: DemoOptions, without_idem: bool) -> Result<(), BoxError> {
+    let _temp;
+    if options.store == StoreUrl::Sqlite(PathBuf::new()) {
+        let dir = std::env::temp_dir().join(format!("idem-demo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        _temp = RemoveOnDrop(dir.clone());
+        options.store = StoreUrl::Sqlite(dir.join("demo.db"));
+    }
     println!(
-        "idem demo: {operations} operations, {concurrency} at a time, tool latency {latency_ms} ms, store {}",
+        "idem demo: {} operations, {} at a time, tool latency {} ms, store {}",
+        options.operations,
+        options.concurrency,
+        options.tool_latency.as_millis(),
         options.store
     );
     println!(
@@ -133,8 +231,7 @@ async fn demo(
     );
     let with = demo::run(&options, true).await?;
     let without = if without_idem {
-        println!("the same traffic without idem:");
-        options.progress = true;
+        eprintln!("the same traffic without idem:");
         Some(demo::run(&options, false).await?)
     } else {
         None
@@ -155,7 +252,7 @@ async fn demo(
 }
 
 /// Removes a directory when dropped.
-struct RemoveOnDrop(std::path::PathBuf);
+struct RemoveOnDrop(PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
@@ -163,11 +260,7 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-async fn serve(
-    store: StoreUrl,
-    addr: SocketAddr,
-    latency_ms: u64,
-) -> Result<(), idem_cli::serve::BoxError> {
+async fn serve(store: StoreUrl, addr: SocketAddr, latency_ms: u64) -> Result<(), BoxError> {
     let backend = Backend::open(&store)
         .await
         .map_err(|e| format!("cannot open the store {store}: {e}"))?;

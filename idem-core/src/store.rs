@@ -264,3 +264,78 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
         "custom"
     }
 }
+
+/// A shared store is a store: `Arc<dyn KeyStore>` (or `Arc<S>`) goes wherever a `KeyStore` does.
+#[async_trait]
+impl<S: KeyStore + ?Sized> KeyStore for std::sync::Arc<S> {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
+        (**self).claim(scope, key, fingerprint, policy, now).await
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
+        (**self)
+            .complete(scope, key, token, outcome, policy, now)
+            .await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError> {
+        (**self).release(scope, key, token, now).await
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError> {
+        (**self).extend(scope, key, token, lease, now).await
+    }
+
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
+        (**self).get(scope, key, now).await
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        (**self).list_in_flight(older_than, limit).await
+    }
+
+    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+        (**self).purge_expired(now, limit).await
+    }
+
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+}
