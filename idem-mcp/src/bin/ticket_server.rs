@@ -1,0 +1,308 @@
+//! `idem-mcp-ticket-server`: an example MCP server with one side-effecting tool,
+//! `create_ticket` (`title`, `account_id`), made exactly-once by [`IdempotentTools`].
+//!
+//! ```text
+//! idem-mcp-ticket-server [--db PATH] [--http ADDR] [--latency-ms N] [--principal NAME]
+//! ```
+//!
+//! - Without `--http`: MCP over stdio (`params.idempotencyKey` lifted with `key::lift_lines`).
+//! - With `--http ADDR` (e.g. `127.0.0.1:8788`, port 0 picks one): streamable HTTP at
+//!   `http://ADDR/mcp`; the first line on stdout is `listening on http://ADDR/mcp`. The header
+//!   `x-tenant-id` names the principal: a stand-in for real authentication, which would insert
+//!   the [`Principal`] itself.
+//! - `--db PATH` (default `idem-mcp-tickets.sqlite3`): one SQLite file holds the idem records
+//!   and the `tickets` table; each ticket row and its record's completion commit in one
+//!   transaction, so a ticket exists if and only if its record is completed.
+//! - `--latency-ms N`: the tool works N ms before creating the ticket (real latency, for tests
+//!   of client timeouts).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{Attempt, CompleteAnswer, OutcomeClass, Policy, StalePolicy, StoreError};
+use idem_mcp::key::{lift_http_request, lift_lines};
+use idem_mcp::{IdempotentTools, Principal, ToolSettings};
+use idem_store_sqlite::SqliteStore;
+use idem_store_sqlite::rusqlite::{TransactionBehavior, params};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content, ErrorData,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_router};
+use serde_json::json;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the store write may cost, added to the processing window.
+const STORE_WRITE: Duration = Duration::from_millis(500);
+
+/// The tenant header the HTTP transport reads (a stand-in for authentication).
+const TENANT_HEADER: &str = "x-tenant-id";
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct NewTicket {
+    /// What the ticket is about.
+    title: String,
+    /// The customer account the ticket belongs to.
+    account_id: String,
+}
+
+#[derive(Clone)]
+struct TicketServer {
+    tool_router: ToolRouter<Self>,
+    idem: IdempotentTools,
+    store: SqliteStore,
+    policy: Policy,
+    latency: Duration,
+}
+
+#[tool_router]
+impl TicketServer {
+    #[tool(description = "Creates a support ticket for an account and returns its id.")]
+    async fn create_ticket(
+        &self,
+        Parameters(ticket): Parameters<NewTicket>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if ticket.title.trim().is_empty() || ticket.account_id.trim().is_empty() {
+            // A definitive business answer: recorded and replayed like a success.
+            return Ok(CallToolResult::error(vec![Content::text(
+                "title and account_id must be non-empty",
+            )]));
+        }
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        let Some(attempt) = context.extensions.get::<Attempt>().cloned() else {
+            return Err(ErrorData::internal_error(
+                "create_ticket runs only under an idempotency claim",
+                None,
+            ));
+        };
+        match self.insert_and_complete(&attempt, ticket).await {
+            Ok(Some(result)) => {
+                attempt.mark_recorded();
+                Ok(result)
+            }
+            Ok(None) => Err(ErrorData::internal_error(
+                "this attempt lost its claim to a newer one; no ticket was created",
+                None,
+            )),
+            Err(e) => {
+                tracing::error!(error = %e, "ticket not created");
+                Err(ErrorData::internal_error(
+                    "the ticket could not be stored; no ticket was created",
+                    None,
+                ))
+            }
+        }
+    }
+}
+
+impl TicketServer {
+    /// Inserts the ticket and completes the record in one transaction; `None` if fenced (rolled
+    /// back: no ticket).
+    async fn insert_and_complete(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+    ) -> Result<Option<CallToolResult>, StoreError> {
+        let (store, idem, policy) = (self.store.clone(), self.idem.clone(), self.policy);
+        let attempt = attempt.clone();
+        let now = idem.executor().clock().now();
+        self.store
+            .with_connection(move |conn| {
+                let db = |e| StoreError::backend("sqlite: tickets", e);
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(db)?;
+                tx.execute(
+                    "INSERT INTO tickets (tenant_scope, title, account_id, idempotency_key) VALUES (?1, ?2, ?3, ?4)",
+                    params![attempt.scope().as_str(), ticket.title, ticket.account_id, attempt.key().as_str()],
+                )
+                .map_err(db)?;
+                let id = format!("T-{:06}", tx.last_insert_rowid());
+                let result = CallToolResult::structured(json!({"ticket_id": id}));
+                let outcome = idem.outcome_for("create_ticket", &result);
+                let answer = store.complete_in(
+                    &tx,
+                    attempt.scope(),
+                    attempt.key(),
+                    attempt.token(),
+                    &outcome,
+                    &policy,
+                    now,
+                )?;
+                if answer == CompleteAnswer::Fenced {
+                    return Ok(None); // dropped: rolled back
+                }
+                tx.commit().map_err(db)?;
+                Ok(Some(result))
+            })
+            .await?
+    }
+}
+
+impl ServerHandler for TicketServer {
+    fn get_info(&self) -> ServerConfig {
+        self.idem.advertise(
+            ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+                .with_instructions("Creates support tickets, once per idempotency key."),
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(
+            self.idem.describe(self.tool_router.list_all()),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let this = self.clone();
+        self.idem
+            .call(params, context, move |params, context| async move {
+                let call = ToolCallContext::new(&this, params, context);
+                this.tool_router.call(call).await
+            })
+            .await
+    }
+}
+
+struct Args {
+    db: String,
+    http: Option<String>,
+    latency: Duration,
+    principal: Option<String>,
+}
+
+fn parse_args() -> Result<Args, BoxError> {
+    let mut args = Args {
+        db: "idem-mcp-tickets.sqlite3".into(),
+        http: None,
+        latency: Duration::ZERO,
+        principal: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--db" => args.db = value()?,
+            "--http" => args.http = Some(value()?),
+            "--latency-ms" => args.latency = Duration::from_millis(value()?.parse()?),
+            "--principal" => args.principal = Some(value()?),
+            "-h" | "--help" => {
+                println!(
+                    "idem-mcp-ticket-server [--db PATH] [--http ADDR] [--latency-ms N] [--principal NAME]"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    // Logs go to stderr: on stdio, stdout is the protocol.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = parse_args()?;
+
+    let store = SqliteStore::open(&args.db)?;
+    store.migrate()?;
+    store
+        .with_connection(|c| {
+            c.execute_batch(
+                "CREATE TABLE IF NOT EXISTS tickets (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    tenant_scope TEXT NOT NULL,
+                    title TEXT NOT NULL,
+                    account_id TEXT NOT NULL,
+                    idempotency_key TEXT NOT NULL)",
+            )
+        })
+        .await??;
+
+    let window = args.latency + Duration::from_secs(1);
+    // Takeover is safe here, and only because the ticket and the completion commit together: a
+    // record still `processing` after its lease means its holder never committed, so no ticket
+    // exists, and a late holder is fenced inside its own transaction (which then rolls back).
+    let policy = Policy::builder()
+        .lease(window + STORE_WRITE)
+        .stale(StalePolicy::Takeover)
+        .build()?;
+    let mut idem = IdempotentTools::with_store(store.clone(), policy)
+        .store_write(STORE_WRITE)
+        .tool(
+            "create_ticket",
+            ToolSettings::window(window)
+                .tool_error(OutcomeClass::Definitive)
+                .destructive(false),
+        );
+    if let Some(principal) = args.principal {
+        idem = idem.anonymous(principal);
+    }
+    let server = TicketServer {
+        tool_router: TicketServer::tool_router(),
+        idem,
+        store,
+        policy,
+        latency: args.latency,
+    };
+
+    match args.http {
+        None => {
+            let transport = (lift_lines(tokio::io::stdin()), tokio::io::stdout());
+            server.serve(transport).await?.waiting().await?;
+        }
+        Some(addr) => {
+            let service: StreamableHttpService<TicketServer, LocalSessionManager> =
+                StreamableHttpService::new(
+                    move || Ok(server.clone()),
+                    Arc::default(),
+                    StreamableHttpServerConfig::default(),
+                );
+            let app = axum::Router::new()
+                .route_service("/mcp", service)
+                .layer(axum::middleware::map_request(lift_http_request))
+                .layer(axum::middleware::map_request(tenant_as_principal));
+            let listener = tokio::net::TcpListener::bind(&addr).await?;
+            println!("listening on http://{}/mcp", listener.local_addr()?);
+            axum::serve(listener, app).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes the principal from `x-tenant-id`: a stand-in for an authentication layer.
+async fn tenant_as_principal(mut request: axum::extract::Request) -> axum::extract::Request {
+    let tenant = request
+        .headers()
+        .get(TENANT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned);
+    if let Some(tenant) = tenant {
+        request.extensions_mut().insert(Principal(tenant));
+    }
+    request
+}

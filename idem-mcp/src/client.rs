@@ -1,0 +1,261 @@
+//! The agent side: call a side-effecting tool of an rmcp client's peer with one key on every
+//! attempt (SPEC §6, client side).
+
+use std::time::Duration;
+
+use idem_core::IdempotencyKey;
+use rmcp::RoleClient;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, RequestMetaObject, Tool,
+};
+use rmcp::service::{Peer, ServiceError};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::key::META_KEY;
+use crate::server::{IN_FLIGHT, STORE_UNAVAILABLE, TOOL_META_KEY, is_replay};
+
+/// How [`IdempotentCaller`] retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// How long one attempt may take before the client gives up on it and retries.
+    pub attempt_timeout: Duration,
+    /// How long the whole call may take, all attempts and waits included.
+    pub overall_deadline: Duration,
+    /// The first backoff; it doubles after each retry, up to `max_backoff`, with jitter.
+    pub initial_backoff: Duration,
+    /// The largest backoff.
+    pub max_backoff: Duration,
+    /// Allow an `attempt_timeout` below the tool's published minimum client deadline. Off by
+    /// default: such attempts are cut off while the tool still works.
+    pub allow_short_attempts: bool,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempt_timeout: Duration::from_secs(30),
+            overall_deadline: Duration::from_secs(120),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            allow_short_attempts: false,
+        }
+    }
+}
+
+/// Why an idempotent call produced no result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The attempt timeout is below the tool's published minimum client deadline.
+    #[error(
+        "attempt timeout {attempt_timeout:?} is below the tool's minimum client deadline {min_client_deadline:?}; raise it (or opt out with allow_short_attempts)"
+    )]
+    DeadlineBelowMinimum {
+        /// The configured per-attempt deadline.
+        attempt_timeout: Duration,
+        /// The tool's published minimum.
+        min_client_deadline: Duration,
+    },
+    /// The overall deadline passed without a result. The operation may still complete; a later
+    /// call with the same key gets its result.
+    #[error("no result within the overall deadline after {attempts} attempts (last: {last})")]
+    DeadlineExceeded {
+        /// Attempts made.
+        attempts: u32,
+        /// What the last attempt got.
+        last: String,
+    },
+    /// The server refused the call in a way a retry with the same key cannot fix (invalid or
+    /// missing key, fingerprint mismatch, unknown tool…).
+    #[error("the server refused the call: {0}")]
+    Refused(ErrorData),
+    /// The connection is closed: reconnect and call again with the same key.
+    #[error("the connection to the server is closed")]
+    Closed,
+    /// The server answered with something other than a final result (an MRTR round or a task).
+    #[error("the server answered with a non-final result")]
+    NotFinal,
+}
+
+/// A result and how it was obtained.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallAnswer {
+    /// The tool's result.
+    pub result: CallToolResult,
+    /// Whether the server replayed an earlier execution's result.
+    pub replayed: bool,
+    /// Attempts made (1 if the first answered).
+    pub attempts: u32,
+    /// Attempts answered "in flight".
+    pub in_flight: u32,
+    /// Attempts that timed out or failed in transport.
+    pub failed_attempts: u32,
+}
+
+/// The minimum client retry deadline a tool publishes in its `_meta` (see
+/// [`crate::server::TOOL_META_KEY`]).
+pub fn min_client_deadline(tool: &Tool) -> Option<Duration> {
+    tool.meta
+        .as_ref()?
+        .0
+        .get(TOOL_META_KEY)?
+        .get("minClientDeadlineMs")?
+        .as_u64()
+        .map(Duration::from_millis)
+}
+
+/// Calls side-effecting tools through an rmcp client [`Peer`], one key per logical operation:
+/// the key goes in `params._meta["io.idem/idempotencyKey"]` (rmcp's typed params have no
+/// `idempotencyKey` field), is never changed between attempts, and attempts that time out, fail
+/// in transport, or are answered "in flight" or "store unavailable" are retried with exponential
+/// backoff and jitter (waiting at least the server's `retryAfterMs`) until the overall deadline.
+///
+/// ```no_run
+/// # async fn demo(peer: rmcp::service::Peer<rmcp::RoleClient>) -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_core::IdempotencyKey;
+/// use idem_mcp::client::{IdempotentCaller, RetryPolicy};
+/// let caller = IdempotentCaller::new(peer, RetryPolicy::default());
+/// // From the orchestrator's durable step, never from the model.
+/// let key = IdempotencyKey::for_step("wf-8812", "step-3", "create_ticket")?;
+/// let args = serde_json::json!({"title": "Printer on fire", "account_id": "A-7"});
+/// let answer = caller.call("create_ticket", args.as_object().cloned(), &key, None).await?;
+/// println!("replayed: {}", answer.replayed);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct IdempotentCaller {
+    peer: Peer<RoleClient>,
+    policy: RetryPolicy,
+}
+
+impl IdempotentCaller {
+    /// A caller through `peer` (e.g. `running_service.peer().clone()`).
+    pub fn new(peer: Peer<RoleClient>, policy: RetryPolicy) -> Self {
+        Self { peer, policy }
+    }
+
+    /// The key of step `step_id` of workflow run `workflow_run_id` calling `tool`
+    /// ([`IdempotencyKey::for_step`]).
+    pub fn step_key(
+        workflow_run_id: &str,
+        step_id: &str,
+        tool: &str,
+    ) -> Result<IdempotencyKey, idem_core::KeyError> {
+        IdempotencyKey::for_step(workflow_run_id, step_id, tool)
+    }
+
+    /// Calls `tool` with `arguments` under `key`, retrying as the policy says. With
+    /// `min_client_deadline` (the tool's published minimum, see [`min_client_deadline`]), refuses
+    /// a policy whose attempt timeout is shorter, unless `allow_short_attempts`.
+    pub async fn call(
+        &self,
+        tool: &str,
+        arguments: Option<serde_json::Map<String, Value>>,
+        key: &IdempotencyKey,
+        min_client_deadline: Option<Duration>,
+    ) -> Result<CallAnswer, CallError> {
+        let policy = self.policy;
+        if let Some(min) = min_client_deadline
+            && policy.attempt_timeout < min
+            && !policy.allow_short_attempts
+        {
+            return Err(CallError::DeadlineBelowMinimum {
+                attempt_timeout: policy.attempt_timeout,
+                min_client_deadline: min,
+            });
+        }
+        let mut params = CallToolRequestParams::new(tool.to_owned());
+        params.arguments = arguments;
+        let mut meta = RequestMetaObject::new();
+        meta.0
+            .0
+            .insert(META_KEY.to_owned(), Value::String(key.as_str().to_owned()));
+        params.meta = Some(meta);
+
+        let deadline = Instant::now() + policy.overall_deadline;
+        let (mut attempts, mut in_flight, mut failed) = (0u32, 0u32, 0u32);
+        let mut backoff = policy.initial_backoff;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CallError::DeadlineExceeded {
+                    attempts,
+                    last: "deadline reached".into(),
+                });
+            }
+            attempts += 1;
+            let timeout = policy.attempt_timeout.min(deadline - now);
+            // Dropping the attempt on timeout sends `notifications/cancelled`; a server using
+            // `IdempotentTools` finishes the tool anyway and records its result for the retry.
+            let sent =
+                tokio::time::timeout(timeout, self.peer.call_tool_once(params.clone())).await;
+            let (retry_after, last) = match sent {
+                Ok(Ok(CallToolResponse::Complete(result))) => {
+                    return Ok(CallAnswer {
+                        replayed: is_replay(&result),
+                        result,
+                        attempts,
+                        in_flight,
+                        failed_attempts: failed,
+                    });
+                }
+                Ok(Ok(_)) => return Err(CallError::NotFinal),
+                Ok(Err(ServiceError::McpError(e))) if e.code == IN_FLIGHT => {
+                    in_flight += 1;
+                    let ms = e
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("retryAfterMs"))
+                        .and_then(Value::as_u64);
+                    (ms.map(Duration::from_millis), e.message.to_string())
+                }
+                Ok(Err(ServiceError::McpError(e))) if e.code == STORE_UNAVAILABLE => {
+                    (None, e.message.to_string())
+                }
+                Ok(Err(ServiceError::McpError(e))) => return Err(CallError::Refused(e)),
+                Ok(Err(ServiceError::TransportClosed)) => return Err(CallError::Closed),
+                Ok(Err(e)) => {
+                    failed += 1;
+                    (None, e.to_string())
+                }
+                Err(_) => {
+                    failed += 1;
+                    (None, format!("attempt timed out after {timeout:?}"))
+                }
+            };
+            let jittered = jitter(backoff);
+            let wait = retry_after.map_or(jittered, |r| r.max(jittered));
+            if Instant::now() + wait >= deadline {
+                return Err(CallError::DeadlineExceeded { attempts, last });
+            }
+            tokio::time::sleep(wait).await;
+            backoff = (backoff * 2).min(policy.max_backoff);
+        }
+    }
+}
+
+/// "Equal jitter": a random wait between half the backoff and the whole of it.
+fn jitter(backoff: Duration) -> Duration {
+    let half = backoff / 2;
+    half + half.mul_f64(rand::random::<f64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_half_and_whole() {
+        for _ in 0..100 {
+            let j = jitter(Duration::from_millis(100));
+            assert!(j >= Duration::from_millis(50) && j <= Duration::from_millis(100));
+        }
+    }
+
+    #[test]
+    fn step_keys_come_from_the_durable_step() {
+        let key = IdempotentCaller::step_key("wf-1", "step-3", "create_ticket").unwrap();
+        assert_eq!(key.as_str(), "wf-1:step-3:create_ticket");
+    }
+}

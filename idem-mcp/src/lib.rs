@@ -1,0 +1,15 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod client;
+pub mod key;
+pub mod server;
+
+pub use client::{CallAnswer, CallError, IdempotentCaller, RetryPolicy};
+pub use idem_core;
+pub use key::{KeyRefusal, META_KEY, key_of};
+pub use rmcp;
+pub use server::{
+    FINGERPRINT_MISMATCH, IN_FLIGHT, IdempotentTools, MissingKey, Principal, REPLAYED_META_KEY,
+    STORE_UNAVAILABLE, ToolSettings, is_replay,
+};

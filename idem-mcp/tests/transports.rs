@@ -1,0 +1,400 @@
+//! A real rmcp client talking to the example server (`idem-mcp-ticket-server`, a child process)
+//! over stdio and over streamable HTTP on loopback. Every test counts tickets at the sink: the
+//! rows of the `tickets` table in the server's SQLite file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use idem_core::IdempotencyKey;
+use idem_mcp::client::{CallError, IdempotentCaller, RetryPolicy, min_client_deadline};
+use idem_mcp::{FINGERPRINT_MISMATCH, META_KEY, is_replay};
+use idem_store_sqlite::rusqlite;
+use rmcp::RoleClient;
+use rmcp::ServiceExt;
+use rmcp::model::{
+    CallToolRequestParams, ClientConfig, ClientRequest, CustomRequest, ErrorCode,
+    RequestMetaObject, ServerResult,
+};
+use rmcp::service::{Peer, RunningService, ServiceError};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess};
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+const SERVER: &str = env!("CARGO_BIN_EXE_idem-mcp-ticket-server");
+
+type Client = RunningService<RoleClient, ClientConfig>;
+
+/// A running server of one transport, its SQLite file, and what keeps them alive.
+struct Server {
+    db: PathBuf,
+    latency_ms: u64,
+    http: Option<(Child, String)>,
+    _dir: tempfile::TempDir,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Transport {
+    Stdio,
+    Http,
+}
+
+impl Server {
+    /// Starts a server (for HTTP, one process now; for stdio, one per client in `connect`).
+    async fn start(transport: Transport, latency_ms: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("tickets.sqlite3");
+        let http = match transport {
+            Transport::Stdio => None,
+            Transport::Http => {
+                let mut child = Command::new(SERVER)
+                    .args(["--http", "127.0.0.1:0", "--db"])
+                    .arg(&db)
+                    .args(["--latency-ms", &latency_ms.to_string()])
+                    .stdout(Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .unwrap();
+                let stdout = child.stdout.take().unwrap();
+                let mut line = String::new();
+                tokio::io::BufReader::new(stdout)
+                    .read_line(&mut line)
+                    .await
+                    .unwrap();
+                let url = line
+                    .trim()
+                    .strip_prefix("listening on ")
+                    .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+                    .to_owned();
+                Some((child, url))
+            }
+        };
+        Self {
+            db,
+            latency_ms,
+            http,
+            _dir: dir,
+        }
+    }
+
+    /// A new rmcp client: a child process over stdio, or an HTTP connection as `tenant`.
+    async fn connect(&self, tenant: Option<&str>) -> Client {
+        match &self.http {
+            None => {
+                let (db, latency) = (self.db.clone(), self.latency_ms.to_string());
+                let transport = TokioChildProcess::new(Command::new(SERVER).configure(|cmd| {
+                    cmd.arg("--db").arg(&db).args(["--latency-ms", &latency]);
+                    if let Some(t) = tenant {
+                        cmd.args(["--principal", t]);
+                    }
+                }))
+                .unwrap();
+                ClientConfig::default().serve(transport).await.unwrap()
+            }
+            Some((_, url)) => {
+                let mut headers = HashMap::new();
+                if let Some(t) = tenant {
+                    headers.insert(
+                        http::HeaderName::from_static("x-tenant-id"),
+                        http::HeaderValue::from_str(t).unwrap(),
+                    );
+                }
+                let transport = StreamableHttpClientTransport::from_config(
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                        .custom_headers(headers),
+                );
+                ClientConfig::default().serve(transport).await.unwrap()
+            }
+        }
+    }
+
+    fn tickets(&self) -> i64 {
+        count_tickets(&self.db)
+    }
+}
+
+fn count_tickets(db: &Path) -> i64 {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM tickets", [], |r| r.get(0))
+        .unwrap()
+}
+
+fn args(title: &str) -> Option<serde_json::Map<String, Value>> {
+    json!({"title": title, "account_id": "A-7"})
+        .as_object()
+        .cloned()
+}
+
+fn keyed(key: &str, title: &str) -> CallToolRequestParams {
+    let mut params = CallToolRequestParams::new("create_ticket");
+    params.arguments = args(title);
+    let mut meta = RequestMetaObject::new();
+    meta.0.0.insert(META_KEY.into(), json!(key));
+    params.meta = Some(meta);
+    params
+}
+
+fn ticket_id(result: &rmcp::model::CallToolResult) -> String {
+    result.structured_content.as_ref().unwrap()["ticket_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn mcp_error(e: ServiceError) -> rmcp::model::ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => panic!("expected a JSON-RPC error, got {other}"),
+    }
+}
+
+/// Sends `tools/call` with raw params (rmcp's typed params cannot carry `idempotencyKey`).
+async fn raw_call(peer: &Peer<RoleClient>, params: Value) -> Result<Value, ServiceError> {
+    let request = ClientRequest::CustomRequest(CustomRequest::new("tools/call", Some(params)));
+    let answer = peer.send_request(request).await?;
+    Ok(match answer {
+        ServerResult::CallToolResult(r) => serde_json::to_value(r).unwrap(),
+        other => serde_json::to_value(other).unwrap(),
+    })
+}
+
+async fn same_key_twice_one_ticket_and_replay_mark(transport: Transport) {
+    let server = Server::start(transport, 0).await;
+    let client = server.connect(None).await;
+    let first = client
+        .call_tool(keyed("wf-1:step-1:create_ticket", "Printer on fire"))
+        .await
+        .unwrap();
+    let again = client
+        .call_tool(keyed("wf-1:step-1:create_ticket", "Printer on fire"))
+        .await
+        .unwrap();
+    assert!(!is_replay(&first), "the first call runs the tool");
+    assert!(is_replay(&again), "the repeat is marked as a replay");
+    assert_eq!(ticket_id(&first), ticket_id(&again));
+    assert_eq!(server.tickets(), 1);
+    // A new connection (a restarted agent) with the same key still gets the replay.
+    let other = server.connect(None).await;
+    let third = other
+        .call_tool(keyed("wf-1:step-1:create_ticket", "Printer on fire"))
+        .await
+        .unwrap();
+    assert!(is_replay(&third));
+    assert_eq!(server.tickets(), 1);
+    // Another key is another operation.
+    client
+        .call_tool(keyed("wf-1:step-2:create_ticket", "Printer on fire"))
+        .await
+        .unwrap();
+    assert_eq!(server.tickets(), 2);
+}
+
+async fn other_arguments_mismatch_error_and_no_ticket(transport: Transport) {
+    let server = Server::start(transport, 0).await;
+    let client = server.connect(None).await;
+    client
+        .call_tool(keyed("wf-2:step-1:create_ticket", "first"))
+        .await
+        .unwrap();
+    let err = mcp_error(
+        client
+            .call_tool(keyed("wf-2:step-1:create_ticket", "second"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, FINGERPRINT_MISMATCH);
+    assert!(err.message.contains("other arguments"), "{}", err.message);
+    assert_eq!(server.tickets(), 1, "the mismatched call created nothing");
+}
+
+async fn concurrent_calls_with_one_key_one_ticket_with_real_latency(transport: Transport) {
+    let server = Server::start(transport, 300).await;
+    let client = server.connect(None).await;
+    let caller = IdempotentCaller::new(
+        client.peer().clone(),
+        RetryPolicy {
+            attempt_timeout: Duration::from_secs(10),
+            overall_deadline: Duration::from_secs(30),
+            initial_backoff: Duration::from_millis(50),
+            ..RetryPolicy::default()
+        },
+    );
+    let key = IdempotencyKey::for_step("wf-3", "step-1", "create_ticket").unwrap();
+    let calls = (0..8).map(|_| {
+        let (caller, key) = (caller.clone(), key.clone());
+        tokio::spawn(async move {
+            caller
+                .call("create_ticket", args("concurrent"), &key, None)
+                .await
+                .unwrap()
+        })
+    });
+    let mut ids = Vec::new();
+    let mut executed = 0;
+    for call in calls {
+        let answer = call.await.unwrap();
+        executed += usize::from(!answer.replayed);
+        ids.push(ticket_id(&answer.result));
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "every caller got the same ticket: {ids:?}");
+    assert_eq!(executed, 1, "exactly one call ran the tool");
+    assert_eq!(server.tickets(), 1);
+}
+
+async fn client_timeout_shorter_than_tool_latency_then_retries_one_ticket(transport: Transport) {
+    // Real latency: the tool works 1.5 s; each client attempt gives up after 0.3 s.
+    let server = Server::start(transport, 1500).await;
+    let client = server.connect(None).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
+    let minimum = min_client_deadline(tool).unwrap();
+    assert_eq!(minimum, Duration::from_millis(3000));
+    let short = RetryPolicy {
+        attempt_timeout: Duration::from_millis(300),
+        overall_deadline: Duration::from_secs(30),
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(500),
+        allow_short_attempts: false,
+    };
+    let key = IdempotencyKey::for_step("wf-4", "step-1", "create_ticket").unwrap();
+    // The published minimum is enforced unless the caller opts out.
+    let refused = IdempotentCaller::new(client.peer().clone(), short)
+        .call("create_ticket", args("slow"), &key, Some(minimum))
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, CallError::DeadlineBelowMinimum { .. }));
+    assert_eq!(server.tickets(), 0);
+
+    let caller = IdempotentCaller::new(
+        client.peer().clone(),
+        RetryPolicy {
+            allow_short_attempts: true,
+            ..short
+        },
+    );
+    let answer = caller
+        .call("create_ticket", args("slow"), &key, Some(minimum))
+        .await
+        .unwrap();
+    assert!(answer.failed_attempts >= 1, "{answer:?}");
+    assert!(answer.attempts >= 2, "{answer:?}");
+    assert!(
+        answer.replayed,
+        "the answer came from the record: {answer:?}"
+    );
+    assert_eq!(server.tickets(), 1);
+}
+
+async fn refusals_create_nothing(transport: Transport) {
+    let server = Server::start(transport, 0).await;
+    let client = server.connect(None).await;
+    let mut no_key = CallToolRequestParams::new("create_ticket");
+    no_key.arguments = args("no key");
+    let err = mcp_error(client.call_tool(no_key).await.unwrap_err());
+    assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
+    assert!(
+        err.message.contains("needs an idempotency key"),
+        "{}",
+        err.message
+    );
+    let err = mcp_error(client.call_tool(keyed("has space", "x")).await.unwrap_err());
+    assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
+    assert!(err.message.contains("visible ASCII"), "{}", err.message);
+    let conflicting = json!({"name": "create_ticket", "arguments": {"title": "x", "account_id": "A"},
+        "idempotencyKey": "k-1", "_meta": {META_KEY: "k-2"}});
+    let err = mcp_error(raw_call(client.peer(), conflicting).await.unwrap_err());
+    assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
+    assert!(err.message.contains("two different"), "{}", err.message);
+    assert_eq!(server.tickets(), 0);
+}
+
+async fn draft_params_field_is_honoured(transport: Transport) {
+    let server = Server::start(transport, 0).await;
+    let client = server.connect(None).await;
+    let params = json!({"name": "create_ticket", "arguments": {"title": "draft", "account_id": "A-7"},
+        "idempotencyKey": "wf-5:step-1:create_ticket"});
+    let first = raw_call(client.peer(), params.clone()).await.unwrap();
+    let again = raw_call(client.peer(), params).await.unwrap();
+    assert_eq!(first["_meta"]["io.idem/replayed"], false, "{first}");
+    assert_eq!(again["_meta"]["io.idem/replayed"], true, "{again}");
+    // The same key in `_meta` names the same operation.
+    let via_meta = client
+        .call_tool(keyed("wf-5:step-1:create_ticket", "draft"))
+        .await
+        .unwrap();
+    assert!(is_replay(&via_meta));
+    assert_eq!(server.tickets(), 1);
+}
+
+async fn tool_listing_publishes_window_deadline_and_honest_hints(transport: Transport) {
+    let server = Server::start(transport, 0).await;
+    let client = server.connect(None).await;
+    let info = client.peer_info().unwrap();
+    let capability = &info.capabilities.experimental.as_ref().unwrap()["tools.idempotency"];
+    assert_eq!(capability["keyField"], "idempotencyKey");
+    let tools = client.list_all_tools().await.unwrap();
+    let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
+    let description = tool.description.as_deref().unwrap();
+    assert!(
+        description.contains("Processing window: 1000 ms"),
+        "{description}"
+    );
+    assert!(description.contains("minimum client retry deadline: 1500 ms"));
+    let hints = tool.annotations.as_ref().unwrap();
+    assert_eq!(hints.idempotent_hint, Some(true), "keys are required");
+    assert_eq!(hints.read_only_hint, Some(false));
+    assert_eq!(hints.destructive_hint, Some(false));
+}
+
+async fn scope_is_the_principal(transport: Transport) {
+    let server = Server::start(transport, 0).await;
+    let a = server.connect(Some("tenant-a")).await;
+    let b = server.connect(Some("tenant-b")).await;
+    let key = "wf-6:step-1:create_ticket";
+    let from_a = a.call_tool(keyed(key, "same")).await.unwrap();
+    let from_b = b.call_tool(keyed(key, "same")).await.unwrap();
+    assert!(!is_replay(&from_a) && !is_replay(&from_b));
+    assert_ne!(ticket_id(&from_a), ticket_id(&from_b));
+    assert_eq!(
+        server.tickets(),
+        2,
+        "a key never replays another principal's answer"
+    );
+}
+
+macro_rules! on_both_transports {
+    ($($name:ident),* $(,)?) => {
+        mod stdio {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Transport::Stdio).await;
+                }
+            )*
+        }
+        mod streamable_http {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Transport::Http).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_transports!(
+    same_key_twice_one_ticket_and_replay_mark,
+    other_arguments_mismatch_error_and_no_ticket,
+    concurrent_calls_with_one_key_one_ticket_with_real_latency,
+    client_timeout_shorter_than_tool_latency_then_retries_one_ticket,
+    refusals_create_nothing,
+    draft_params_field_is_honoured,
+    tool_listing_publishes_window_deadline_and_honest_hints,
+    scope_is_the_principal,
+);
