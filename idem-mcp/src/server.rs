@@ -146,7 +146,7 @@ pub fn default_principal(context: &RequestContext<RoleServer>) -> Option<String>
 ///    [`Attempt`](idem_core::Attempt) in the request context's extensions (so a tool can complete
 ///    the record in its own transaction and call `mark_recorded`);
 /// 5. records the `CallToolResult` as the outcome: a success and an `isError: true` result are
-///    definitive (the latter per [`ToolSettings::tool_error`]); an `Err` from the tool (an
+///    definitive (the latter per `ToolSettings::tool_error`); an `Err` from the tool (an
 ///    internal or transport failure) is retryable;
 /// 6. answers with the result marked `"io.idem/replayed": false` in its `_meta`; a repeat gets
 ///    the stored result marked `true`. Same key with other arguments: error
@@ -266,7 +266,7 @@ impl IdempotentTools {
     /// processing window and the minimum client retry deadline, its `_meta` gains
     /// [`TOOL_META_KEY`], and its annotations are set honestly: `readOnlyHint: false`,
     /// `idempotentHint: true` only when every accepted call carries a key
-    /// ([`MissingKey::Refuse`]), `destructiveHint` per [`ToolSettings::destructive`].
+    /// ([`MissingKey::Refuse`]), `destructiveHint` per `ToolSettings::destructive`.
     pub fn describe(&self, tools: Vec<Tool>) -> Vec<Tool> {
         tools.into_iter().map(|t| self.describe_tool(t)).collect()
     }
