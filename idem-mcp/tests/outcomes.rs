@@ -1,0 +1,227 @@
+//! A real rmcp client and server in one process, over an in-memory duplex pipe: which answers
+//! are recorded, which run again, and what happens without a key. The sink is a per-tool counter
+//! of how often the tool's body ran.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::{MemoryStore, Policy};
+use idem_mcp::{IdempotentTools, META_KEY, MissingKey, ToolSettings, is_replay};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientConfig, ContentBlock, ErrorCode,
+    ErrorData, ListToolsResult, PaginatedRequestParams, RequestMetaObject, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::{RequestContext, RunningService, ServiceError};
+use rmcp::{RoleClient, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
+use serde_json::json;
+
+#[derive(Clone, Default)]
+struct Runs {
+    unprotected: Arc<AtomicUsize>,
+    flaky: Arc<AtomicUsize>,
+    rejects: Arc<AtomicUsize>,
+    plain: Arc<AtomicUsize>,
+}
+
+#[derive(Clone)]
+struct Server {
+    tool_router: ToolRouter<Self>,
+    idem: IdempotentTools,
+    runs: Runs,
+}
+
+#[tool_router]
+impl Server {
+    #[tool(description = "A side-effecting tool that runs unprotected without a key.")]
+    async fn unprotected(&self) -> String {
+        self.runs.unprotected.fetch_add(1, Ordering::SeqCst);
+        "done".into()
+    }
+
+    #[tool(description = "Fails internally on its first run, succeeds afterwards.")]
+    async fn flaky(&self) -> Result<CallToolResult, ErrorData> {
+        if self.runs.flaky.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(ErrorData::internal_error("downstream timed out", None));
+        }
+        Ok(CallToolResult::success(vec![ContentBlock::text("ok")]))
+    }
+
+    #[tool(description = "Always rejects the request: a business answer.")]
+    async fn rejects(&self) -> CallToolResult {
+        let n = self.runs.rejects.fetch_add(1, Ordering::SeqCst);
+        CallToolResult::error(vec![ContentBlock::text(format!("account closed ({n})"))])
+    }
+
+    #[tool(description = "Not side-effecting: never needs a key.")]
+    async fn plain(&self) -> String {
+        self.runs.plain.fetch_add(1, Ordering::SeqCst);
+        "read".into()
+    }
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        self.idem.advertise(ServerConfig::new(
+            ServerCapabilities::builder().enable_tools().build(),
+        ))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(
+            self.idem.describe(self.tool_router.list_all()),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let this = self.clone();
+        self.idem
+            .call(params, context, move |params, context| async move {
+                this.tool_router
+                    .call(ToolCallContext::new(&this, params, context))
+                    .await
+            })
+            .await
+    }
+}
+
+async fn connect() -> (RunningService<RoleClient, ClientConfig>, Runs) {
+    let idem = IdempotentTools::with_store(MemoryStore::new(), Policy::default())
+        .tool(
+            "unprotected",
+            ToolSettings::window(Duration::from_secs(2)).missing_key(MissingKey::RunUnprotected),
+        )
+        .tool("flaky", ToolSettings::window(Duration::from_secs(2)))
+        .tool("rejects", ToolSettings::window(Duration::from_secs(2)));
+    let runs = Runs::default();
+    let server = Server {
+        tool_router: Server::tool_router(),
+        idem,
+        runs: runs.clone(),
+    };
+    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve(server_io).await {
+            let _ = running.waiting().await;
+        }
+    });
+    (
+        ClientConfig::default().serve(client_io).await.unwrap(),
+        runs,
+    )
+}
+
+fn call(tool: &'static str, key: Option<&str>) -> CallToolRequestParams {
+    let mut params = CallToolRequestParams::new(tool);
+    if let Some(key) = key {
+        let mut meta = RequestMetaObject::new();
+        meta.0.0.insert(META_KEY.into(), json!(key));
+        params.meta = Some(meta);
+    }
+    params
+}
+
+fn runs(counter: &AtomicUsize) -> usize {
+    counter.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn run_unprotected_without_a_key_runs_every_time_and_with_a_key_once() {
+    let (client, ran) = connect().await;
+    client.call_tool(call("unprotected", None)).await.unwrap();
+    client.call_tool(call("unprotected", None)).await.unwrap();
+    assert_eq!(runs(&ran.unprotected), 2, "no key: no protection");
+    let first = client
+        .call_tool(call("unprotected", Some("k-1")))
+        .await
+        .unwrap();
+    let again = client
+        .call_tool(call("unprotected", Some("k-1")))
+        .await
+        .unwrap();
+    assert!(!is_replay(&first) && is_replay(&again));
+    assert_eq!(runs(&ran.unprotected), 3, "with a key: once");
+    // Its annotations do not claim idempotency it only has with a key.
+    let tools = client.list_all_tools().await.unwrap();
+    let tool = tools.iter().find(|t| t.name == "unprotected").unwrap();
+    assert_eq!(
+        tool.annotations.as_ref().unwrap().idempotent_hint,
+        Some(false)
+    );
+    let description = tool.description.as_deref().unwrap();
+    assert!(description.contains("runs unprotected"), "{description}");
+}
+
+#[tokio::test]
+async fn refuse_is_the_default_for_a_missing_key() {
+    let (client, ran) = connect().await;
+    let err = client.call_tool(call("flaky", None)).await.unwrap_err();
+    let ServiceError::McpError(err) = err else {
+        panic!("a JSON-RPC error")
+    };
+    assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
+    assert_eq!(runs(&ran.flaky), 0);
+}
+
+#[tokio::test]
+async fn an_internal_failure_is_retryable_and_the_retry_runs_the_tool_again() {
+    let (client, ran) = connect().await;
+    let failed = client
+        .call_tool(call("flaky", Some("k-2")))
+        .await
+        .unwrap_err();
+    assert!(matches!(failed, ServiceError::McpError(e) if e.code == ErrorCode::INTERNAL_ERROR));
+    let second = client.call_tool(call("flaky", Some("k-2"))).await.unwrap();
+    assert!(!is_replay(&second), "the retry ran the tool");
+    let third = client.call_tool(call("flaky", Some("k-2"))).await.unwrap();
+    assert!(is_replay(&third), "the success is recorded");
+    assert_eq!(runs(&ran.flaky), 2);
+}
+
+#[tokio::test]
+async fn a_tool_error_result_is_definitive_and_replayed() {
+    let (client, ran) = connect().await;
+    let first = client
+        .call_tool(call("rejects", Some("k-3")))
+        .await
+        .unwrap();
+    let again = client
+        .call_tool(call("rejects", Some("k-3")))
+        .await
+        .unwrap();
+    assert_eq!(first.is_error, Some(true));
+    assert_eq!(again.is_error, Some(true));
+    assert!(is_replay(&again));
+    assert_eq!(
+        first.content, again.content,
+        "the same rejection, byte for byte"
+    );
+    assert_eq!(runs(&ran.rejects), 1);
+}
+
+#[tokio::test]
+async fn tools_not_registered_pass_through_without_a_key() {
+    let (client, ran) = connect().await;
+    let result = client.call_tool(call("plain", None)).await.unwrap();
+    client
+        .call_tool(call("plain", Some("ignored")))
+        .await
+        .unwrap();
+    assert!(!is_replay(&result));
+    assert!(result.meta.is_none(), "untouched");
+    assert_eq!(runs(&ran.plain), 2);
+    let tools = client.list_all_tools().await.unwrap();
+    let plain = tools.iter().find(|t| t.name == "plain").unwrap();
+    assert!(plain.annotations.is_none());
+}
