@@ -145,6 +145,16 @@ impl IdempotentCaller {
         IdempotencyKey::for_step(workflow_run_id, step_id, tool)
     }
 
+    /// The minimum client retry deadline `tool` publishes, read from the server's tool listing
+    /// (`tools/list`); `None` if the tool is not listed or publishes none.
+    pub async fn published_minimum(&self, tool: &str) -> Result<Option<Duration>, ServiceError> {
+        let tools = self.peer.list_all_tools().await?;
+        Ok(tools
+            .iter()
+            .find(|t| t.name == tool)
+            .and_then(min_client_deadline))
+    }
+
     /// Calls `tool` with `arguments` under `key`, retrying as the policy says. With
     /// `min_client_deadline` (the tool's published minimum, see [`min_client_deadline`]), refuses
     /// a policy whose attempt timeout is shorter, unless `allow_short_attempts`.

@@ -263,7 +263,12 @@ async fn client_timeout_shorter_than_tool_latency_then_retries_one_ticket(transp
     };
     let key = IdempotencyKey::for_step("wf-4", "step-1", "create_ticket").unwrap();
     // The published minimum is enforced unless the caller opts out.
-    let refused = IdempotentCaller::new(client.peer().clone(), short)
+    let strict = IdempotentCaller::new(client.peer().clone(), short);
+    assert_eq!(
+        strict.published_minimum("create_ticket").await.unwrap(),
+        Some(minimum)
+    );
+    let refused = strict
         .call("create_ticket", args("slow"), &key, Some(minimum))
         .await
         .unwrap_err();
