@@ -212,37 +212,45 @@ async fn other_arguments_mismatch_error_and_no_ticket(transport: Transport) {
 }
 
 async fn concurrent_calls_with_one_key_one_ticket_with_real_latency(transport: Transport) {
+    // Real latency (300 ms) so that the calls overlap the running one. Four connections (over
+    // stdio: four server processes sharing the SQLite file), two concurrent calls on each.
     let server = Server::start(transport, 300).await;
-    let client = server.connect(None).await;
-    let caller = IdempotentCaller::new(
-        client.peer().clone(),
-        RetryPolicy {
-            attempt_timeout: Duration::from_secs(10),
-            overall_deadline: Duration::from_secs(30),
-            initial_backoff: Duration::from_millis(50),
-            ..RetryPolicy::default()
-        },
-    );
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(server.connect(None).await);
+    }
+    let policy = RetryPolicy {
+        attempt_timeout: Duration::from_secs(10),
+        overall_deadline: Duration::from_secs(30),
+        initial_backoff: Duration::from_millis(50),
+        ..RetryPolicy::default()
+    };
     let key = IdempotencyKey::for_step("wf-3", "step-1", "create_ticket").unwrap();
-    let calls = (0..8).map(|_| {
-        let (caller, key) = (caller.clone(), key.clone());
-        tokio::spawn(async move {
-            caller
-                .call("create_ticket", args("concurrent"), &key, None)
-                .await
-                .unwrap()
+    let calls: Vec<_> = clients
+        .iter()
+        .flat_map(|client| [client.peer().clone(), client.peer().clone()])
+        .map(|peer| {
+            let (caller, key) = (IdempotentCaller::new(peer, policy), key.clone());
+            tokio::spawn(async move {
+                caller
+                    .call("create_ticket", args("concurrent"), &key, None)
+                    .await
+                    .unwrap()
+            })
         })
-    });
+        .collect();
     let mut ids = Vec::new();
-    let mut executed = 0;
+    let (mut executed, mut in_flight) = (0, 0);
     for call in calls {
         let answer = call.await.unwrap();
         executed += usize::from(!answer.replayed);
+        in_flight += answer.in_flight;
         ids.push(ticket_id(&answer.result));
     }
     ids.dedup();
     assert_eq!(ids.len(), 1, "every caller got the same ticket: {ids:?}");
     assert_eq!(executed, 1, "exactly one call ran the tool");
+    assert!(in_flight >= 1, "the calls overlapped the running one");
     assert_eq!(server.tickets(), 1);
 }
 

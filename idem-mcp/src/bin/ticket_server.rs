@@ -221,7 +221,8 @@ async fn main() -> Result<(), BoxError> {
     // Logs go to stderr: on stdio, stdout is the protocol.
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,rmcp::service=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();
