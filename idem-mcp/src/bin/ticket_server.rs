@@ -29,7 +29,7 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content, ErrorData,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -153,6 +153,10 @@ impl ServerHandler for TicketServer {
     fn get_info(&self) -> ServerConfig {
         self.idem.advertise(
             ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+                .with_server_info(Implementation::new(
+                    "idem-mcp-ticket-server",
+                    env!("CARGO_PKG_VERSION"),
+                ))
                 .with_instructions("Creates support tickets, once per idempotency key."),
         )
     }
