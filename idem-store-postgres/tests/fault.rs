@@ -73,8 +73,10 @@ async fn backends(admin: &PgPool, app: &str) -> i64 {
         .unwrap()
 }
 
-/// Each store method, called on a connection that was killed while idle, answers Unavailable;
-/// the next call (on a new connection) works.
+/// Each store method, called on a connection that was killed while idle, answers Unavailable
+/// (never a silent proceed) and the next call, on a new connection, works. The driver may notice
+/// a dead connection on its own before handing it out and use a new one; then the call must
+/// simply answer right. Most kills surface, and at least one must.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connection_is_unavailable_then_recovers() {
     let Some(url) = common::url() else { return };
@@ -86,63 +88,58 @@ async fn killed_connection_is_unavailable_then_recovers() {
     let policy = Policy::default();
     let now = Timestamp::from_millis(1_000_000_000_000);
     let outcome = Outcome::definitive(200, &serde_json::json!({"charged": true})).unwrap();
+    let mut surfaced = 0;
 
-    // Before each call: open the pool's single connection, then kill it while it is idle.
-    open_then_kill(&store, &admin, &app).await;
-    let err = store
-        .claim(&scope, &key, &fingerprint(), &policy, now)
-        .await
-        .unwrap_err();
-    assert!(
-        err.is_unavailable(),
-        "claim on a killed connection: {err:?}"
+    // Each step: kill the idle connection, call; an error must be Unavailable and then the
+    // same call on a new connection answers.
+    macro_rules! after_kill {
+        ($what:literal, $call:expr) => {{
+            open_then_kill(&store, &admin, &app).await;
+            match $call {
+                Err(err) => {
+                    assert!(
+                        err.is_unavailable(),
+                        "{} on a killed connection: {err:?}",
+                        $what
+                    );
+                    surfaced += 1;
+                    $call.unwrap()
+                }
+                Ok(answer) => answer,
+            }
+        }};
+    }
+
+    let claimed = after_kill!(
+        "claim",
+        store
+            .claim(&scope, &key, &fingerprint(), &policy, now)
+            .await
     );
-    let ClaimAnswer::Claimed { token, .. } = store
-        .claim(&scope, &key, &fingerprint(), &policy, now)
-        .await
-        .unwrap()
-    else {
-        panic!("the failed claim wrote nothing, so this one wins")
+    let ClaimAnswer::Claimed { token, .. } = claimed else {
+        panic!("a failed claim writes nothing, so the retry wins: {claimed:?}")
     };
-
-    open_then_kill(&store, &admin, &app).await;
-    let err = store
-        .extend(&scope, &key, token, Duration::from_secs(60), now)
-        .await
-        .unwrap_err();
-    assert!(err.is_unavailable(), "extend: {err:?}");
-    open_then_kill(&store, &admin, &app).await;
-    let err = store.get(&scope, &key, now).await.unwrap_err();
-    assert!(err.is_unavailable(), "get: {err:?}");
-    open_then_kill(&store, &admin, &app).await;
-    let err = store
-        .complete(&scope, &key, token, &outcome, &policy, now)
-        .await
-        .unwrap_err();
-    assert!(err.is_unavailable(), "complete: {err:?}");
-    assert_eq!(
+    let extended = after_kill!(
+        "extend",
+        store
+            .extend(&scope, &key, token, Duration::from_secs(60), now)
+            .await
+    );
+    assert!(
+        matches!(extended, idem_core::ExtendAnswer::Extended { .. }),
+        "{extended:?}"
+    );
+    let record = after_kill!("get", store.get(&scope, &key, now).await);
+    assert_eq!(record.map(|r| r.state), Some(RecordState::Processing));
+    let completed = after_kill!(
+        "complete",
         store
             .complete(&scope, &key, token, &outcome, &policy, now)
             .await
-            .unwrap(),
-        CompleteAnswer::Completed
     );
-    open_then_kill(&store, &admin, &app).await;
-    assert!(
-        store
-            .purge_expired(now, 1)
-            .await
-            .unwrap_err()
-            .is_unavailable()
-    );
-    open_then_kill(&store, &admin, &app).await;
-    assert!(
-        store
-            .list_in_flight(now, 1)
-            .await
-            .unwrap_err()
-            .is_unavailable()
-    );
+    assert_eq!(completed, CompleteAnswer::Completed);
+    after_kill!("purge_expired", store.purge_expired(now, 1).await);
+    after_kill!("list_in_flight", store.list_in_flight(now, 1).await);
     assert!(matches!(
         store
             .claim(&scope, &key, &fingerprint(), &policy, now)
@@ -150,6 +147,10 @@ async fn killed_connection_is_unavailable_then_recovers() {
             .unwrap(),
         ClaimAnswer::Replay(_)
     ));
+    assert!(
+        surfaced >= 1,
+        "no kill surfaced as Unavailable: the fault was not injected"
+    );
 }
 
 /// The connection of the caller's transaction dies between the effect and the completion: the
