@@ -5,9 +5,9 @@
 //! 1. `params.idempotencyKey`, the field of the draft SEP-3182. rmcp's typed
 //!    [`CallToolRequestParams`] has no such field and drops it while parsing, so the server must
 //!    read it from the raw message first: wrap the transport with [`lift_lines`] (stdio, any
-//!    line-delimited stream) or `lift_http_request` (streamable HTTP, feature `axum`). They move the value to
-//!    `params._meta["io.idem/params.idempotencyKey"]` ([`LIFTED_META_KEY`]) before rmcp parses
-//!    the message.
+//!    line-delimited stream) or `lift_http_request` (streamable HTTP, feature `axum`). They move
+//!    the value to `params._meta["io.idem/params.idempotencyKey"]` ([`LIFTED_META_KEY`]) before
+//!    rmcp parses the message.
 //! 2. `params._meta["io.idem/idempotencyKey"]` ([`META_KEY`]), which rmcp keeps as it is: what
 //!    [`crate::client`] sends, and what works without any transport wrapping.
 //!
