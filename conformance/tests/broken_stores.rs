@@ -191,6 +191,24 @@ impl KeyStore for Broken {
         Ok(stale)
     }
 
+    async fn list(
+        &self,
+        filter: &idem_core::ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let mut found: Vec<Record> = self
+            .map
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|r| filter.matches(r, now))
+            .cloned()
+            .collect();
+        idem_core::ListFilter::order_and_truncate(&mut found, limit);
+        Ok(found)
+    }
+
     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
         let mut map = self.map.lock().unwrap();
         let ids: Vec<_> = map

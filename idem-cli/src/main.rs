@@ -88,6 +88,24 @@ enum Command {
 
 #[derive(Subcommand)]
 enum KeysCommand {
+    /// List records, least recently written first; every filter is served by an index.
+    Ls {
+        /// Only records in this state: processing, completed or failed_retryable.
+        #[arg(long, value_parser = parse_state)]
+        state: Option<idem_core::RecordState>,
+        /// Only records last written at least this long ago (e.g. 10m, 2h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Option<Duration>,
+        /// Only records of this scope.
+        #[arg(long)]
+        scope: Option<Scope>,
+        /// At most this many records.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show one record, its outcome body pretty-printed.
     Show {
         /// The scope, e.g. `public/%2Ftools%2Fcreate_ticket`.
@@ -178,6 +196,20 @@ async fn keys(store: StoreUrl, command: KeysCommand) -> Result<(), BoxError> {
         .await
         .map_err(|e| format!("cannot open the store {store}: {e}"))?;
     let out = match command {
+        KeysCommand::Ls {
+            state,
+            older_than,
+            scope,
+            limit,
+            json,
+        } => {
+            let filter = idem_core::ListFilter {
+                state,
+                scope,
+                updated_before: older_than.map(|d| idem_core::Timestamp::now() - d),
+            };
+            ops::ls(&*s, &filter, limit, json).await?
+        }
         KeysCommand::Show { scope, key, json } => ops::show(&*s, &scope, &key, json).await?,
         KeysCommand::Resolve {
             scope,
@@ -194,6 +226,12 @@ async fn keys(store: StoreUrl, command: KeysCommand) -> Result<(), BoxError> {
     };
     println!("{}", out.trim_end());
     Ok(())
+}
+
+fn parse_state(s: &str) -> Result<idem_core::RecordState, String> {
+    idem_core::RecordState::parse(s).ok_or_else(|| {
+        format!("{s:?} is not a state: use processing, completed or failed_retryable")
+    })
 }
 
 async fn conformance(store: StoreUrl) -> Result<(), BoxError> {

@@ -121,6 +121,37 @@ pub async fn show(
     Ok(out)
 }
 
+/// `idem keys ls`: the records the filter selects, as a table or JSON.
+pub async fn ls(
+    store: &dyn KeyStore,
+    filter: &idem_core::ListFilter,
+    limit: usize,
+    as_json: bool,
+) -> Result<String, BoxError> {
+    let records = store.list(filter, SystemClock.now(), limit).await?;
+    if as_json {
+        let all: Vec<Value> = records.iter().map(record_json).collect();
+        return Ok(serde_json::to_string_pretty(&all)?);
+    }
+    let mut out = format!(
+        "{:<17} {:>7} {:<24} {:<24} {}\n",
+        "STATE", "ATTEMPT", "UPDATED", "LEASE UNTIL", "SCOPE  KEY"
+    );
+    for r in &records {
+        out.push_str(&format!(
+            "{:<17} {:>7} {:<24} {:<24} {}  {}\n",
+            r.state.as_str(),
+            r.attempt,
+            rfc3339(r.updated_at),
+            rfc3339(r.lease_until),
+            r.scope,
+            r.key
+        ));
+    }
+    out.push_str(&format!("{} records\n", records.len()));
+    Ok(out)
+}
+
 /// Takes a stuck record over for the operator: refuses a completed record, or one whose holder's
 /// lease still runs.
 async fn take_over(

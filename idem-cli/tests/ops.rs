@@ -152,6 +152,44 @@ async fn keys_show_prints_the_record() {
 }
 
 #[tokio::test]
+async fn keys_ls_filters_by_state_scope_and_age() {
+    let f = fixture().await;
+    let ls = |extra: &[&str]| {
+        let mut args = vec!["keys", "--store", f.url.as_str(), "ls", "--json"];
+        args.extend_from_slice(extra);
+        let out = idem(&args);
+        assert!(out.status.success(), "{:?}", text(&out));
+        let v: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        v.iter()
+            .map(|r| r["key"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    // Least recently written first; expired records never.
+    // "done" and "running" were written at the same instant: then by key.
+    assert_eq!(ls(&[]), ["stuck-1", "stuck-2", "done", "running"]);
+    assert_eq!(
+        ls(&["--state", "processing"]),
+        ["stuck-1", "stuck-2", "running"]
+    );
+    assert_eq!(ls(&["--state", "completed"]), ["done"]);
+    assert_eq!(ls(&["--older-than", "1m"]), ["stuck-1", "stuck-2"]);
+    assert_eq!(
+        ls(&["--scope", f.scope.as_str(), "--limit", "1"]),
+        ["stuck-1"]
+    );
+    assert!(ls(&["--scope", "other/tool"]).is_empty());
+    let table = idem(&["keys", "--store", &f.url, "ls", "--state", "processing"]);
+    let (stdout, _) = text(&table);
+    assert!(
+        stdout.starts_with("STATE") && stdout.contains("stuck-1") && stdout.contains("3 records"),
+        "{stdout}"
+    );
+    let bad = idem(&["keys", "--store", &f.url, "ls", "--state", "done"]);
+    assert!(!bad.status.success());
+    assert!(text(&bad).1.contains("not a state"));
+}
+
+#[tokio::test]
 async fn keys_release_gives_a_stuck_key_back() {
     let f = fixture().await;
     let out = idem(&[

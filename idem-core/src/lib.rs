@@ -28,5 +28,5 @@ pub use outcome::{Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};
 pub use reconcile::{Finding, Probe, PurgeReport, ReconcileReport, Reconciler, purge_expired_all};
 pub use record::{Record, RecordState};
-pub use store::{BoxError, KeyStore, StoreError};
+pub use store::{BoxError, KeyStore, ListFilter, StoreError};
 pub use token::Token;

@@ -10,8 +10,8 @@ use crate::machine::{
     self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
 };
 use crate::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope, StoreError, Timestamp,
-    Token,
+    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
+    Timestamp, Token,
 };
 
 type Map = HashMap<(Scope, IdempotencyKey), Record>;
@@ -146,6 +146,22 @@ impl KeyStore for MemoryStore {
         });
         stale.truncate(limit);
         Ok(stale)
+    }
+
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let map = self.lock();
+        let mut found: Vec<Record> = map
+            .values()
+            .filter(|r| filter.matches(r, now))
+            .cloned()
+            .collect();
+        ListFilter::order_and_truncate(&mut found, limit);
+        Ok(found)
     }
 
     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {

@@ -12,7 +12,7 @@
 //! use std::sync::{Arc, Mutex};
 //! use std::time::Duration;
 //! use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
-//! use idem_core::{async_trait, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record,
+//! use idem_core::{async_trait, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
 //!     Scope, StoreError, Timestamp, Token};
 //!
 //! /// A store in a mutex: each method reads, decides with the pure rules and writes, under one lock.
@@ -67,6 +67,13 @@
 //!         stale.truncate(limit);
 //!         Ok(stale)
 //!     }
+//!     async fn list(&self, filter: &ListFilter, now: Timestamp, limit: usize)
+//!                   -> Result<Vec<Record>, StoreError> {
+//!         let map = self.0.lock().unwrap();
+//!         let mut found: Vec<Record> = map.values().filter(|r| filter.matches(r, now)).cloned().collect();
+//!         ListFilter::order_and_truncate(&mut found, limit);
+//!         Ok(found)
+//!     }
 //!     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
 //!         let mut map = self.0.lock().unwrap();
 //!         let expired: Vec<_> = map.iter().filter(|(_, r)| r.is_expired(now))
@@ -87,7 +94,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, OutcomeTooLarge, ReleaseAnswer};
-use crate::{Fingerprint, IdempotencyKey, Outcome, Policy, Record, Scope, Timestamp, Token};
+use crate::{
+    Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, Timestamp, Token,
+};
 
 /// A boxed error kept as the source of a [`StoreError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -176,6 +185,35 @@ impl StoreError {
     }
 }
 
+/// What [`KeyStore::list`] selects; each field that is set narrows the selection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only records in this state.
+    pub state: Option<RecordState>,
+    /// Only records of this scope.
+    pub scope: Option<Scope>,
+    /// Only records last written at or before this instant (`idem keys ls --older-than 10m`).
+    pub updated_before: Option<Timestamp>,
+}
+
+impl ListFilter {
+    /// Whether `record` is selected at `now` (expired records never are).
+    pub fn matches(&self, record: &Record, now: Timestamp) -> bool {
+        !record.is_expired(now)
+            && self.state.is_none_or(|s| record.state == s)
+            && self.scope.as_ref().is_none_or(|s| &record.scope == s)
+            && self.updated_before.is_none_or(|t| record.updated_at <= t)
+    }
+
+    /// Sorts records as [`KeyStore::list`] returns them and keeps the first `limit`.
+    pub fn order_and_truncate(records: &mut Vec<Record>, limit: usize) {
+        records.sort_by(|a, b| {
+            (a.updated_at, &a.scope, &a.key).cmp(&(b.updated_at, &b.scope, &b.key))
+        });
+        records.truncate(limit);
+    }
+}
+
 /// Where records live. Small and dyn-safe: `Arc<dyn KeyStore>` is how the executor holds one.
 ///
 /// Every method takes `now` from the caller and decides expiry and leases against it, never
@@ -255,6 +293,16 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
         limit: usize,
     ) -> Result<Vec<Record>, StoreError>;
 
+    /// Up to `limit` records, live at `now`, that `filter` selects, least recently written first
+    /// (then by scope and key): what an operator lists (`idem keys ls`). Each filter should be
+    /// served by an index of the store, not a scan of all its records.
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError>;
+
     /// Deletes up to `limit` records that have expired at `now` and returns how many it deleted.
     /// Live records are never touched. Call it again until it returns less than `limit`.
     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError>;
@@ -329,6 +377,15 @@ impl<S: KeyStore + ?Sized> KeyStore for std::sync::Arc<S> {
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
         (**self).list_in_flight(older_than, limit).await
+    }
+
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        (**self).list(filter, now, limit).await
     }
 
     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {

@@ -123,6 +123,15 @@ impl KeyStore for TestStore {
         self.inner.list_in_flight(older_than, limit).await
     }
 
+    async fn list(
+        &self,
+        filter: &idem_core::ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.inner.list(filter, now, limit).await
+    }
+
     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(now, limit).await
     }

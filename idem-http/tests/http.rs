@@ -536,6 +536,14 @@ impl KeyStore for Down {
     ) -> Result<Vec<idem_core::Record>, StoreError> {
         unreachable!()
     }
+    async fn list(
+        &self,
+        _: &idem_core::ListFilter,
+        _: idem_core::Timestamp,
+        _: usize,
+    ) -> Result<Vec<idem_core::Record>, StoreError> {
+        unreachable!()
+    }
     async fn purge_expired(&self, _: idem_core::Timestamp, _: usize) -> Result<usize, StoreError> {
         unreachable!()
     }

@@ -12,8 +12,8 @@ use idem_core::machine::{
     self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, RecordState, Scope,
+    StoreError, Timestamp, Token, async_trait,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Postgres, Row};
@@ -495,6 +495,52 @@ impl KeyStore for PostgresStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| classify("list_in_flight", e))?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        // Only the filters that are set, so each is served by its index (state and age by
+        // `(state, updated_at)` / `(updated_at)`, scope by the primary key).
+        let mut sql = format!(
+            "SELECT {} FROM {} WHERE expires_at > $1",
+            schema::COLUMNS,
+            self.sql.qualified
+        );
+        let mut n = 1;
+        for (set, column) in [
+            (filter.state.is_some(), "state = "),
+            (filter.scope.is_some(), "scope = "),
+            (filter.updated_before.is_some(), "updated_at <= "),
+        ] {
+            if set {
+                n += 1;
+                sql.push_str(&format!(" AND {column}${n}"));
+            }
+        }
+        sql.push_str(&format!(
+            " ORDER BY updated_at, scope, key LIMIT ${}",
+            n + 1
+        ));
+        let mut query = sqlx::query(&sql).bind(ts(now));
+        if let Some(state) = filter.state {
+            query = query.bind(state.as_str());
+        }
+        if let Some(scope) = &filter.scope {
+            query = query.bind(scope.as_str());
+        }
+        if let Some(before) = filter.updated_before {
+            query = query.bind(ts(before));
+        }
+        let rows = query
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| classify("list", e))?;
         rows.iter().map(record_from_row).collect()
     }
 

@@ -16,10 +16,11 @@ pub(crate) struct Migration {
 }
 
 /// Every migration, oldest first. Never edit a released one: add the next version.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "records table, in-flight and expiry indexes",
-    sql: r#"
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "records table, in-flight and expiry indexes",
+        sql: r#"
 CREATE TABLE IF NOT EXISTS {table} (
     scope          TEXT COLLATE "C" NOT NULL,
     key            TEXT COLLATE "C" NOT NULL,
@@ -43,7 +44,16 @@ CREATE INDEX IF NOT EXISTS {name}_in_flight_idx
     ON {table} (lease_until, scope, key) WHERE state = 'processing';
 CREATE INDEX IF NOT EXISTS {name}_expires_idx ON {table} (expires_at);
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "indexes for list by state and by age",
+        sql: r#"
+CREATE INDEX IF NOT EXISTS {name}_state_updated_idx ON {table} (state, updated_at);
+CREATE INDEX IF NOT EXISTS {name}_updated_idx ON {table} (updated_at);
+"#,
+    },
+];
 
 /// The SQL of one store, built once from its (checked) schema and table names.
 #[derive(Debug)]

@@ -342,7 +342,7 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!(versions, 1);
+    assert_eq!(versions, 2, "each migration recorded once");
     sqlx::raw_sql(&format!(
         "DROP TABLE idem_test.\"{table}\"; DROP TABLE idem_test.\"{table}_migrations\""
     ))

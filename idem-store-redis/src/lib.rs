@@ -14,8 +14,8 @@ use idem_core::machine::{
     self, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope, StalePolicy, StoreError,
-    Timestamp, Token, async_trait,
+    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StalePolicy,
+    StoreError, Timestamp, Token, async_trait,
 };
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -558,6 +558,77 @@ impl KeyStore for RedisStore {
         });
         stale.truncate(limit);
         Ok(stale)
+    }
+
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let mut conn = self.conn();
+        let mut found = Vec::new();
+        if limit == 0 {
+            return Ok(found);
+        }
+        // A member is `<hex scope>:<hex key>`, so a scope filters members before any record is
+        // read. `processing` records are read from the lease index, the others from the expiry
+        // index, from `now` on (the live ones).
+        let scope_prefix = filter
+            .scope
+            .as_ref()
+            .map(|s| format!("{}:", keys::hex(s.as_str().as_bytes())));
+        for bucket in 0..BUCKETS {
+            let bucket_keys = BucketKeys::new(&self.prefix, bucket);
+            let (index, min) = match filter.state {
+                Some(idem_core::RecordState::Processing) => {
+                    (&bucket_keys.lease_index, "-inf".to_owned())
+                }
+                _ => (&bucket_keys.expiry_index, format!("({}", now.as_millis())),
+            };
+            let mut offset = 0usize;
+            loop {
+                let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                    .arg(index)
+                    .arg(&min)
+                    .arg("+inf")
+                    .arg("LIMIT")
+                    .arg(offset)
+                    .arg(LIST_PAGE)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| classify("list", e))?;
+                let wanted: Vec<&String> = members
+                    .iter()
+                    .filter(|m| scope_prefix.as_ref().is_none_or(|p| m.starts_with(p)))
+                    .collect();
+                if !wanted.is_empty() {
+                    let mut pipe = redis::pipe();
+                    for m in &wanted {
+                        pipe.cmd("HGETALL").arg(bucket_keys.record(m));
+                    }
+                    let replies: Vec<Fields> = pipe
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| classify("list", e))?;
+                    for fields in &replies {
+                        match record::record(fields) {
+                            Ok(Some(r)) if filter.matches(&r, now) => found.push(r),
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::warn!(backend = "redis", error = %e, "list skipped a corrupt record")
+                            }
+                        }
+                    }
+                }
+                if members.len() < LIST_PAGE {
+                    break;
+                }
+                offset += members.len();
+            }
+        }
+        ListFilter::order_and_truncate(&mut found, limit);
+        Ok(found)
     }
 
     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {

@@ -14,8 +14,8 @@ use idem_core::machine::{
     self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope, StoreError, Timestamp,
-    Token, async_trait,
+    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
+    Timestamp, Token, async_trait,
 };
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use tokio::sync::Semaphore;
@@ -500,6 +500,21 @@ impl KeyStore for SqliteStore {
                 &inner.sql.list_in_flight,
                 params![row::ts_to_sql(older_than), limit],
             )
+        })
+        .await
+    }
+
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let filter = filter.clone();
+        self.run(move |inner, conn| {
+            let (sql, params) = inner.sql.list(&filter, now, limit);
+            row::read_all(conn, &sql, rusqlite::params_from_iter(params))
         })
         .await
     }

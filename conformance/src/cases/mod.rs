@@ -61,6 +61,7 @@ macro_rules! __case_list {
             expiry::expiry_tokens_never_reused_after_purge,
             expiry::inspect_get_returns_the_record,
             expiry::inspect_list_in_flight_returns_only_stale_processing,
+            expiry::inspect_list_filters_by_state_scope_and_age,
             concurrency::concurrency_64_claims_one_key_one_winner,
             concurrency::concurrency_200_keys_one_winner_each,
             concurrency::concurrency_executor_runs_once,
