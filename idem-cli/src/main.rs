@@ -77,6 +77,16 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         batch: usize,
     },
+    /// Measure idem's first execution and replay against the bare engine operations on the same
+    /// store (insert-if-absent + update, and a read), as ratios.
+    Bench {
+        /// The store: sqlite://PATH, postgres://…, redis://…
+        #[arg(long)]
+        store: StoreUrl,
+        /// Operations of each kind.
+        #[arg(long, default_value_t = 1000)]
+        operations: usize,
+    },
     /// Run the public conformance suite against a live store (in scopes of its own) and print
     /// pass/fail per case: does this PostgreSQL or Redis setup really give the guarantees?
     Conformance {
@@ -181,6 +191,14 @@ async fn main() -> ExitCode {
             Err(e) => Err(format!("cannot open the store {store}: {e}").into()),
         },
         Command::Conformance { store } => conformance(store).await,
+        Command::Bench { store, operations } => match ops::bench(&store, operations).await {
+            Ok(report) => {
+                println!("idem bench on {store}");
+                print!("{report}");
+                Ok(())
+            }
+            Err(e) => Err(format!("bench on {store}: {e}").into()),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

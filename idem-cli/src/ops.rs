@@ -273,3 +273,248 @@ pub fn conformance(url: StoreUrl) -> idem_conformance::Report {
     };
     idem_conformance::run_all(factory)
 }
+
+/// The bare engine operations idem's are measured against, on the same store.
+enum Raw {
+    Sqlite(SqliteStore),
+    Postgres(PostgresStore),
+    Redis(idem_store_redis::redis::aio::ConnectionManager),
+}
+
+impl Raw {
+    async fn open(url: &StoreUrl) -> Result<(Arc<dyn KeyStore>, Raw), BoxError> {
+        Ok(match url {
+            StoreUrl::Sqlite(path) => {
+                let store = SqliteStore::open(path)?;
+                store.migrate()?;
+                store
+                    .with_connection(|c| {
+                        c.execute_batch(
+                            "CREATE TABLE IF NOT EXISTS idem_bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
+                        )
+                    })
+                    .await??;
+                (Arc::new(store.clone()), Raw::Sqlite(store))
+            }
+            StoreUrl::Postgres(url) => {
+                let store = PostgresStore::connect(url).await?;
+                store.migrate().await?;
+                idem_store_postgres::sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS idem_bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
+                )
+                .execute(store.pool())
+                .await?;
+                (Arc::new(store.clone()), Raw::Postgres(store))
+            }
+            StoreUrl::Redis(url) => {
+                let store = RedisStore::connect(url).await?;
+                store.migrate().await?;
+                let conn = idem_store_redis::redis::Client::open(url.as_str())?
+                    .get_connection_manager()
+                    .await?;
+                (Arc::new(store), Raw::Redis(conn))
+            }
+        })
+    }
+
+    /// The bare form of a first execution: insert the key if absent, then write its answer.
+    async fn write(&self, key: &str) -> Result<(), BoxError> {
+        match self {
+            Raw::Sqlite(s) => {
+                let key = key.to_owned();
+                s.with_connection(move |c| {
+                    c.execute(
+                        "INSERT INTO idem_bench_raw (k, v) VALUES (?1, 'p') ON CONFLICT DO NOTHING",
+                        [&key],
+                    )?;
+                    c.execute("UPDATE idem_bench_raw SET v = 'c' WHERE k = ?1", [&key])
+                })
+                .await??;
+            }
+            Raw::Postgres(s) => {
+                use idem_store_postgres::sqlx;
+                sqlx::query(
+                    "INSERT INTO idem_bench_raw (k, v) VALUES ($1, 'p') ON CONFLICT DO NOTHING",
+                )
+                .bind(key)
+                .execute(s.pool())
+                .await?;
+                sqlx::query("UPDATE idem_bench_raw SET v = 'c' WHERE k = $1")
+                    .bind(key)
+                    .execute(s.pool())
+                    .await?;
+            }
+            Raw::Redis(conn) => {
+                use idem_store_redis::redis;
+                let mut conn = conn.clone();
+                let _: Option<String> = redis::cmd("SET")
+                    .arg(key)
+                    .arg("p")
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(600_000)
+                    .query_async(&mut conn)
+                    .await?;
+                let _: Option<String> = redis::cmd("SET")
+                    .arg(key)
+                    .arg("c")
+                    .arg("XX")
+                    .arg("PX")
+                    .arg(600_000)
+                    .query_async(&mut conn)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the raw rows of bench run `run` (Redis keys expire on their own).
+    async fn clean(&self, run: &str) -> Result<(), BoxError> {
+        let pattern = format!("idem-bench:{run}:%");
+        match self {
+            Raw::Sqlite(s) => {
+                s.with_connection(move |c| {
+                    c.execute("DELETE FROM idem_bench_raw WHERE k LIKE ?1", [&pattern])
+                })
+                .await??;
+            }
+            Raw::Postgres(s) => {
+                idem_store_postgres::sqlx::query("DELETE FROM idem_bench_raw WHERE k LIKE $1")
+                    .bind(pattern)
+                    .execute(s.pool())
+                    .await?;
+            }
+            Raw::Redis(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The bare form of a replay: read the key's answer.
+    async fn read(&self, key: &str) -> Result<(), BoxError> {
+        match self {
+            Raw::Sqlite(s) => {
+                let key = key.to_owned();
+                s.with_connection(move |c| {
+                    c.query_row("SELECT v FROM idem_bench_raw WHERE k = ?1", [&key], |r| {
+                        r.get::<_, String>(0)
+                    })
+                })
+                .await??;
+            }
+            Raw::Postgres(s) => {
+                let _: String = idem_store_postgres::sqlx::query_scalar(
+                    "SELECT v FROM idem_bench_raw WHERE k = $1",
+                )
+                .bind(key)
+                .fetch_one(s.pool())
+                .await?;
+            }
+            Raw::Redis(conn) => {
+                let mut conn = conn.clone();
+                let _: Option<String> = idem_store_redis::redis::cmd("GET")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What `idem bench` measured: mean latencies in microseconds, one caller.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchReport {
+    /// Operations of each kind.
+    pub operations: usize,
+    /// idem claim + complete of a new key.
+    pub idem_first: f64,
+    /// The raw insert-if-absent + update.
+    pub raw_first: f64,
+    /// idem claim of a completed key.
+    pub idem_replay: f64,
+    /// The raw read.
+    pub raw_replay: f64,
+}
+
+impl std::fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{} operations of each kind, one caller, idem and raw interleaved",
+            self.operations
+        )?;
+        writeln!(
+            f,
+            "{:<18}{:>12}{:>12}{:>9}",
+            "", "idem µs", "raw µs", "ratio"
+        )?;
+        for (name, idem, raw) in [
+            ("first execution", self.idem_first, self.raw_first),
+            ("replay", self.idem_replay, self.raw_replay),
+        ] {
+            writeln!(f, "{name:<18}{idem:>12.1}{raw:>12.1}{:>8.2}×", idem / raw)?;
+        }
+        Ok(())
+    }
+}
+
+/// `idem bench --store URL`: idem's first execution and replay against the bare engine
+/// operations on the same store, as ratios.
+pub async fn bench(url: &StoreUrl, operations: usize) -> Result<BenchReport, BoxError> {
+    use std::time::Instant;
+    let (store, raw) = Raw::open(url).await?;
+    let run = format!("{:016x}", rand::random::<u64>());
+    let scope = Scope::new(format!("idem-bench/{run}"))?;
+    let fp = idem_core::Fingerprint::of("bench", &json!({}))?;
+    let policy = Policy::default();
+    let outcome = Outcome::definitive(200, &json!({"ok": true}))?;
+    let (mut idem_first, mut raw_first, mut idem_replay, mut raw_replay) = (
+        Duration::ZERO,
+        Duration::ZERO,
+        Duration::ZERO,
+        Duration::ZERO,
+    );
+    let keys: Vec<IdempotencyKey> = (0..operations)
+        .map(|i| IdempotencyKey::new(format!("k-{i}")))
+        .collect::<Result<_, _>>()?;
+    for key in &keys {
+        let raw_key = format!("idem-bench:{run}:{key}");
+        let t = Instant::now();
+        let ClaimAnswer::Claimed { token, .. } = store
+            .claim(&scope, key, &fp, &policy, SystemClock.now())
+            .await?
+        else {
+            return Err("a fresh bench key was not claimed".into());
+        };
+        store
+            .complete(&scope, key, token, &outcome, &policy, SystemClock.now())
+            .await?;
+        idem_first += t.elapsed();
+        let t = Instant::now();
+        raw.write(&raw_key).await?;
+        raw_first += t.elapsed();
+    }
+    for key in &keys {
+        let raw_key = format!("idem-bench:{run}:{key}");
+        let t = Instant::now();
+        let answer = store
+            .claim(&scope, key, &fp, &policy, SystemClock.now())
+            .await?;
+        idem_replay += t.elapsed();
+        if !matches!(answer, ClaimAnswer::Replay(_)) {
+            return Err(format!("expected a replay, got {answer:?}").into());
+        }
+        let t = Instant::now();
+        raw.read(&raw_key).await?;
+        raw_replay += t.elapsed();
+    }
+    raw.clean(&run).await?;
+    let mean = |d: Duration| d.as_secs_f64() * 1e6 / operations.max(1) as f64;
+    Ok(BenchReport {
+        operations,
+        idem_first: mean(idem_first),
+        raw_first: mean(raw_first),
+        idem_replay: mean(idem_replay),
+        raw_replay: mean(raw_replay),
+    })
+}

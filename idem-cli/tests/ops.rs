@@ -367,3 +367,36 @@ async fn conformance_runs_the_suite_against_a_live_store() {
         }
     }
 }
+
+fn bench_prints_ratios(url: &str) {
+    let out = idem(&["bench", "--store", url, "--operations", "20"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for row in ["first execution", "replay"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        let ratio: f64 = line
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .trim_end_matches('×')
+            .parse()
+            .unwrap();
+        assert!(ratio > 0.0, "{line}");
+    }
+}
+
+#[tokio::test]
+async fn bench_compares_idem_with_the_raw_engine_operations() {
+    let f = fixture().await;
+    bench_prints_ratios(&f.url);
+    for var in ["IDEM_TEST_POSTGRES_URL", "IDEM_TEST_REDIS_URL"] {
+        match std::env::var(var) {
+            Ok(url) => bench_prints_ratios(&url),
+            Err(_) if std::env::var_os("CI").is_some() => panic!("{var} is not set under CI"),
+            Err(_) => eprintln!("skipped the {var} run: not set"),
+        }
+    }
+}
