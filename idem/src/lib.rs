@@ -24,6 +24,13 @@ pub mod redis {
     pub use idem_store_redis::*;
 }
 
+/// Idempotent tools for MCP servers on `rmcp`.
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+pub mod mcp {
+    pub use idem_mcp::*;
+}
+
 /// The tower layer for HTTP tools.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
