@@ -12,6 +12,7 @@ pub mod outcome;
 pub mod policy;
 pub mod reconcile;
 pub mod record;
+pub mod retry;
 pub mod store;
 pub mod token;
 

@@ -9,34 +9,7 @@ use tokio::time::Instant;
 
 use crate::{IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED};
 
-/// How a [`ToolClient`] retries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// How long one attempt may take before the client gives up on it and retries.
-    pub attempt_timeout: Duration,
-    /// How long the whole call may take, all attempts and waits included.
-    pub overall_deadline: Duration,
-    /// The first backoff; it doubles after each retry, up to `max_backoff`, with jitter.
-    pub initial_backoff: Duration,
-    /// The largest backoff.
-    pub max_backoff: Duration,
-    /// Allow an `attempt_timeout` below the tool's published minimum client deadline. Off by
-    /// default: such attempts are cut off while the tool still works, so every one of them ends in
-    /// a timeout and a retry.
-    pub allow_short_attempts: bool,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            attempt_timeout: Duration::from_secs(30),
-            overall_deadline: Duration::from_secs(120),
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(5),
-            allow_short_attempts: false,
-        }
-    }
-}
+pub use idem_core::retry::RetryPolicy;
 
 /// Why a call produced no answer.
 #[derive(Debug, thiserror::Error)]
@@ -142,15 +115,12 @@ impl ToolClient {
         policy: RetryPolicy,
         min_client_deadline: Option<Duration>,
     ) -> Result<Self, ClientError> {
-        if let Some(min) = min_client_deadline
-            && policy.attempt_timeout < min
-            && !policy.allow_short_attempts
-        {
-            return Err(ClientError::DeadlineBelowMinimum {
-                attempt_timeout: policy.attempt_timeout,
-                min_client_deadline: min,
-            });
-        }
+        policy.check_minimum(min_client_deadline).map_err(|short| {
+            ClientError::DeadlineBelowMinimum {
+                attempt_timeout: short.attempt_timeout,
+                min_client_deadline: short.min_client_deadline,
+            }
+        })?;
         Ok(Self {
             http: reqwest::Client::builder().build()?,
             url: url.into(),
@@ -216,7 +186,7 @@ impl ToolClient {
         let deadline = started + self.policy.overall_deadline;
         let body = arguments.to_string();
         let (mut attempts, mut in_flight, mut failed) = (0u32, 0u32, 0u32);
-        let mut backoff = self.policy.initial_backoff;
+        let mut backoff = self.policy.backoff();
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -276,13 +246,11 @@ impl ToolClient {
                     (None, format!("{e}"))
                 }
             };
-            let jittered = jitter(backoff);
-            let wait = retry_after.map_or(jittered, |r| r.max(jittered));
+            let wait = backoff.next_wait(retry_after);
             if Instant::now() + wait >= deadline {
                 return Err(ClientError::DeadlineExceeded { attempts, last });
             }
             tokio::time::sleep(wait).await;
-            backoff = (backoff * 2).min(self.policy.max_backoff);
         }
     }
 }
@@ -290,12 +258,6 @@ impl ToolClient {
 /// Statuses worth retrying with the same key: in flight, rate limited, store or gateway down.
 fn retryable_status(status: StatusCode) -> bool {
     matches!(status.as_u16(), 409 | 429 | 502 | 503 | 504)
-}
-
-/// "Equal jitter": a random wait between half the backoff and the whole of it.
-fn jitter(backoff: Duration) -> Duration {
-    let half = backoff / 2;
-    half + half.mul_f64(rand::random::<f64>())
 }
 
 #[cfg(test)]
@@ -321,11 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn jitter_stays_within_half_and_whole() {
-        for _ in 0..100 {
-            let j = jitter(Duration::from_millis(100));
-            assert!(j >= Duration::from_millis(50) && j <= Duration::from_millis(100));
-        }
+    fn retryable_statuses() {
         assert!(retryable_status(StatusCode::CONFLICT));
         assert!(!retryable_status(StatusCode::UNPROCESSABLE_ENTITY));
     }

@@ -15,33 +15,7 @@ use tokio::time::Instant;
 use crate::key::META_KEY;
 use crate::server::{IN_FLIGHT, STORE_UNAVAILABLE, TOOL_META_KEY, is_replay};
 
-/// How [`IdempotentCaller`] retries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// How long one attempt may take before the client gives up on it and retries.
-    pub attempt_timeout: Duration,
-    /// How long the whole call may take, all attempts and waits included.
-    pub overall_deadline: Duration,
-    /// The first backoff; it doubles after each retry, up to `max_backoff`, with jitter.
-    pub initial_backoff: Duration,
-    /// The largest backoff.
-    pub max_backoff: Duration,
-    /// Allow an `attempt_timeout` below the tool's published minimum client deadline. Off by
-    /// default: such attempts are cut off while the tool still works.
-    pub allow_short_attempts: bool,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            attempt_timeout: Duration::from_secs(30),
-            overall_deadline: Duration::from_secs(120),
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(5),
-            allow_short_attempts: false,
-        }
-    }
-}
+pub use idem_core::retry::RetryPolicy;
 
 /// Why an idempotent call produced no result.
 #[derive(Debug, thiserror::Error)]
@@ -166,15 +140,12 @@ impl IdempotentCaller {
         min_client_deadline: Option<Duration>,
     ) -> Result<CallAnswer, CallError> {
         let policy = self.policy;
-        if let Some(min) = min_client_deadline
-            && policy.attempt_timeout < min
-            && !policy.allow_short_attempts
-        {
-            return Err(CallError::DeadlineBelowMinimum {
-                attempt_timeout: policy.attempt_timeout,
-                min_client_deadline: min,
-            });
-        }
+        policy.check_minimum(min_client_deadline).map_err(|short| {
+            CallError::DeadlineBelowMinimum {
+                attempt_timeout: short.attempt_timeout,
+                min_client_deadline: short.min_client_deadline,
+            }
+        })?;
         let mut params = CallToolRequestParams::new(tool.to_owned());
         params.arguments = arguments;
         let mut meta = RequestMetaObject::new();
@@ -185,7 +156,7 @@ impl IdempotentCaller {
 
         let deadline = Instant::now() + policy.overall_deadline;
         let (mut attempts, mut in_flight, mut failed) = (0u32, 0u32, 0u32);
-        let mut backoff = policy.initial_backoff;
+        let mut backoff = policy.backoff();
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -234,34 +205,18 @@ impl IdempotentCaller {
                     (None, format!("attempt timed out after {timeout:?}"))
                 }
             };
-            let jittered = jitter(backoff);
-            let wait = retry_after.map_or(jittered, |r| r.max(jittered));
+            let wait = backoff.next_wait(retry_after);
             if Instant::now() + wait >= deadline {
                 return Err(CallError::DeadlineExceeded { attempts, last });
             }
             tokio::time::sleep(wait).await;
-            backoff = (backoff * 2).min(policy.max_backoff);
         }
     }
-}
-
-/// "Equal jitter": a random wait between half the backoff and the whole of it.
-fn jitter(backoff: Duration) -> Duration {
-    let half = backoff / 2;
-    half + half.mul_f64(rand::random::<f64>())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn jitter_stays_within_half_and_whole() {
-        for _ in 0..100 {
-            let j = jitter(Duration::from_millis(100));
-            assert!(j >= Duration::from_millis(50) && j <= Duration::from_millis(100));
-        }
-    }
 
     #[test]
     fn step_keys_come_from_the_durable_step() {
