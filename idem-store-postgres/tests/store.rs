@@ -225,20 +225,7 @@ async fn claim_waiting_on_an_uncommitted_inserter() {
         };
         // Wait (by condition, not by time) until the claim's INSERT is blocked on our row.
         let admin = common::pool(&url, "idem-test-admin", 1).await;
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-                 AND wait_event_type = 'Lock'",
-            )
-            .bind(&app)
-            .fetch_one(&admin)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+        common::wait_until_blocked_on_a_lock(&admin, &app).await;
         let finish = if commit { "COMMIT" } else { "ROLLBACK" };
         sqlx::query(finish).execute(&mut *blocker).await.unwrap();
         let answer = claimer.await.unwrap().unwrap();
@@ -505,20 +492,7 @@ async fn purge_spares_a_record_replaced_while_it_waited() {
         tokio::spawn(async move { store.purge_expired(later, 10).await })
     };
     let admin = common::pool(&url, "idem-test-admin", 1).await;
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-             AND wait_event_type = 'Lock'",
-        )
-        .bind(&app)
-        .fetch_one(&admin)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    common::wait_until_blocked_on_a_lock(&admin, &app).await;
     sqlx::query("COMMIT").execute(&mut *replacer).await.unwrap();
     purge.await.unwrap().unwrap();
     let record = store.get(&scope, &key, later).await.unwrap();

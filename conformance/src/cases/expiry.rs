@@ -3,7 +3,7 @@
 //! The purge and list cases run decades in the past (see the crate docs), so that purging cannot
 //! touch the records of cases running at the wall clock's time.
 
-use idem_core::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, RecordState, ReleaseAnswer};
+use idem_core::{ClaimAnswer, ClaimKind, CompleteAnswer, RecordState};
 
 use super::*;
 use crate::Harness;
@@ -108,24 +108,7 @@ pub async fn expiry_holder_cannot_act_after_expiry(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
     h.advance(TTL);
-    assert_eq!(
-        store
-            .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
-            .await
-            .unwrap(),
-        CompleteAnswer::Fenced
-    );
-    assert_eq!(
-        store.release(&scope, &key, token, h.now()).await.unwrap(),
-        ReleaseAnswer::Fenced
-    );
-    assert_eq!(
-        store
-            .extend(&scope, &key, token, LEASE, h.now())
-            .await
-            .unwrap(),
-        ExtendAnswer::Fenced
-    );
+    assert_all_fenced(&store, &scope, &key, token, h.now()).await;
     assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);
 }
 

@@ -158,24 +158,7 @@ pub async fn fencing_stale_token_cannot_release(h: Harness) {
     );
     // And a forged token with the current seq but another id is fenced too.
     let forged = Token::with_id(new.seq, new.id ^ 1);
-    assert_eq!(
-        store.release(&scope, &key, forged, h.now()).await.unwrap(),
-        ReleaseAnswer::Fenced
-    );
-    assert_eq!(
-        store
-            .extend(&scope, &key, forged, LEASE, h.now())
-            .await
-            .unwrap(),
-        ExtendAnswer::Fenced
-    );
-    assert_eq!(
-        store
-            .complete(&scope, &key, forged, &ok("X"), &policy(), h.now())
-            .await
-            .unwrap(),
-        CompleteAnswer::Fenced
-    );
+    assert_all_fenced(&store, &scope, &key, forged, h.now()).await;
     assert_eq!(store.get(&scope, &key, h.now()).await.unwrap().unwrap(), r);
 }
 
@@ -208,24 +191,7 @@ pub async fn fencing_stale_token_cannot_extend(h: Harness) {
 pub async fn fencing_unknown_key_is_fenced(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let token = Token::new(1);
-    assert_eq!(
-        store
-            .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
-            .await
-            .unwrap(),
-        CompleteAnswer::Fenced
-    );
-    assert_eq!(
-        store.release(&scope, &key, token, h.now()).await.unwrap(),
-        ReleaseAnswer::Fenced
-    );
-    assert_eq!(
-        store
-            .extend(&scope, &key, token, LEASE, h.now())
-            .await
-            .unwrap(),
-        ExtendAnswer::Fenced
-    );
+    assert_all_fenced(&store, &scope, &key, token, h.now()).await;
     assert_eq!(
         store.get(&scope, &key, h.now()).await.unwrap(),
         None,

@@ -179,3 +179,23 @@ pub fn claim_new<'a>(
         }
     }
 }
+
+/// Asserts that `token` can neither complete, release nor extend (scope, key) at `now`.
+pub async fn assert_all_fenced(
+    store: &Arc<dyn KeyStore>,
+    scope: &idem_core::Scope,
+    key: &idem_core::IdempotencyKey,
+    token: Token,
+    now: Timestamp,
+) {
+    use idem_core::{CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+    let completed = store
+        .complete(scope, key, token, &ok("X"), &policy(), now)
+        .await
+        .unwrap();
+    assert_eq!(completed, CompleteAnswer::Fenced, "complete with {token:?}");
+    let released = store.release(scope, key, token, now).await.unwrap();
+    assert_eq!(released, ReleaseAnswer::Fenced, "release with {token:?}");
+    let extended = store.extend(scope, key, token, LEASE, now).await.unwrap();
+    assert_eq!(extended, ExtendAnswer::Fenced, "extend with {token:?}");
+}

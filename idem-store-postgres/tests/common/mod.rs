@@ -98,3 +98,21 @@ pub async fn effects(pool: &PgPool, scope: &str, key: &str) -> i64 {
         .await
         .expect("count effects")
 }
+
+/// Waits (by condition, not by time) until a backend of `app` is blocked on a lock.
+pub async fn wait_until_blocked_on_a_lock(admin: &PgPool, app: &str) {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+             AND wait_event_type = 'Lock'",
+        )
+        .bind(app)
+        .fetch_one(admin)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
