@@ -52,6 +52,9 @@ use std::time::Duration;
 use idem_core::{IdempotencyKey, KeyStore, ManualClock, Scope, Timestamp};
 
 pub mod cases;
+pub mod model;
+
+pub use model::{ModelConfig, ModelFailure, ModelStats, check_model, run_model};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
