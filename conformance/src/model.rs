@@ -74,6 +74,8 @@ pub const CASES_ENV: &str = "IDEM_CONFORMANCE_MODEL_CASES";
 pub const DEFAULT_CASES: u32 = 256;
 /// The longest sequence, in steps, by default.
 pub const DEFAULT_MAX_STEPS: usize = 24;
+/// Progress goes to stderr every this many sequences (long runs can be followed).
+const PROGRESS_EVERY: u64 = 5_000;
 /// How long one sequence may take before it fails (a deadlocked store must not hang CI).
 pub const SEQUENCE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -189,6 +191,7 @@ pub fn check_model(
         sequence: AtomicU64::new(0),
         steps: AtomicU64::new(0),
         run: rand::random(),
+        started: std::time::Instant::now(),
         runtime,
     };
     let mut proptest = TestRunner::new(Config {
@@ -528,12 +531,19 @@ struct Runner {
     sequence: AtomicU64,
     steps: AtomicU64,
     run: u64,
+    started: std::time::Instant,
     runtime: tokio::runtime::Runtime,
 }
 
 impl Runner {
     fn run_sequence(&self, ops: &[Op]) -> Result<(), String> {
         let n = self.sequence.fetch_add(1, Ordering::Relaxed);
+        if n > 0 && n.is_multiple_of(PROGRESS_EVERY) {
+            eprintln!(
+                "idem-conformance model: {n} sequences run in {:.1?}",
+                self.started.elapsed()
+            );
+        }
         let start = Timestamp::from_millis(self.next_start.load(Ordering::Relaxed));
         let existing = self.store.lock().unwrap_or_else(|e| e.into_inner()).take();
         let factory = self.factory.clone();

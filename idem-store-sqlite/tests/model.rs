@@ -12,9 +12,10 @@ fn sqlite_store_agrees_with_the_model() {
     let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
     let files = Arc::new(AtomicU64::new(0));
     let stats = idem_conformance::run_model(move || {
-        let path = dir
-            .path()
-            .join(format!("model-{}.sqlite3", files.fetch_add(1, Ordering::Relaxed)));
+        let path = dir.path().join(format!(
+            "model-{}.sqlite3",
+            files.fetch_add(1, Ordering::Relaxed)
+        ));
         async move {
             let store = SqliteStore::open(&path).expect("open");
             store.migrate().expect("migrate");
