@@ -31,6 +31,30 @@
 //! report.assert_all_passed();
 //! ```
 //!
+//! # The model-based test
+//!
+//! Beside the named cases, [`run_model`] drives random sequences of every operation (claim,
+//! concurrent claims, complete, release, extend, get, list, list_in_flight, purge_expired) and
+//! clock moves against the pure rules of `idem_core::machine` over a map and against your store,
+//! compares every answer and every record, and on failure panics with the minimal failing
+//! sequence proptest's shrinking found. Unlike the cases, it needs a factory of fresh, empty,
+//! private namespaces (purge counts and lists are compared exactly); see [`model`] for the
+//! design:
+//!
+//! ```no_run
+//! # use idem_core::MemoryStore;
+//! #[test]
+//! fn my_store_agrees_with_the_model() {
+//!     // Each call: a NEW empty namespace (a new file, table or key prefix).
+//!     idem_conformance::run_model(|| async { MemoryStore::new() });
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! It runs 256 sequences by default; `IDEM_CONFORMANCE_MODEL_CASES=100000` asks for a long run
+//! (progress goes to stderr every 5 000 sequences). [`check_model`] returns the failure instead of
+//! panicking.
+//!
 //! # What a store must tolerate
 //!
 //! - Cases run in parallel against the same storage; each isolates itself with scopes of its own
