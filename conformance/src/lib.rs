@@ -269,27 +269,61 @@ pub fn run_all(factory: impl StoreFactory) -> Report {
 ///
 /// The argument is an expression evaluated once per generated test; its value must implement
 /// [`StoreFactory`] (e.g. `|| async { MyStore::connect(..).await.unwrap() }`).
+///
+/// Outer attributes written before the factory are put on every generated test, e.g. to run the
+/// suite only on request:
+///
+/// ```no_run
+/// # use idem_core::MemoryStore;
+/// idem_conformance::conformance_tests!(
+///     #[ignore = "needs the staging database: cargo test -- --ignored"]
+///     || async { MemoryStore::new() }
+/// );
+/// # fn main() {}
+/// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    ($factory:expr $(,)?) => {
-        $crate::__case_list!(__emit_tests($factory));
+    ($($input:tt)+) => {
+        $crate::__conformance_tests!(() $($input)+);
+    };
+}
+
+/// Takes the leading attributes one by one (an expression may itself start with an attribute,
+/// so `$(#[$attr:meta])* $factory:expr` would be ambiguous), then the factory.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    (($($attrs:tt)*) #[$attr:meta] $($rest:tt)+) => {
+        $crate::__conformance_tests!(($($attrs)* #[$attr]) $($rest)+);
+    };
+    (($($attrs:tt)*) $factory:expr $(,)?) => {
+        $crate::__case_list!(__emit_tests(($($attrs)*) ($factory)));
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __emit_tests {
-    (($factory:expr) $($group:ident :: $case:ident),* $(,)?) => {
+    (($attrs:tt $factory:tt) $($group:ident :: $case:ident),* $(,)?) => {
         $(
-            #[test]
-            fn $case() {
-                $crate::run_case(
-                    ::core::stringify!($case),
-                    $factory,
-                    |h| ::std::boxed::Box::pin($crate::cases::$group::$case(h)),
-                );
-            }
+            $crate::__emit_test!($attrs $factory $group $case);
         )*
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __emit_test {
+    (($(#[$attr:meta])*) ($factory:expr) $group:ident $case:ident) => {
+        #[test]
+        $(#[$attr])*
+        fn $case() {
+            $crate::run_case(
+                ::core::stringify!($case),
+                $factory,
+                |h| ::std::boxed::Box::pin($crate::cases::$group::$case(h)),
+            );
+        }
     };
 }
 

@@ -1,16 +1,17 @@
 //! A suite that cannot fail proves nothing: deliberately broken stores (`broken/mod.rs`, one per
-//! class of defect), each shown to fail the cases meant to catch it through `run_matching` (and
-//! to pass a basic case, so the failure is the defect's).
+//! class of defect), each shown to fail the cases meant to catch it through `run_matching` and
+//! `run_all` (and to pass a basic case, so the failure is the defect's). `broken_macro.rs` shows
+//! the same through `conformance_tests!`.
 
 mod broken;
 
-use broken::Defect;
-use idem_conformance::{Report, run_matching};
+use broken::{BASIC_CASE, Defect, caught_by};
+use idem_conformance::{Report, run_all, run_matching};
 
-fn check(defect: Defect, must_fail: &[&str]) -> Report {
-    let names: Vec<String> = must_fail.iter().map(|s| s.to_string()).collect();
+fn check(defect: Defect) -> Report {
+    let must_fail = caught_by(defect);
     let report = run_matching(broken::factory(defect), |name| {
-        names.iter().any(|n| n == name) || name == "claim_absent_key_is_claimed_as_attempt_one"
+        must_fail.contains(&name) || name == BASIC_CASE
     });
     for case in must_fail {
         assert!(
@@ -19,7 +20,7 @@ fn check(defect: Defect, must_fail: &[&str]) -> Report {
         );
     }
     assert!(
-        !report.failed("claim_absent_key_is_claimed_as_attempt_one"),
+        !report.failed(BASIC_CASE),
         "{defect:?} is otherwise a working store\n{report}"
     );
     report
@@ -27,42 +28,61 @@ fn check(defect: Defect, must_fail: &[&str]) -> Report {
 
 #[test]
 fn read_then_write_claim_fails_the_concurrency_cases() {
-    check(
-        Defect::ReadThenWriteClaim,
-        &[
-            "concurrency_64_claims_one_key_one_winner",
-            "concurrency_200_keys_one_winner_each",
-            "concurrency_executor_runs_once",
-        ],
-    );
+    check(Defect::ReadThenWriteClaim);
+}
+
+#[test]
+fn read_then_write_rewrite_fails_the_rewrite_races() {
+    check(Defect::ReadThenWriteRewrite);
 }
 
 #[test]
 fn missing_fencing_fails_the_fencing_cases() {
-    check(
-        Defect::NoFencing,
-        &[
-            "fencing_second_complete_is_fenced",
-            "fencing_stale_token_cannot_complete_after_takeover",
-            "fencing_stale_token_cannot_release",
-            "fencing_stale_token_cannot_extend",
-            "expiry_tokens_never_reused_after_purge",
-            "executor_fenced_holder_cannot_overwrite",
-        ],
-    );
+    check(Defect::NoFencing);
+}
+
+#[test]
+fn lease_ending_the_holder_fails_the_late_holder_cases() {
+    check(Defect::LeaseEndsHolder);
 }
 
 #[test]
 fn ignored_expiry_fails_the_expiry_cases() {
-    check(
-        Defect::ExpiryIgnored,
-        &[
-            "expiry_expired_record_is_absent_to_get",
-            "expiry_boundary_is_exact",
-            "expiry_expired_completed_is_claimed_again",
-            "expiry_holder_cannot_act_after_expiry",
-            "expiry_purge_deletes_in_batches_and_keeps_live",
-            "executor_expired_record_runs_once_more",
-        ],
-    );
+    check(Defect::ExpiryIgnored);
+}
+
+#[test]
+fn case_insensitive_addressing_fails_the_case_case() {
+    check(Defect::CaseInsensitiveAddress);
+}
+
+#[test]
+fn concatenated_addressing_fails_the_separator_case() {
+    check(Defect::ConcatenatedAddress);
+}
+
+#[test]
+fn purge_miscount_fails_the_exact_purge_case() {
+    check(Defect::PurgeMiscount);
+}
+
+/// `run_all` reports the same failures as `run_matching`, for every defect, and the whole suite
+/// never passes a broken store.
+#[test]
+fn run_all_fails_every_broken_store() {
+    for &defect in broken::ALL {
+        let report = run_all(broken::factory(defect));
+        for case in caught_by(defect) {
+            assert!(
+                report.failed(case),
+                "{defect:?}: run_all: case {case} should fail but passed\n{report}"
+            );
+        }
+        assert!(!report.failed(BASIC_CASE), "{defect:?}\n{report}");
+        assert_eq!(
+            report.passed.len() + report.failed.len(),
+            idem_conformance::cases::ALL.len(),
+            "run_all runs every case"
+        );
+    }
 }

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_core::{
-    ClaimAnswer, ClaimKind, CompleteAnswer, Executor, Policy, RecordState, ReleaseAnswer, Timestamp,
-    Token,
+    ClaimAnswer, ClaimKind, CompleteAnswer, Executor, Policy, RecordState, ReleaseAnswer,
+    Timestamp, Token,
 };
 use tokio::sync::Barrier;
 

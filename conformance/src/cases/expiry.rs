@@ -303,7 +303,10 @@ pub async fn expiry_tokens_never_reused_after_purge(h: Harness) {
         || store.get(&scope, &key, base).await.unwrap().is_some()
     {
         rounds += 1;
-        assert!(rounds < 1000, "the expired record is still stored after purging");
+        assert!(
+            rounds < 1000,
+            "the expired record is still stored after purging"
+        );
         tokio::task::yield_now().await;
     }
     // The new record lives far beyond any other case's purge time.

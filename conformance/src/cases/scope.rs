@@ -171,7 +171,13 @@ async fn assert_two_records(
 pub async fn scope_case_is_significant(h: Harness) {
     let key = h.key("wf-1:step-1:create_ticket");
     let (upper, lower) = (h.scope("Tenant-A/Tool"), h.scope("tenant-a/tool"));
-    assert_two_records(&h, "scopes differing in case", (&upper, &key), (&lower, &key)).await;
+    assert_two_records(
+        &h,
+        "scopes differing in case",
+        (&upper, &key),
+        (&lower, &key),
+    )
+    .await;
     let scope = h.scope("keys");
     let (k1, k2) = (h.key("WF-1:Step-1:Create"), h.key("wf-1:step-1:create"));
     assert_two_records(&h, "keys differing in case", (&scope, &k1), (&scope, &k2)).await;

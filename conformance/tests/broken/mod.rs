@@ -303,3 +303,55 @@ impl KeyStore for Broken {
         Ok(ids.len())
     }
 }
+
+/// A case every defect passes: a failure of the cases in [`caught_by`] is the defect's, not a
+/// store that cannot work at all.
+pub const BASIC_CASE: &str = "claim_absent_key_is_claimed_as_attempt_one";
+
+/// The suite's cases meant to catch `defect`: each must fail against its store.
+pub fn caught_by(defect: Defect) -> &'static [&'static str] {
+    match defect {
+        Defect::ReadThenWriteClaim => &[
+            "concurrency_64_claims_one_key_one_winner",
+            "concurrency_200_keys_one_winner_each",
+            "concurrency_executor_runs_once",
+            "concurrency_claims_race_on_an_expired_record",
+            "concurrency_claims_race_on_a_failed_retryable_record",
+            "concurrency_claims_race_on_a_stale_record_under_takeover",
+            "concurrency_claims_racing_a_release_one_winner",
+            "concurrency_executor_retry_runs_once",
+        ],
+        Defect::ReadThenWriteRewrite => &[
+            "concurrency_claims_race_on_an_expired_record",
+            "concurrency_claims_race_on_a_failed_retryable_record",
+            "concurrency_claims_race_on_a_stale_record_under_takeover",
+            "concurrency_claims_racing_a_release_one_winner",
+            "concurrency_executor_retry_runs_once",
+        ],
+        Defect::NoFencing => &[
+            "fencing_second_complete_is_fenced",
+            "fencing_stale_token_cannot_complete_after_takeover",
+            "fencing_stale_token_cannot_release",
+            "fencing_stale_token_cannot_extend",
+            "expiry_tokens_never_reused_after_purge",
+            "executor_fenced_holder_cannot_overwrite",
+        ],
+        Defect::LeaseEndsHolder => &[
+            "fencing_holder_completes_after_its_lease_elapsed",
+            "fencing_holder_releases_after_its_lease_elapsed",
+            "fencing_holder_extends_after_its_lease_elapsed",
+        ],
+        Defect::ExpiryIgnored => &[
+            "expiry_expired_record_is_absent_to_get",
+            "expiry_boundary_is_exact",
+            "expiry_expired_completed_is_claimed_again",
+            "expiry_holder_cannot_act_after_expiry",
+            "expiry_purge_deletes_in_batches_and_keeps_live",
+            "expiry_purge_returns_exactly_what_it_deleted",
+            "executor_expired_record_runs_once_more",
+        ],
+        Defect::CaseInsensitiveAddress => &["scope_case_is_significant"],
+        Defect::ConcatenatedAddress => &["scope_separator_position_is_significant"],
+        Defect::PurgeMiscount => &["expiry_purge_returns_exactly_what_it_deleted"],
+    }
+}
