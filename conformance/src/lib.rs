@@ -20,7 +20,8 @@
 //! ```
 //!
 //! `cargo test claim_` then runs the claim cases, `cargo test fencing_` the fencing cases, and a
-//! failure names its case. No `#[tokio::test]` is needed: each case builds its own multi-threaded
+//! failure names its case. Attributes written before the factory go on every generated test
+//! (`conformance_tests!(#[ignore = "needs a server"] factory)`). No `#[tokio::test]` is needed: each case builds its own multi-threaded
 //! tokio runtime, so the factory may create pools bound to it. Or run everything at once and get
 //! every failure, not just the first:
 //!
@@ -37,9 +38,70 @@
 //!   (`idem-conformance/<case>/<random run id>/…`), never by deleting data, so the storage may be
 //!   shared with other data and other runs.
 //! - Time comes from a [`ManualClock`](idem_core::ManualClock) passed as `now`: cases move it by
-//!   days, and the expiry, purge and reconciliation cases run it decades in the past (1975–2000) so
-//!   that their purges cannot touch other cases' records. A store must decide everything from the
+//!   days, and the expiry, purge and inspection cases run it decades in the past (1972–2000), each
+//!   purging case in a window of its own, so that their purges cannot touch other cases' records. A store must decide everything from the
 //!   `now` it is given, never from its own clock.
+
+//! # What a store must do to pass, case group by case group
+//!
+//! Case names start with their group, so a failure says where to look. Every case counts effects
+//! and reads records back from another handle; none trusts an answer alone.
+//!
+//! - **`claim_`** (SPEC §2, the claim table): each row of the table, answer and write. An absent
+//!   key is `Claimed` as attempt 1 and written `processing` with the fingerprint, token, lease
+//!   and expiry; a running lease is `InFlight` (with the time left, never 0) and writes nothing;
+//!   an elapsed lease is `InFlight { stale: true }` under `Reconcile` and a takeover (next token,
+//!   next attempt) under `Takeover`; `completed` replays; `failed_retryable` is claimed again; any
+//!   other request for the key is `FingerprintMismatch` in every state; tokens are unique across
+//!   keys. To fix a failure: run the decision of [`idem_core::machine::claim`] on the record as
+//!   stored, and write its record.
+//! - **`fencing_`** (SPEC §2 complete / release / extend, §3.3): only the holder of the current
+//!   token acts, and only on a `processing` record. A definitive outcome completes (expiry renewed
+//!   to now + ttl); a retryable one is `failed_retryable` under `DefinitiveOnly` and `completed`
+//!   under `CacheAll`; a second complete, a stale token after a takeover, an unknown key are
+//!   `Fenced` and write nothing; the fingerprint of the claim stays. A holder whose lease elapsed
+//!   but whom nobody took over still completes, releases and extends: a lease ends a claim only
+//!   by a takeover, so never fence on `lease_until > now` — fence on the token and the state.
+//! - **`scope_`** (SPEC §1 scope, §3.4): records are addressed by (scope, key) compared byte for
+//!   byte. Two addresses that differ only in letter case, in accents or Unicode normalisation
+//!   (NFC vs NFD), in trailing spaces, in where a separator falls between scope and key
+//!   (`("a:b", "c")` vs `("a", "b:c")`, `/` too), or in the last byte of a 255-byte key or a
+//!   512-byte scope are two independent records: each claims as new, replays its own outcome,
+//!   `get` and `list` by scope return each its own. To fix a failure: key the storage by the two
+//!   values kept apart (a composite primary key, or a length-prefixed or escaped encoding) in a
+//!   binary collation (`COLLATE "C"` or `bytea` in PostgreSQL, `BINARY` in SQLite), never by a
+//!   concatenation, a lower-cased value, a `CHAR(n)` column or a prefix index.
+//! - **`outcome_`** (SPEC §3.5): status, class and body replay byte for byte (key order, white
+//!   space, number spelling, Unicode, escapes, a NUL); a body of exactly the limit is stored; one
+//!   byte over is refused with `OutcomeTooLarge` before anything is written.
+//! - **`expiry_`** (SPEC §2, §3.6): a record with `expires_at <= now` is absent to `get`, to
+//!   `claim` (replaced as attempt 1, token continuing upward) and to its holder; `now + 1 ms` is
+//!   live. `purge_expired(now, limit)` deletes expired records only, at most `limit` per call, and
+//!   returns exactly how many it deleted (a store that reports fewer makes `purge_expired_all`
+//!   stop early); a token is never reused after a purge (random token ids).
+//! - **`inspect_`** (SPEC §3.7): `get` returns the record as stored; `list_in_flight` the stale
+//!   `processing` records, earliest lease first, at most `limit`, never an expired one; `list`
+//!   filters by state, scope and age, least recently written first.
+//! - **`concurrency_`** (SPEC §3.1): claims from separate handles released together by a
+//!   barrier, over several rounds: exactly one wins, for an absent record, an expired one, a
+//!   `failed_retryable` one (by outcome and by release) and a stale one under `Takeover`, and
+//!   while the holder completes (no claim wins) or releases (exactly one does); every loser sees
+//!   the winner's running lease, and the stored record is the winner's. To fix a failure: the
+//!   read, the decision and the write of a claim must be one atomic step for every existing
+//!   record, not only for an absent key (one transaction that locks the row — `SELECT … FOR
+//!   UPDATE`, `BEGIN IMMEDIATE` — or a compare-and-set on the token, or a server-side script).
+//!   The executor cases count the operation at the sink: it runs exactly once.
+//! - **`executor_`** (SPEC §2 through [`idem_core::Executor`]): the same key twice is one effect;
+//!   a mismatch, an in-flight repeat and a fenced late holder run or store nothing; an expired
+//!   record and a retry after a retryable failure run exactly once more.
+//!
+//! # The suite can fail
+//!
+//! Its own tests (`conformance/tests/broken/`) hold deliberately broken stores, one per class of
+//! defect: a claim that reads, awaits, then writes (for every record, or only for existing ones);
+//! no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
+//! `scope + ":" + key` addressing; a purge that miscounts. Each fails the cases meant to catch it,
+//! through [`run_all`], [`run_matching`] and [`conformance_tests!`], and passes a basic case.
 
 use std::any::Any;
 use std::fmt;

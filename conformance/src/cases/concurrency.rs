@@ -163,7 +163,7 @@ async fn race_claims(
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
         let (store, gate) = (stores[i % stores.len()].clone(), gate.clone());
-        let (scope, key, policy) = (scope.clone(), key.clone(), policy.clone());
+        let (scope, key, policy) = (scope.clone(), key.clone(), *policy);
         tasks.push(tokio::spawn(async move {
             gate.wait().await;
             store
