@@ -37,7 +37,7 @@
 //! - Cases run in parallel against the same storage; each isolates itself with scopes of its own
 //!   (`idem-conformance/<case>/<random run id>/…`), never by deleting data, so the storage may be
 //!   shared with other data and other runs.
-//! - Time comes from a [`ManualClock`](idem_core::ManualClock) passed as `now`: cases move it by
+//! - Time comes from a [`ManualClock`] passed as `now`: cases move it by
 //!   days, and the expiry, purge and inspection cases run it decades in the past (1972–2000), each
 //!   purging case in a window of its own, so that their purges cannot touch other cases' records. A store must decide everything from the
 //!   `now` it is given, never from its own clock.
