@@ -93,7 +93,8 @@
 //!   The executor cases count the operation at the sink: it runs exactly once.
 //! - **`executor_`** (SPEC §2 through [`idem_core::Executor`]): the same key twice is one effect;
 //!   a mismatch, an in-flight repeat and a fenced late holder run or store nothing; an expired
-//!   record and a retry after a retryable failure run exactly once more.
+//!   record and a retry after a retryable failure run exactly once more; a slow operation that
+//!   outlived its lease, with nobody taking over, is recorded and replays.
 //!
 //! # The suite can fail
 //!

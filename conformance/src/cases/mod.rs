@@ -86,6 +86,7 @@ macro_rules! __case_list {
             executor::executor_expired_record_runs_once_more,
             executor::executor_retryable_failure_then_one_success,
             executor::executor_fenced_holder_cannot_overwrite,
+            executor::executor_slow_holder_past_its_lease_is_recorded,
         }
     };
 }

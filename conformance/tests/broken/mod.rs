@@ -340,6 +340,7 @@ pub fn caught_by(defect: Defect) -> &'static [&'static str] {
             "fencing_holder_completes_after_its_lease_elapsed",
             "fencing_holder_releases_after_its_lease_elapsed",
             "fencing_holder_extends_after_its_lease_elapsed",
+            "executor_slow_holder_past_its_lease_is_recorded",
         ],
         Defect::ExpiryIgnored => &[
             "expiry_expired_record_is_absent_to_get",
