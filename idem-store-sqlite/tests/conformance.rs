@@ -34,3 +34,20 @@ fn run_all_reports_every_case_passed() {
     let report = idem_conformance::run_all(move || open_migrated(path.clone()));
     report.assert_all_passed();
 }
+
+/// Every case in parallel on one shared file, as a real deployment shares one database: the
+/// suite's cases isolate themselves (scopes of their own, purging cases in time windows of their
+/// own), so none disturbs another.
+mod shared_file {
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+
+    fn path() -> PathBuf {
+        static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+        DIR.get_or_init(|| tempfile::tempdir().expect("temp dir"))
+            .path()
+            .join("shared.sqlite3")
+    }
+
+    idem_conformance::conformance_tests!(|| super::open_migrated(path()));
+}
