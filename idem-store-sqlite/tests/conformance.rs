@@ -1,9 +1,9 @@
 //! The whole `idem-conformance` suite against `SqliteStore`, through the public API only: one
 //! `#[test]` per case; every factory call is a new handle (new connections) to the case's file.
 //!
-//! Twice: each case on a file of its own (the generated tests, in parallel), and every case one
-//! after another on one shared file (`run_all`). (Every case in parallel on one shared file is not
-//! run yet: two purge cases of the suite can delete each other's records; reported to the suite.)
+//! Three times: each case on a file of its own (the generated tests, in parallel), every case in
+//! parallel on one shared file (`shared_file::`), and every case one after another on one shared
+//! file (`run_all`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
