@@ -21,9 +21,9 @@
 //!
 //! `cargo test claim_` then runs the claim cases, `cargo test fencing_` the fencing cases, and a
 //! failure names its case. Attributes written before the factory go on every generated test
-//! (`conformance_tests!(#[ignore = "needs a server"] factory)`). No `#[tokio::test]` is needed: each case builds its own multi-threaded
-//! tokio runtime, so the factory may create pools bound to it. Or run everything at once and get
-//! every failure, not just the first:
+//! (`conformance_tests!(#[ignore = "needs a server"] factory)`). No `#[tokio::test]` is needed:
+//! each case builds its own multi-threaded tokio runtime, so the factory may create pools bound
+//! to it. Or run everything at once and get every failure, not just the first:
 //!
 //! ```no_run
 //! # use idem_core::MemoryStore;
@@ -37,15 +37,15 @@
 //! - Cases run in parallel against the same storage; each isolates itself with scopes of its own
 //!   (`idem-conformance/<case>/<random run id>/…`), never by deleting data, so the storage may be
 //!   shared with other data and other runs.
-//! - Time comes from a [`ManualClock`] passed as `now`: cases move it by
-//!   days, and the expiry, purge and inspection cases run it decades in the past (1972–2000), each
-//!   purging case in a window of its own, so that their purges cannot touch other cases' records. A store must decide everything from the
-//!   `now` it is given, never from its own clock.
-
+//! - Time comes from a [`ManualClock`] passed as `now`: cases move it by days, and the expiry,
+//!   purge and inspection cases run it decades in the past (1972–2000), each purging case in a
+//!   window of its own, so that their purges cannot touch other cases' records. A store must
+//!   decide everything from the `now` it is given, never from its own clock.
+//!
 //! # What a store must do to pass, case group by case group
 //!
-//! Case names start with their group, so a failure says where to look. Every case counts effects
-//! and reads records back from another handle; none trusts an answer alone.
+//! Case names start with their group, so a failure says where to look. Cases check the records a
+//! store leaves, not only its answers, and the executor cases count effects at the sink.
 //!
 //! - **`claim_`** (SPEC §2, the claim table): each row of the table, answer and write. An absent
 //!   key is `Claimed` as attempt 1 and written `processing` with the fingerprint, token, lease
@@ -69,7 +69,7 @@
 //!   512-byte scope are two independent records: each claims as new, replays its own outcome,
 //!   `get` and `list` by scope return each its own. To fix a failure: key the storage by the two
 //!   values kept apart (a composite primary key, or a length-prefixed or escaped encoding) in a
-//!   binary collation (`COLLATE "C"` or `bytea` in PostgreSQL, `BINARY` in SQLite), never by a
+//!   binary collation (`COLLATE "C"` or `bytea` in PostgreSQL, `BINARY` in SQLite), never by a plain
 //!   concatenation, a lower-cased value, a `CHAR(n)` column or a prefix index.
 //! - **`outcome_`** (SPEC §3.5): status, class and body replay byte for byte (key order, white
 //!   space, number spelling, Unicode, escapes, a NUL); a body of exactly the limit is stored; one
