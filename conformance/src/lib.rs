@@ -69,8 +69,8 @@
 //!   512-byte scope are two independent records: each claims as new, replays its own outcome,
 //!   `get` and `list` by scope return each its own. To fix a failure: key the storage by the two
 //!   values kept apart (a composite primary key, or a length-prefixed or escaped encoding) in a
-//!   binary collation (`COLLATE "C"` or `bytea` in PostgreSQL, `BINARY` in SQLite), never by a plain
-//!   concatenation, a lower-cased value, a `CHAR(n)` column or a prefix index.
+//!   binary collation (`COLLATE "C"` or `bytea` in PostgreSQL, `BINARY` in SQLite), never by
+//!   a plain concatenation, a lower-cased value, a `CHAR(n)` column or a prefix index.
 //! - **`outcome_`** (SPEC §3.5): status, class and body replay byte for byte (key order, white
 //!   space, number spelling, Unicode, escapes, a NUL); a body of exactly the limit is stored; one
 //!   byte over is refused with `OutcomeTooLarge` before anything is written.
