@@ -73,13 +73,15 @@ fn every_broken_store_fails_its_cases_through_the_macro() {
                 let (passed, log) = run_generated(module, BASIC_CASE);
                 assert!(
                     passed,
-                    "{defect:?} is otherwise a working store: {module}::{BASIC_CASE} must pass\n{log}"
+                    "{defect:?} is otherwise a working store: \
+                     {module}::{BASIC_CASE} must pass\n{log}"
                 );
                 for case in caught_by(defect) {
                     let (passed, log) = run_generated(module, case);
                     assert!(
                         !passed,
-                        "{defect:?}: the generated test {module}::{case} should fail but passed\n{log}"
+                        "{defect:?}: the generated test {module}::{case} \
+                         should fail but passed\n{log}"
                     );
                 }
             });
