@@ -20,9 +20,10 @@
 //! ```
 //!
 //! `cargo test claim_` then runs the claim cases, `cargo test fencing_` the fencing cases, and a
-//! failure names its case. No `#[tokio::test]` is needed: each case builds its own multi-threaded
-//! tokio runtime, so the factory may create pools bound to it. Or run everything at once and get
-//! every failure, not just the first:
+//! failure names its case. Attributes written before the factory go on every generated test
+//! (`conformance_tests!(#[ignore = "needs a server"] factory)`). No `#[tokio::test]` is needed:
+//! each case builds its own multi-threaded tokio runtime, so the factory may create pools bound
+//! to it. Or run everything at once and get every failure, not just the first:
 //!
 //! ```no_run
 //! # use idem_core::MemoryStore;
@@ -60,10 +61,72 @@
 //! - Cases run in parallel against the same storage; each isolates itself with scopes of its own
 //!   (`idem-conformance/<case>/<random run id>/…`), never by deleting data, so the storage may be
 //!   shared with other data and other runs.
-//! - Time comes from a [`ManualClock`](idem_core::ManualClock) passed as `now`: cases move it by
-//!   days, and the expiry, purge and reconciliation cases run it decades in the past (1975–2000) so
-//!   that their purges cannot touch other cases' records. A store must decide everything from the
-//!   `now` it is given, never from its own clock.
+//! - Time comes from a [`ManualClock`] passed as `now`: cases move it by days, and the expiry,
+//!   purge and inspection cases run it decades in the past (1972–2000), each purging case in a
+//!   window of its own, so that their purges cannot touch other cases' records. A store must
+//!   decide everything from the `now` it is given, never from its own clock.
+//!
+//! # What a store must do to pass, case group by case group
+//!
+//! Case names start with their group, so a failure says where to look. Cases check the records a
+//! store leaves, not only its answers, and the executor cases count effects at the sink.
+//!
+//! - **`claim_`** (SPEC §2, the claim table): each row of the table, answer and write. An absent
+//!   key is `Claimed` as attempt 1 and written `processing` with the fingerprint, token, lease
+//!   and expiry; a running lease is `InFlight` (with the time left, never 0) and writes nothing;
+//!   an elapsed lease is `InFlight { stale: true }` under `Reconcile` and a takeover (next token,
+//!   next attempt) under `Takeover`; `completed` replays; `failed_retryable` is claimed again; any
+//!   other request for the key is `FingerprintMismatch` in every state; tokens are unique across
+//!   keys. To fix a failure: run the decision of [`idem_core::machine::claim`] on the record as
+//!   stored, and write its record.
+//! - **`fencing_`** (SPEC §2 complete / release / extend, §3.3): only the holder of the current
+//!   token acts, and only on a `processing` record. A definitive outcome completes (expiry renewed
+//!   to now + ttl); a retryable one is `failed_retryable` under `DefinitiveOnly` and `completed`
+//!   under `CacheAll`; a second complete, a stale token after a takeover, an unknown key are
+//!   `Fenced` and write nothing; the fingerprint of the claim stays. A holder whose lease elapsed
+//!   but whom nobody took over still completes, releases and extends: a lease ends a claim only
+//!   by a takeover, so never fence on `lease_until > now` — fence on the token and the state.
+//! - **`scope_`** (SPEC §1 scope, §3.4): records are addressed by (scope, key) compared byte for
+//!   byte. Two addresses that differ only in letter case, in accents or Unicode normalisation
+//!   (NFC vs NFD), in trailing spaces, in where a separator falls between scope and key
+//!   (`("a:b", "c")` vs `("a", "b:c")`, `/` too), or in the last byte of a 255-byte key or a
+//!   512-byte scope are two independent records: each claims as new, replays its own outcome,
+//!   `get` and `list` by scope return each its own. To fix a failure: key the storage by the two
+//!   values kept apart (a composite primary key, or a length-prefixed or escaped encoding) in a
+//!   binary collation (`COLLATE "C"` or `bytea` in PostgreSQL, `BINARY` in SQLite), never by
+//!   a plain concatenation, a lower-cased value, a `CHAR(n)` column or a prefix index.
+//! - **`outcome_`** (SPEC §3.5): status, class and body replay byte for byte (key order, white
+//!   space, number spelling, Unicode, escapes, a NUL); a body of exactly the limit is stored; one
+//!   byte over is refused with `OutcomeTooLarge` before anything is written.
+//! - **`expiry_`** (SPEC §2, §3.6): a record with `expires_at <= now` is absent to `get`, to
+//!   `claim` (replaced as attempt 1, token continuing upward) and to its holder; `now + 1 ms` is
+//!   live. `purge_expired(now, limit)` deletes expired records only, at most `limit` per call, and
+//!   returns exactly how many it deleted (a store that reports fewer makes `purge_expired_all`
+//!   stop early); a token is never reused after a purge (random token ids).
+//! - **`inspect_`** (SPEC §3.7): `get` returns the record as stored; `list_in_flight` the stale
+//!   `processing` records, earliest lease first, at most `limit`, never an expired one; `list`
+//!   filters by state, scope and age, least recently written first.
+//! - **`concurrency_`** (SPEC §3.1): claims from separate handles released together by a
+//!   barrier, over several rounds: exactly one wins, for an absent record, an expired one, a
+//!   `failed_retryable` one (by outcome and by release) and a stale one under `Takeover`, and
+//!   while the holder completes (no claim wins) or releases (exactly one does); every loser sees
+//!   the winner's running lease, and the stored record is the winner's. To fix a failure: the
+//!   read, the decision and the write of a claim must be one atomic step for every existing
+//!   record, not only for an absent key (one transaction that locks the row — `SELECT … FOR
+//!   UPDATE`, `BEGIN IMMEDIATE` — or a compare-and-set on the token, or a server-side script).
+//!   The executor cases count the operation at the sink: it runs exactly once.
+//! - **`executor_`** (SPEC §2 through [`idem_core::Executor`]): the same key twice is one effect;
+//!   a mismatch, an in-flight repeat and a fenced late holder run or store nothing; an expired
+//!   record and a retry after a retryable failure run exactly once more; a slow operation that
+//!   outlived its lease, with nobody taking over, is recorded and replays.
+//!
+//! # The suite can fail
+//!
+//! Its own tests (`conformance/tests/broken/`) hold deliberately broken stores, one per class of
+//! defect: a claim that reads, awaits, then writes (for every record, or only for existing ones);
+//! no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
+//! `scope + ":" + key` addressing; a purge that miscounts. Each fails the cases meant to catch it,
+//! through [`run_all`], [`run_matching`] and [`conformance_tests!`], and passes a basic case.
 
 use std::any::Any;
 use std::fmt;
@@ -296,27 +359,61 @@ pub fn run_all(factory: impl StoreFactory) -> Report {
 ///
 /// The argument is an expression evaluated once per generated test; its value must implement
 /// [`StoreFactory`] (e.g. `|| async { MyStore::connect(..).await.unwrap() }`).
+///
+/// Outer attributes written before the factory are put on every generated test, e.g. to run the
+/// suite only on request:
+///
+/// ```no_run
+/// # use idem_core::MemoryStore;
+/// idem_conformance::conformance_tests!(
+///     #[ignore = "needs the staging database: cargo test -- --ignored"]
+///     || async { MemoryStore::new() }
+/// );
+/// # fn main() {}
+/// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    ($factory:expr $(,)?) => {
-        $crate::__case_list!(__emit_tests($factory));
+    ($($input:tt)+) => {
+        $crate::__conformance_tests!(() $($input)+);
+    };
+}
+
+/// Takes the leading attributes one by one (an expression may itself start with an attribute,
+/// so `$(#[$attr:meta])* $factory:expr` would be ambiguous), then the factory.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    (($($attrs:tt)*) #[$attr:meta] $($rest:tt)+) => {
+        $crate::__conformance_tests!(($($attrs)* #[$attr]) $($rest)+);
+    };
+    (($($attrs:tt)*) $factory:expr $(,)?) => {
+        $crate::__case_list!(__emit_tests(($($attrs)*) ($factory)));
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __emit_tests {
-    (($factory:expr) $($group:ident :: $case:ident),* $(,)?) => {
+    (($attrs:tt $factory:tt) $($group:ident :: $case:ident),* $(,)?) => {
         $(
-            #[test]
-            fn $case() {
-                $crate::run_case(
-                    ::core::stringify!($case),
-                    $factory,
-                    |h| ::std::boxed::Box::pin($crate::cases::$group::$case(h)),
-                );
-            }
+            $crate::__emit_test!($attrs $factory $group $case);
         )*
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __emit_test {
+    (($(#[$attr:meta])*) ($factory:expr) $group:ident $case:ident) => {
+        #[test]
+        $(#[$attr])*
+        fn $case() {
+            $crate::run_case(
+                ::core::stringify!($case),
+                $factory,
+                |h| ::std::boxed::Box::pin($crate::cases::$group::$case(h)),
+            );
+        }
     };
 }
 

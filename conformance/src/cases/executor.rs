@@ -215,3 +215,44 @@ pub async fn executor_fenced_holder_cannot_overwrite(h: Harness) {
         .unwrap();
     assert_eq!(replay.outcome(), &ok("from-B"));
 }
+
+/// A slow operation outlives its lease and nobody takes over: its outcome is still recorded
+/// (never lost, the key never left `processing`), and the repeat replays it without a second
+/// effect at the sink.
+pub async fn executor_slow_holder_past_its_lease_is_recorded(h: Harness) {
+    let (exec, sink) = (executor(&h, policy()).await, Arc::new(Sink::default()));
+    let (scope, key) = (h.scope("tool"), h.key("wf-3:step-1:create_ticket"));
+    let first = exec
+        .run(&scope, &key, &fp("a"), |_| {
+            let (h, sink) = (h.clone(), sink.clone());
+            async move {
+                // The work takes longer than the lease.
+                h.advance(LEASE + Duration::from_secs(10));
+                sink.create_ticket()
+            }
+        })
+        .await;
+    match &first {
+        Ok(e) if !e.is_replay() => assert_eq!(e.outcome(), &ok("T-1")),
+        other => panic!("a holder whose lease elapsed, not taken over, completes: {other:?}"),
+    }
+    let r = h
+        .store()
+        .await
+        .get(&scope, &key, h.now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.state, r.outcome),
+        (RecordState::Completed, Some(ok("T-1")))
+    );
+    let again = executor(&h, policy())
+        .await
+        .run(&scope, &key, &fp("a"), |_| async { sink.create_ticket() })
+        .await
+        .unwrap();
+    assert!(again.is_replay(), "the repeat replays");
+    assert_eq!(again.outcome(), &ok("T-1"));
+    assert_eq!(sink.count(), 1, "one ticket at the sink");
+}

@@ -1,7 +1,19 @@
 //! SPEC §3.6 and §3.7: expiry, purge, inspection.
 //!
 //! The purge and list cases run decades in the past (see the crate docs), so that purging cannot
-//! touch the records of cases running at the wall clock's time.
+//! touch the records of cases running at the wall clock's time. Each purging case has a time
+//! window of its own, and the purging windows come before the listing ones (1980–2000):
+//!
+//! | case | window |
+//! | --- | --- |
+//! | `expiry_purge_deletes_in_batches_and_keeps_live` | 1972–1973 |
+//! | `expiry_tokens_never_reused_after_purge` | 1974–1975 |
+//! | `expiry_purge_returns_exactly_what_it_deleted` | 1977–1979 |
+//!
+//! A purge at `now` deletes every record expired by `now`, so a purging case may still find a
+//! record of its own deleted, or held (`SKIP LOCKED`), by a later window's purge: each tolerates
+//! that by purging until its own records are gone, and the exact count is checked where only a
+//! foreign record expiring in the same millisecond could disturb it.
 
 use idem_core::{ClaimAnswer, ClaimKind, CompleteAnswer, RecordState};
 
@@ -115,7 +127,7 @@ pub async fn expiry_holder_cannot_act_after_expiry(h: Harness) {
 /// `purge_expired` deletes expired records in batches of at most `limit` and never a live one.
 pub async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
     let store = h.store().await;
-    let base = ancient(1975, 1976);
+    let base = ancient(1972, 1973);
     let scope = h.scope("purge");
     let mut expired = Vec::new();
     for i in 0..5 {
@@ -183,16 +195,120 @@ pub async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
     assert_eq!(r.outcome, Some(ok("L")));
 }
 
+/// `purge_expired(now, limit)` returns exactly the number of records it deleted; a record with
+/// `expires_at == now` is expired and deleted, one with `expires_at == now + 1 ms` is live and
+/// kept. (A store that reports fewer than it deleted stops `purge_expired_all` early.)
+///
+/// The case first purges everything that expired before its own records, so that the count is
+/// its own alone; should a foreign record still slip in (another run purging or writing the same
+/// instant), it tries again in a new window, and fails only if no attempt is exact.
+pub async fn expiry_purge_returns_exactly_what_it_deleted(h: Harness) {
+    const ATTEMPTS: usize = 5;
+    const EXPIRING: usize = 3;
+    let store = h.store().await;
+    let mut tries = Vec::new();
+    for attempt in 0..ATTEMPTS {
+        let scope = h.scope(&format!("purge-{attempt}"));
+        let base = ancient(1977, 1979);
+        let expires = base + TTL;
+        let before = expires - Duration::from_millis(1);
+        // Three records expiring at exactly `expires`: completed, processing, failed_retryable.
+        let mut expiring = Vec::new();
+        for i in 0..EXPIRING {
+            let key = h.key(&format!("expiring-{i}"));
+            let t = claim_new(&store, &scope, &key, &fp("a"), &policy(), base).await;
+            match i {
+                0 => assert_eq!(
+                    store
+                        .complete(&scope, &key, t, &ok("T"), &policy(), base)
+                        .await
+                        .unwrap(),
+                    CompleteAnswer::Completed
+                ),
+                2 => {
+                    store.release(&scope, &key, t, base).await.unwrap();
+                }
+                _ => {}
+            }
+            expiring.push(key);
+        }
+        // Two expiring one millisecond later.
+        let later = base + Duration::from_millis(1);
+        let mut live = Vec::new();
+        for i in 0..2 {
+            let key = h.key(&format!("live-{i}"));
+            let t = claim_new(&store, &scope, &key, &fp("a"), &policy(), later).await;
+            if i == 0 {
+                store
+                    .complete(&scope, &key, t, &ok("L"), &policy(), later)
+                    .await
+                    .unwrap();
+            }
+            live.push(key);
+        }
+        let present = |keys: &[idem_core::IdempotencyKey], at: Timestamp| {
+            let (store, scope, keys) = (store.clone(), scope.clone(), keys.to_vec());
+            async move {
+                let mut n = 0;
+                for key in &keys {
+                    if store.get(&scope, key, at).await.unwrap().is_some() {
+                        n += 1;
+                    }
+                }
+                n
+            }
+        };
+        // Everything expired before ours goes first; ours are live 1 ms before they expire.
+        let mut cleared = 0;
+        loop {
+            let n = store.purge_expired(before, 1000).await.unwrap();
+            cleared += n;
+            if n < 1000 {
+                break;
+            }
+        }
+        let kept_before = present(&expiring, before).await;
+        let deleted = store.purge_expired(expires, 1000).await.unwrap();
+        let left = present(&expiring, before).await;
+        let kept_live = present(&live, expires).await;
+        if (kept_before, deleted, left, kept_live) == (EXPIRING, EXPIRING, 0, live.len()) {
+            return;
+        }
+        tries.push(format!(
+            "attempt {attempt}: {kept_before} of {EXPIRING} records with expires_at == now + 1 ms \
+             survived a purge at now (cleared {cleared} older records); purging at their \
+             expires_at reported {deleted} deleted, left {left} of them, and kept {kept_live} of \
+             {} records expiring 1 ms later",
+            live.len()
+        ));
+    }
+    panic!(
+        "purge_expired must delete records with expires_at <= now, keep later ones, and return \
+         exactly how many it deleted (expected {EXPIRING} each time):\n{}",
+        tries.join("\n")
+    );
+}
+
 /// A record purged and created again never gets a token its old holder has: the old holder is
 /// fenced out of the new record.
 pub async fn expiry_tokens_never_reused_after_purge(h: Harness) {
     let store = h.store().await;
     let (scope, key) = (h.scope("s"), h.key("k"));
-    let base = ancient(1975, 1976);
+    let base = ancient(1974, 1975);
     let old = claim_new(&store, &scope, &key, &fp("a"), &policy(), base).await;
     let later = base + TTL + Duration::from_secs(1);
-    while store.purge_expired(later, 1000).await.unwrap() == 1000 {}
-    assert_eq!(store.get(&scope, &key, base).await.unwrap(), None, "purged");
+    // Purge until the record is gone: a concurrent purge of a later window may hold it a moment.
+    let mut rounds = 0;
+    while store.purge_expired(later, 1000).await.unwrap() == 1000
+        || store.get(&scope, &key, base).await.unwrap().is_some()
+    {
+        rounds += 1;
+        assert!(
+            rounds < 1000,
+            "the expired record is still stored after purging"
+        );
+        tokio::task::yield_now().await;
+    }
     // The new record lives far beyond any other case's purge time.
     let long = policy()
         .to_builder()

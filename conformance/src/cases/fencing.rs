@@ -284,3 +284,107 @@ pub async fn fencing_fingerprint_kept_on_completion(h: Harness) {
         ClaimAnswer::FingerprintMismatch
     );
 }
+
+/// A holder whose lease elapsed, with nobody taking over (even under `Takeover`, a takeover
+/// happens only on a claim), still holds the current token: its `complete` succeeds and the
+/// outcome replays (SPEC §2: leases end claims only by a takeover).
+pub async fn fencing_holder_completes_after_its_lease_elapsed(h: Harness) {
+    for (name, policy) in [("reconcile", policy()), ("takeover", takeover())] {
+        let (store, scope, key) = (h.store().await, h.scope(name), h.key("slow"));
+        let token = claim_new(&store, &scope, &key, &fp("a"), &policy, h.now()).await;
+        h.advance(LEASE + Duration::from_secs(5));
+        if name == "reconcile" {
+            // A claim meanwhile only learns the record is stale; it ends nothing.
+            let seen = store
+                .claim(&scope, &key, &fp("a"), &policy, h.now())
+                .await
+                .unwrap();
+            assert!(
+                matches!(seen, ClaimAnswer::InFlight { stale: true, .. }),
+                "{seen:?}"
+            );
+        }
+        let answer = store
+            .complete(&scope, &key, token, &ok("late"), &policy, h.now())
+            .await
+            .unwrap();
+        assert_eq!(
+            answer,
+            CompleteAnswer::Completed,
+            "{name}: a holder whose lease elapsed, not taken over, completes"
+        );
+        let r = h
+            .store()
+            .await
+            .get(&scope, &key, h.now())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (r.state, r.token, r.outcome),
+            (RecordState::Completed, token, Some(ok("late")))
+        );
+        assert_eq!(
+            store
+                .claim(&scope, &key, &fp("a"), &policy, h.now())
+                .await
+                .unwrap(),
+            ClaimAnswer::Replay(ok("late"))
+        );
+    }
+}
+
+/// A holder whose lease elapsed, not taken over, still releases: the record is
+/// `failed_retryable` and the next claim is attempt 2.
+pub async fn fencing_holder_releases_after_its_lease_elapsed(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let token = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    h.advance(LEASE + Duration::from_secs(5));
+    assert_eq!(
+        store.release(&scope, &key, token, h.now()).await.unwrap(),
+        ReleaseAnswer::Released,
+        "a holder whose lease elapsed, not taken over, releases"
+    );
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!((r.state, r.token), (RecordState::FailedRetryable, token));
+    let again = store
+        .claim(&scope, &key, &fp("a"), &policy(), h.now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, ClaimAnswer::Claimed { attempt: 2, .. }),
+        "{again:?}"
+    );
+}
+
+/// A holder whose lease elapsed, not taken over, still extends: its lease runs again from now,
+/// so a claim, even under `Takeover`, is `InFlight` and not stale.
+pub async fn fencing_holder_extends_after_its_lease_elapsed(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let token = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    h.advance(LEASE + Duration::from_secs(5));
+    let answer = store
+        .extend(&scope, &key, token, LEASE, h.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        answer,
+        ExtendAnswer::Extended {
+            lease_until: h.now() + LEASE
+        },
+        "a holder whose lease elapsed, not taken over, extends"
+    );
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.token, r.lease_until),
+        (RecordState::Processing, token, h.now() + LEASE)
+    );
+    let seen = store
+        .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(seen, ClaimAnswer::InFlight { stale: false, .. }),
+        "the extended lease runs: {seen:?}"
+    );
+}

@@ -1,6 +1,8 @@
-//! SPEC §3.4: scope isolation.
+//! SPEC §3.4 and §1 (scope): isolation and exact addressing. Records are addressed by
+//! (scope, key) compared byte for byte: no case folding, no normalisation, no trimming, no
+//! concatenation that lets a separator move.
 
-use idem_core::{ClaimAnswer, RecordState};
+use idem_core::{ClaimAnswer, ClaimKind, RecordState, ReleaseAnswer};
 
 use super::*;
 use crate::Harness;
@@ -82,4 +84,165 @@ pub async fn scope_no_cross_scope_replay(h: Harness) {
         store.release(&b, &key, ta, h.now()).await.unwrap(),
         idem_core::ReleaseAnswer::Fenced
     );
+}
+
+/// Claims, completes and replays two addresses that must be two independent records: the
+/// second claims as new although the first completed with the same request, each replays its
+/// own outcome, `get` returns each its own record, a token of one does nothing on the other,
+/// and (when the scopes differ) listing a scope shows only its own record.
+async fn assert_two_records(
+    h: &Harness,
+    what: &str,
+    (s1, k1): (&idem_core::Scope, &idem_core::IdempotencyKey),
+    (s2, k2): (&idem_core::Scope, &idem_core::IdempotencyKey),
+) {
+    assert!(
+        (s1, k1) != (s2, k2),
+        "{what}: the pair must be two addresses"
+    );
+    let store = h.store().await;
+    let now = h.now();
+    let t1 = match store.claim(s1, k1, &fp("x"), &policy(), now).await.unwrap() {
+        ClaimAnswer::Claimed { token, .. } => token,
+        other => panic!("{what}: the first address ({s1}, {k1}) is new, got {other:?}"),
+    };
+    store
+        .complete(s1, k1, t1, &ok("first"), &policy(), now)
+        .await
+        .unwrap();
+    let t2 = match store.claim(s2, k2, &fp("x"), &policy(), now).await.unwrap() {
+        ClaimAnswer::Claimed {
+            token,
+            attempt: 1,
+            kind: ClaimKind::New,
+        } => token,
+        other => panic!(
+            "{what}: ({s2}, {k2}) is another record than ({s1}, {k1}) and must claim as new \
+             (addresses are compared byte for byte), got {other:?}"
+        ),
+    };
+    assert_eq!(
+        store.release(s2, k2, t1, now).await.unwrap(),
+        ReleaseAnswer::Fenced,
+        "{what}: a token of ({s1}, {k1}) does nothing on ({s2}, {k2})"
+    );
+    store
+        .complete(s2, k2, t2, &ok("second"), &policy(), now)
+        .await
+        .unwrap();
+    let other = h.store().await;
+    for (s, k, outcome) in [(s1, k1, ok("first")), (s2, k2, ok("second"))] {
+        assert_eq!(
+            other.claim(s, k, &fp("x"), &policy(), now).await.unwrap(),
+            ClaimAnswer::Replay(outcome.clone()),
+            "{what}: ({s}, {k}) replays its own outcome"
+        );
+        let r = other.get(s, k, now).await.unwrap().expect("the record");
+        assert_eq!(
+            (&r.scope, &r.key, r.outcome),
+            (s, k, Some(outcome)),
+            "{what}: get ({s}, {k}) returns its own record"
+        );
+    }
+    if s1 != s2 {
+        for (s, k) in [(s1, k1), (s2, k2)] {
+            let filter = idem_core::ListFilter {
+                scope: Some(s.clone()),
+                ..Default::default()
+            };
+            let listed: Vec<_> = other
+                .list(&filter, now, 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.scope, r.key))
+                .collect();
+            assert_eq!(
+                listed,
+                [(s.clone(), k.clone())],
+                "{what}: listing scope {s} shows only its own record"
+            );
+        }
+    }
+}
+
+/// Scopes and keys differing only in letter case are different records (no case folding, no
+/// case-insensitive collation).
+pub async fn scope_case_is_significant(h: Harness) {
+    let key = h.key("wf-1:step-1:create_ticket");
+    let (upper, lower) = (h.scope("Tenant-A/Tool"), h.scope("tenant-a/tool"));
+    assert_two_records(
+        &h,
+        "scopes differing in case",
+        (&upper, &key),
+        (&lower, &key),
+    )
+    .await;
+    let scope = h.scope("keys");
+    let (k1, k2) = (h.key("WF-1:Step-1:Create"), h.key("wf-1:step-1:create"));
+    assert_two_records(&h, "keys differing in case", (&scope, &k1), (&scope, &k2)).await;
+}
+
+/// Scopes differing only in accents or in Unicode normalisation (NFC `é` vs NFD `e` + U+0301)
+/// are different records (no normalisation, no accent-insensitive collation).
+pub async fn scope_unicode_is_compared_byte_for_byte(h: Harness) {
+    let key = h.key("k");
+    let (nfc, nfd) = (h.scope("caf\u{e9}"), h.scope("cafe\u{301}"));
+    assert_ne!(nfc.as_str().as_bytes(), nfd.as_str().as_bytes());
+    assert_two_records(&h, "NFC vs NFD scopes", (&nfc, &key), (&nfd, &key)).await;
+    let (plain, accented) = (h.scope("resume"), h.scope("r\u{e9}sum\u{e9}"));
+    assert_two_records(
+        &h,
+        "scopes differing in accents",
+        (&plain, &key),
+        (&accented, &key),
+    )
+    .await;
+    let (sharp, ss) = (h.scope("stra\u{df}e"), h.scope("strasse"));
+    assert_two_records(&h, "ß vs ss scopes", (&sharp, &key), (&ss, &key)).await;
+}
+
+/// Scopes differing only in trailing (or leading) spaces are different records (no trimming,
+/// no space-padded comparison as SQL `CHAR` columns do).
+pub async fn scope_trailing_spaces_are_significant(h: Harness) {
+    let key = h.key("k");
+    let (bare, padded) = (h.scope("tenant"), h.scope("tenant "));
+    assert_two_records(&h, "a trailing space", (&bare, &key), (&padded, &key)).await;
+    let (one, two) = (h.scope("tenant2 "), h.scope("tenant2  "));
+    assert_two_records(&h, "one vs two trailing spaces", (&one, &key), (&two, &key)).await;
+}
+
+/// Where a separator falls between scope and key matters: `("…a:b", "c")` and `("…a", "b:c")`
+/// are different records, and so are `("…a/b", "c")` and `("…a", "b/c")` (no concatenation of
+/// scope and key that lets a separator move).
+pub async fn scope_separator_position_is_significant(h: Harness) {
+    for (i, sep) in [":", "/", "|", "#"].into_iter().enumerate() {
+        let (s1, k1) = (h.scope(&format!("{i}a{sep}b")), h.key("c"));
+        let (s2, k2) = (h.scope(&format!("{i}a")), h.key(&format!("b{sep}c")));
+        let what = format!("the separator {sep:?} moving between scope and key");
+        assert_two_records(&h, &what, (&s1, &k1), (&s2, &k2)).await;
+    }
+}
+
+/// Keys of the maximum length (255 bytes) and scopes of the maximum length (512 bytes) that
+/// differ only in their last byte are different records (no truncation, no prefix index that
+/// stops short).
+pub async fn scope_long_values_differing_in_the_last_byte(h: Harness) {
+    let long_key = |last: char| {
+        let mut k = "k".repeat(idem_core::key::MAX_KEY_BYTES - 1);
+        k.push(last);
+        h.key(&k)
+    };
+    let scope = h.scope("long-keys");
+    let (k1, k2) = (long_key('a'), long_key('b'));
+    assert_two_records(&h, "255-byte keys", (&scope, &k1), (&scope, &k2)).await;
+    let prefix = h.scope("").as_str().len();
+    let long_scope = |last: char| {
+        let mut name = "s".repeat(idem_core::key::MAX_SCOPE_BYTES - prefix - 1);
+        name.push(last);
+        h.scope(&name)
+    };
+    let (s1, s2) = (long_scope('a'), long_scope('b'));
+    assert_eq!(s1.as_str().len(), idem_core::key::MAX_SCOPE_BYTES);
+    assert_two_records(&h, "512-byte scopes", (&s1, &k1), (&s2, &k1)).await;
 }
