@@ -1,0 +1,37 @@
+//! The model-based test can fail: it catches every deliberately broken store of `broken/mod.rs`
+//! (each [`broken::Defect`] in [`broken::ALL`]), and reports a short failing sequence for each.
+
+mod broken;
+
+use idem_conformance::{ModelConfig, check_model};
+
+/// Steps of the longest minimal sequence accepted: shrinking must get to the point.
+const MAX_MINIMAL_STEPS: usize = 6;
+
+#[test]
+fn the_model_catches_every_broken_store() {
+    let config = ModelConfig {
+        cases: 2_000,
+        ..ModelConfig::default()
+    };
+    let mut missed = Vec::new();
+    for &defect in broken::ALL {
+        // Each call a fresh namespace: a new, empty map.
+        match check_model(move || broken::factory(defect)(), &config) {
+            Ok(stats) => missed.push(format!("{defect:?} passed the model test ({stats:?})")),
+            Err(failure) => {
+                eprintln!("{defect:?} caught:\n{failure}\n");
+                let steps = failure
+                    .sequence
+                    .lines()
+                    .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+                    .count();
+                assert!(
+                    (1..=MAX_MINIMAL_STEPS).contains(&steps),
+                    "{defect:?}: the minimal sequence has {steps} steps:\n{failure}"
+                );
+            }
+        }
+    }
+    assert!(missed.is_empty(), "{}", missed.join("\n"));
+}
