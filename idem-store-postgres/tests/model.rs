@@ -40,7 +40,8 @@ fn postgres_store_agrees_with_the_model() {
         .expect("a tokio runtime");
     runtime.block_on(async {
         let pool = common::pool(&url, "idem-model-cleanup", 1).await;
-        for table in tables.lock().unwrap().iter() {
+        let made: Vec<String> = tables.lock().unwrap().clone();
+        for table in &made {
             sqlx::raw_sql(&format!(
                 "DROP TABLE IF EXISTS {schema}.{table}; DROP TABLE IF EXISTS {schema}.{table}_migrations",
                 schema = common::SCHEMA
