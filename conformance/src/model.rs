@@ -28,6 +28,10 @@
 //!   over the size limit), `release`, `extend` (1 s, 10 s or 100 s), `get`, `list` (random
 //!   filters and limits), `list_in_flight`, `purge_expired` (in batches) and clock moves chosen
 //!   to land on lease and expiry boundaries.
+//! - Races: `n` identical claims at once (the store's answers must be the model's for the same
+//!   claims one after another, in any order: one winner at most), and a holder's `complete`,
+//!   `release` or `extend` at the same time as `n` claims (the store's answers and record must be
+//!   those of one serial order, the act after `k` of the claims for some `k`).
 //! - `complete`, `release` and `extend` act with the address's latest token, an older one, the
 //!   latest one with a different random id, or a token never handed out.
 //! - The model is a map of [`Record`]s written only by the functions of [`idem_core::machine`];
@@ -57,7 +61,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_core::machine::{self, ClaimAnswer, ClaimRequest, Transition};
+use idem_core::machine::{
+    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
+};
 use idem_core::{
     CachePolicy, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, OutcomeClass, Policy,
     Record, RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
@@ -276,6 +282,22 @@ enum Out {
     TooLarge,
 }
 
+/// What the holder does in a [`Op::HolderRace`].
+#[derive(Debug, Clone, Copy)]
+enum Act {
+    Complete(Out),
+    Release,
+    Extend(usize),
+}
+
+/// The holder's answer in a [`Op::HolderRace`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Acted {
+    Complete(CompleteAnswer),
+    Release(ReleaseAnswer),
+    Extend(ExtendAnswer),
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Claim {
@@ -297,6 +319,14 @@ enum Op {
         at: Addr,
         holder: Holder,
         lease: usize,
+    },
+    /// A holder's complete, release or extend at the same time as `n` identical claims.
+    HolderRace {
+        at: Addr,
+        holder: Holder,
+        act: Act,
+        n: usize,
+        pol: Pol,
     },
     /// `n` identical claims at once, from `n` tasks.
     ClaimRace {
@@ -392,6 +422,24 @@ impl fmt::Display for Op {
             Self::Extend { at, holder, lease } => {
                 write!(f, "extend {at} with {holder} by {:?}", EXTENDS[*lease])
             }
+            Self::HolderRace {
+                at,
+                holder,
+                act,
+                n,
+                pol,
+            } => {
+                let act = match act {
+                    Act::Complete(Out::Definitive(n)) => format!("complete (definitive 201 T-{n})"),
+                    Act::Complete(_) => "complete (retryable 503)".to_owned(),
+                    Act::Release => "release".to_owned(),
+                    Act::Extend(l) => format!("extend by {:?}", EXTENDS[*l]),
+                };
+                write!(
+                    f,
+                    "{act} of {at} with {holder}, at the same time as {n} claims, request A [{pol}]"
+                )
+            }
             Self::ClaimRace { at, n, pol } => {
                 write!(f, "{n} concurrent claims of {at}, request A [{pol}]")
             }
@@ -467,6 +515,15 @@ fn out() -> impl Strategy<Value = Out> {
     ]
 }
 
+fn act() -> impl Strategy<Value = Act> {
+    prop_oneof![
+        2 => (0u8..4).prop_map(|n| Act::Complete(Out::Definitive(n))),
+        1 => Just(Act::Complete(Out::Retryable)),
+        1 => Just(Act::Release),
+        1 => (0..EXTENDS.len()).prop_map(Act::Extend),
+    ]
+}
+
 fn clock_move() -> impl Strategy<Value = u64> {
     // Steps that land on lease and expiry boundaries (5 s, 30 s, 60 s, 300 s), just short of and
     // just past them, and anything else.
@@ -503,6 +560,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (addr(), holder(), 0..EXTENDS.len())
             .prop_map(|(at, holder, lease)| Op::Extend { at, holder, lease }),
         1 => (addr(), 2usize..9, pol()).prop_map(|(at, n, pol)| Op::ClaimRace { at, n, pol }),
+        1 => (addr(), holder(), act(), 1usize..5, pol()).prop_map(|(at, holder, act, n, pol)| {
+            Op::HolderRace { at, holder, act, n, pol }
+        }),
         2 => addr().prop_map(|at| Op::Get { at }),
         1 => (
             state,
@@ -916,6 +976,13 @@ impl World {
                 self.compare_record(at).await?;
             }
             Op::ClaimRace { at, n, pol } => self.claim_race(*at, *n, *pol).await?,
+            Op::HolderRace {
+                at,
+                holder,
+                act,
+                n,
+                pol,
+            } => self.holder_race(*at, holder, *act, *n, *pol).await?,
             Op::Get { at } => self.compare_record(*at).await?,
             Op::List {
                 state,
@@ -1088,6 +1155,225 @@ impl World {
             }
         }
         self.compare_record(at).await
+    }
+
+    /// The model's rule for a holder's act on `found`.
+    fn act_rule(
+        found: Option<&Record>,
+        act: Act,
+        token: Token,
+        now: Timestamp,
+        policy: &Policy,
+    ) -> Transition<Acted> {
+        let wrap = |write, answer| Transition { answer, write };
+        match act {
+            Act::Complete(out) => {
+                let t = machine::complete(found, token, &Self::outcome(out), now, policy)
+                    .expect("race outcomes are within the limit");
+                wrap(t.write, Acted::Complete(t.answer))
+            }
+            Act::Release => {
+                let t = machine::release(found, token, now);
+                wrap(t.write, Acted::Release(t.answer))
+            }
+            Act::Extend(lease) => {
+                let t = machine::extend(found, token, EXTENDS[lease], now);
+                wrap(t.write, Acted::Extend(t.answer))
+            }
+        }
+    }
+
+    /// A holder's act and `n` identical claims at once. The store's answers and record must be
+    /// those of one serial order: the act after `k` of the claims, for some `k` in `0..=n`.
+    async fn holder_race(
+        &mut self,
+        at: Addr,
+        holder: &Holder,
+        act: Act,
+        n: usize,
+        pol: Pol,
+    ) -> Checked {
+        let policy = pol.policy(Policy::DEFAULT_MAX_OUTCOME_BYTES);
+        let fingerprint = self.requests[0].clone();
+        let (scope, key) = self.addr(at);
+        let (scope, key) = (scope.clone(), key.clone());
+        let (st, mt) = self.token(at, holder);
+        let now = self.now;
+
+        let acting = {
+            let (store, scope, key) = (self.store.clone(), scope.clone(), key.clone());
+            tokio::spawn(async move {
+                Ok::<_, StoreError>(match act {
+                    Act::Complete(out) => Acted::Complete(
+                        store
+                            .complete(&scope, &key, st, &Self::outcome(out), &policy, now)
+                            .await?,
+                    ),
+                    Act::Release => Acted::Release(store.release(&scope, &key, st, now).await?),
+                    Act::Extend(lease) => {
+                        Acted::Extend(store.extend(&scope, &key, st, EXTENDS[lease], now).await?)
+                    }
+                })
+            })
+        };
+        let claims: Vec<_> = (0..n)
+            .map(|_| {
+                let (store, scope, key, fingerprint) = (
+                    self.store.clone(),
+                    scope.clone(),
+                    key.clone(),
+                    fingerprint.clone(),
+                );
+                tokio::spawn(
+                    async move { store.claim(&scope, &key, &fingerprint, &policy, now).await },
+                )
+            })
+            .collect();
+        let got_act = match acting.await {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => return self.store_error("the holder's call", e),
+            Err(join) => return self.fail(format!("the holder's task failed: {join}")),
+        };
+        let mut got = Vec::with_capacity(n);
+        for task in claims {
+            match task.await {
+                Ok(Ok(answer)) => got.push(answer),
+                Ok(Err(e)) => return self.store_error("claim", e),
+                Err(join) => return self.fail(format!("a claim task failed: {join}")),
+            }
+        }
+        let stored = match self.store.get(&scope, &key, now).await {
+            Ok(r) => r,
+            Err(e) => return self.store_error("get", e),
+        };
+
+        let won = |a: &ClaimAnswer| matches!(a, ClaimAnswer::Claimed { .. });
+        let first_id = self.next_model_id;
+        self.next_model_id += 2 * n as u128 + 2;
+        let mut orders = Vec::new();
+        for k in 0..=n {
+            let mut record = self.model.get(&at).cloned();
+            let mut answers = Vec::with_capacity(n);
+            let mut acted = None;
+            for i in 0..=n {
+                if i == k {
+                    let t = Self::act_rule(record.as_ref(), act, mt, now, &policy);
+                    if let Some(w) = t.write {
+                        record = Some(w);
+                    }
+                    acted = Some(t.answer);
+                }
+                if i == n {
+                    break;
+                }
+                let req = ClaimRequest {
+                    scope: &scope,
+                    key: &key,
+                    fingerprint: &fingerprint,
+                    token_id: first_id + 2 * i as u128,
+                };
+                let t = machine::claim(record.as_ref(), req, now, &policy);
+                if let Some(w) = t.write {
+                    record = Some(w);
+                }
+                answers.push(t.answer);
+            }
+            let acted = acted.expect("the act is in every order");
+            orders.push((k, acted, answers, record));
+        }
+
+        for (_, acted, want, record) in &orders {
+            if *acted != got_act {
+                continue;
+            }
+            let got_won: Vec<&ClaimAnswer> = got.iter().filter(|a| won(a)).collect();
+            let want_won: Vec<&ClaimAnswer> = want.iter().filter(|a| won(a)).collect();
+            if got_won.len() != want_won.len() {
+                continue;
+            }
+            let mut pair = None;
+            if let (
+                [
+                    ClaimAnswer::Claimed {
+                        token: gt,
+                        attempt: ga,
+                        kind: gk,
+                    },
+                ],
+                [
+                    ClaimAnswer::Claimed {
+                        token: wt,
+                        attempt: wa,
+                        kind: wk,
+                    },
+                ],
+            ) = (got_won.as_slice(), want_won.as_slice())
+            {
+                if ga != wa || gk != wk || gt.seq != wt.seq || self.tokens.contains_key(gt) {
+                    continue;
+                }
+                pair = Some((*gt, *wt));
+            }
+            let mut rest: Vec<&ClaimAnswer> = want.iter().filter(|a| !won(a)).collect();
+            let others_match =
+                got.iter()
+                    .filter(|a| !won(a))
+                    .all(|a| match rest.iter().position(|w| *w == a) {
+                        Some(i) => {
+                            rest.swap_remove(i);
+                            true
+                        }
+                        None => false,
+                    });
+            if !others_match {
+                continue;
+            }
+            // The store's record with its token translated (`None`: a token nobody was handed).
+            let translated: Option<Option<Record>> = match stored.clone() {
+                None => Some(None),
+                Some(mut r) => {
+                    let model_token = match pair {
+                        Some((gt, wt)) if r.token == gt => Some(wt),
+                        _ => self.tokens.get(&r.token).copied(),
+                    };
+                    model_token.map(|t| {
+                        r.token = t;
+                        Some(r)
+                    })
+                }
+            };
+            if translated != Some(record.clone().filter(|r| !r.is_expired(now))) {
+                continue;
+            }
+            // This order explains everything the store did: adopt it.
+            if let Some((gt, wt)) = pair {
+                self.tokens.insert(gt, wt);
+                self.issued.entry(at).or_default().push(Issued {
+                    store: gt,
+                    model: wt,
+                });
+            }
+            match record {
+                Some(r) => {
+                    self.model.insert(at, r.clone());
+                }
+                None => {
+                    self.model.remove(&at);
+                }
+            }
+            return Ok(());
+        }
+        let orders: Vec<String> = orders
+            .iter()
+            .map(|(k, acted, answers, record)| {
+                format!("    after {k} claims: {acted:?}, claims {answers:?}, record {record:?}")
+            })
+            .collect();
+        self.fail(format!(
+            "no serial order explains what the store did: the holder got {got_act:?}, the claims \
+             {got:?}, and the record is\n    {stored:?}\n  the orders the model allows:\n{}",
+            orders.join("\n")
+        ))
     }
 
     /// Purges in batches of `limit` until a batch is short, checking every count, then drops the
