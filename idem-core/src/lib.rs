@@ -25,7 +25,7 @@ pub use fingerprint::{Fingerprint, FingerprintError, canonical_json};
 pub use key::{IdempotencyKey, KeyError, Scope, ScopeError};
 pub use machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 pub use memory::MemoryStore;
-pub use outcome::{Outcome, OutcomeClass};
+pub use outcome::{OUTCOME_NOT_KEPT, Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};
 pub use reconcile::{Finding, Probe, PurgeReport, ReconcileReport, Reconciler, purge_expired_all};
 pub use record::{Record, RecordState};
