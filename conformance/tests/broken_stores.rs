@@ -160,7 +160,7 @@ impl KeyStore for Broken {
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
         let found = self.unfenced(self.found(scope, key), token);
-        let t = machine::extend(found.as_ref(), token, lease, now);
+        let t = machine::extend(found.as_ref(), token, lease, now)?;
         if let Some(w) = t.write {
             self.write(w);
         }

@@ -110,9 +110,12 @@ impl Attempt {
         self.kind
     }
 
-    /// Renews the lease to `now + lease` (a heartbeat for long work). `Ok(false)` means the claim
-    /// was lost: stop, and do not start any further effect.
+    /// Renews the lease to `now + lease` (a heartbeat for long work); it never shortens the lease
+    /// (the later deadline wins). `Ok(false)` means the claim was lost: stop, and do not start
+    /// any further effect. A lease of zero whole milliseconds is refused with
+    /// [`StoreError::ZeroLease`] before the store is called.
     pub async fn extend(&self, lease: Duration) -> Result<bool, StoreError> {
+        crate::machine::check_lease(lease)?;
         let now = self.clock.now();
         let answer = self
             .store

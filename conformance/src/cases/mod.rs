@@ -46,6 +46,8 @@ macro_rules! __case_list {
             fencing::fencing_unknown_key_is_fenced,
             fencing::fencing_release_then_retry,
             fencing::fencing_extend_keeps_the_claim_alive,
+            fencing::fencing_extend_never_shortens,
+            fencing::fencing_extend_refuses_a_zero_lease,
             fencing::fencing_fingerprint_kept_on_completion,
             scope::scope_same_key_two_scopes_two_records,
             scope::scope_no_cross_scope_replay,
