@@ -1,5 +1,13 @@
 #![doc = include_str!("../README.md")]
 
+/// One `tracing` event per transition (SPEC §8): the event's name is the transition's, and the
+/// same name is in the structured field `idem.event`, so every formatter prints it.
+macro_rules! transition {
+    ($level:ident, $name:literal $(, $($rest:tt)*)?) => {
+        tracing::event!(name: $name, tracing::Level::$level, idem.event = $name $(, $($rest)*)?)
+    };
+}
+
 pub mod clock;
 pub mod downstream;
 pub mod error;

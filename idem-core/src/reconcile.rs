@@ -138,7 +138,7 @@ impl<P: Probe> Reconciler<P> {
             )
             .await?;
         let ClaimAnswer::Claimed { token, .. } = answer else {
-            tracing::info!(name: "reconcile_skipped", scope = %record.scope, key = %record.key, ?answer, "no longer stale");
+            transition!(INFO, "reconcile_skipped", scope = %record.scope, key = %record.key, ?answer, "no longer stale");
             report.skipped += 1;
             return Ok(());
         };
@@ -153,7 +153,7 @@ impl<P: Probe> Reconciler<P> {
                 {
                     CompleteAnswer::Fenced => report.skipped += 1,
                     _ => {
-                        tracing::info!(name: "completed", scope = %taken.scope, key = %taken.key, status = outcome.status(), "reconciled: the effect happened; outcome stored");
+                        transition!(INFO, "completed", scope = %taken.scope, key = %taken.key, status = outcome.status(), "reconciled: the effect happened; outcome stored");
                         report.completed += 1;
                     }
                 }
@@ -166,14 +166,14 @@ impl<P: Probe> Reconciler<P> {
                     .await?
                 {
                     ReleaseAnswer::Released => {
-                        tracing::info!(name: "released", scope = %taken.scope, key = %taken.key, "reconciled: the effect did not happen; released for a retry");
+                        transition!(INFO, "released", scope = %taken.scope, key = %taken.key, "reconciled: the effect did not happen; released for a retry");
                         report.released += 1;
                     }
                     ReleaseAnswer::Fenced => report.skipped += 1,
                 }
             }
             Finding::Unknown => {
-                tracing::warn!(name: "reconcile_unknown", scope = %taken.scope, key = %taken.key, "reconciliation: the probe cannot tell; left processing");
+                transition!(WARN, "reconcile_unknown", scope = %taken.scope, key = %taken.key, "reconciliation: the probe cannot tell; left processing");
                 report.unknown.push(taken);
             }
         }
