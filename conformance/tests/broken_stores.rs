@@ -1,4 +1,4 @@
-//! A suite that cannot fail proves nothing: three deliberately broken stores, each shown to fail
+//! A suite that cannot fail proves nothing: deliberately broken stores, each shown to fail
 //! the cases meant to catch it (and to pass a basic case, so the failure is the defect's).
 
 use std::collections::HashMap;
@@ -26,6 +26,8 @@ enum Defect {
     NoFencing,
     /// Records never expire.
     ExpiryIgnored,
+    /// `extend` sets the lease to `now + lease` whatever it was, zero included (it may shorten it).
+    ExtendSetsTheLease,
 }
 
 #[derive(Debug, Clone)]
@@ -160,6 +162,21 @@ impl KeyStore for Broken {
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
         let found = self.unfenced(self.found(scope, key), token);
+        if self.defect == Defect::ExtendSetsTheLease {
+            let held = found.filter(|r| {
+                r.token == token
+                    && r.state == idem_core::RecordState::Processing
+                    && !r.is_expired(now)
+            });
+            let Some(mut r) = held else {
+                return Ok(ExtendAnswer::Fenced);
+            };
+            r.lease_until = now + lease;
+            r.updated_at = now;
+            let lease_until = r.lease_until;
+            self.write(r);
+            return Ok(ExtendAnswer::Extended { lease_until });
+        }
         let t = machine::extend(found.as_ref(), token, lease, now)?;
         if let Some(w) = t.write {
             self.write(w);
@@ -280,6 +297,17 @@ fn ignored_expiry_fails_the_expiry_cases() {
             "expiry_holder_cannot_act_after_expiry",
             "expiry_purge_deletes_in_batches_and_keeps_live",
             "executor_expired_record_runs_once_more",
+        ],
+    );
+}
+
+#[test]
+fn an_extend_that_sets_the_lease_fails_the_extend_cases() {
+    check(
+        Defect::ExtendSetsTheLease,
+        &[
+            "fencing_extend_never_shortens",
+            "fencing_extend_refuses_a_zero_lease",
         ],
     );
 }

@@ -35,7 +35,9 @@ pub use machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseA
 pub use memory::MemoryStore;
 pub use outcome::{OUTCOME_NOT_KEPT, Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};
-pub use reconcile::{Finding, Probe, PurgeReport, ReconcileReport, Reconciler, purge_expired_all};
+pub use reconcile::{
+    Finding, Probe, PurgeReport, ReconcileFailure, ReconcileReport, Reconciler, purge_expired_all,
+};
 pub use record::{Record, RecordState};
 pub use store::{BoxError, KeyStore, ListFilter, StoreError};
 pub use token::Token;
