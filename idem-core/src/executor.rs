@@ -125,11 +125,21 @@ impl Attempt {
             .await?;
         Ok(match answer {
             ExtendAnswer::Extended { lease_until } => {
-                transition!(DEBUG, "extended", lease_until = lease_until.as_millis(), "lease extended");
+                transition!(
+                    DEBUG,
+                    "extended",
+                    lease_until = lease_until.as_millis(),
+                    "lease extended"
+                );
                 true
             }
             ExtendAnswer::Fenced => {
-                transition!(WARN, "fenced", op = "extend", "lease lost to a newer attempt");
+                transition!(
+                    WARN,
+                    "fenced",
+                    op = "extend",
+                    "lease lost to a newer attempt"
+                );
                 metrics::counter!("idem_completions_total", "result" => "fenced").increment(1);
                 false
             }
@@ -172,12 +182,16 @@ impl Drop for ReleaseOnDrop {
         let (scope, key, token) = (self.scope.clone(), self.key.clone(), self.token);
         (self.spawner)(Box::pin(async move {
             match store.release(&scope, &key, token, clock.now()).await {
-                Ok(answer) => transition!(INFO, "released", scope = %scope, key = %key, token = %token.short(), ?answer,
-                    "caller went away before the operation started; claim released"
-                ),
-                Err(error) => transition!(WARN, "released", scope = %scope, key = %key, token = %token.short(), %error,
-                    "caller went away before the operation started; release failed, the lease will run out"
-                ),
+                Ok(answer) => {
+                    transition!(INFO, "released", scope = %scope, key = %key, token = %token.short(), ?answer,
+                        "caller went away before the operation started; claim released"
+                    )
+                }
+                Err(error) => {
+                    transition!(WARN, "released", scope = %scope, key = %key, token = %token.short(), %error,
+                        "caller went away before the operation started; release failed, the lease will run out"
+                    )
+                }
             }
         }));
     }
@@ -337,12 +351,23 @@ impl Executor {
                 kind,
             } => (token, attempt, kind),
             ClaimAnswer::Replay(outcome) => {
-                transition!(INFO, "replayed", status = outcome.status(), "replaying stored outcome");
+                transition!(
+                    INFO,
+                    "replayed",
+                    status = outcome.status(),
+                    "replaying stored outcome"
+                );
                 count_claim("replayed");
                 return Ok(Execution::Replayed { outcome });
             }
             ClaimAnswer::InFlight { retry_after, stale } => {
-                transition!(INFO, "in_flight", retry_after_ms = retry_after.as_millis() as u64, stale, "operation in flight");
+                transition!(
+                    INFO,
+                    "in_flight",
+                    retry_after_ms = retry_after.as_millis() as u64,
+                    stale,
+                    "operation in flight"
+                );
                 count_claim("in_flight");
                 return Err(Error::InFlight { retry_after, stale });
             }
@@ -357,7 +382,12 @@ impl Executor {
         span.record("token", token.short());
         match kind {
             ClaimKind::TakenOver => {
-                transition!(WARN, "taken_over", attempt = number, "stale claim taken over");
+                transition!(
+                    WARN,
+                    "taken_over",
+                    attempt = number,
+                    "stale claim taken over"
+                );
                 count_claim("taken_over");
             }
             ClaimKind::ExpiredReplaced => {
@@ -387,7 +417,12 @@ impl Executor {
         }
         let outcome = operation(attempt).await;
         if recorded.load(Ordering::SeqCst) {
-            transition!(INFO, "completed", status = outcome.status(), "outcome recorded by the operation's own transaction");
+            transition!(
+                INFO,
+                "completed",
+                status = outcome.status(),
+                "outcome recorded by the operation's own transaction"
+            );
             count_completion("completed");
             return Ok(Execution::Executed {
                 outcome,
@@ -462,8 +497,10 @@ impl Executor {
     ) -> Result<Execution, Error> {
         let now = self.clock.now();
         let result = match &self.spawner {
-            None => complete_or_not_kept(&*self.store, scope, key, token, &outcome, &self.policy, now)
-                .await,
+            None => {
+                complete_or_not_kept(&*self.store, scope, key, token, &outcome, &self.policy, now)
+                    .await
+            }
             Some(spawner) => {
                 let (tx, rx) = oneshot::channel();
                 let store = self.store.clone();
@@ -489,7 +526,9 @@ impl Executor {
                 answer: CompleteAnswer::Completed | CompleteAnswer::MarkedRetryable,
                 not_kept: Some(e),
             }) => {
-                transition!(WARN, "completed",
+                transition!(
+                    WARN,
+                    "completed",
                     outcome_not_kept = true,
                     status = outcome.status(),
                     size = e.size,
@@ -510,7 +549,12 @@ impl Executor {
                 answer: CompleteAnswer::Completed,
                 ..
             }) => {
-                transition!(INFO, "completed", status = outcome.status(), "outcome recorded");
+                transition!(
+                    INFO,
+                    "completed",
+                    status = outcome.status(),
+                    "outcome recorded"
+                );
                 count_completion("completed");
                 Ok(Execution::Executed { outcome, attempt })
             }
@@ -518,7 +562,12 @@ impl Executor {
                 answer: CompleteAnswer::MarkedRetryable,
                 ..
             }) => {
-                transition!(INFO, "marked_retryable", status = outcome.status(), "retryable outcome; the next attempt runs again");
+                transition!(
+                    INFO,
+                    "marked_retryable",
+                    status = outcome.status(),
+                    "retryable outcome; the next attempt runs again"
+                );
                 count_completion("retryable");
                 Ok(Execution::Executed { outcome, attempt })
             }
@@ -526,7 +575,12 @@ impl Executor {
                 answer: CompleteAnswer::Fenced,
                 ..
             }) => {
-                transition!(WARN, "fenced", op = "complete", "claim lost to a newer attempt; outcome not stored");
+                transition!(
+                    WARN,
+                    "fenced",
+                    op = "complete",
+                    "claim lost to a newer attempt; outcome not stored"
+                );
                 count_completion("fenced");
                 Err(Error::Fenced {
                     outcome: Box::new(outcome),

@@ -148,7 +148,11 @@ impl<P: Probe> Reconciler<P> {
         Ok(report)
     }
 
-    async fn settle(&self, record: &Record, report: &mut ReconcileReport) -> Result<(), StoreError> {
+    async fn settle(
+        &self,
+        record: &Record,
+        report: &mut ReconcileReport,
+    ) -> Result<(), StoreError> {
         let takeover = self
             .policy
             .to_builder()
@@ -159,7 +163,9 @@ impl<P: Probe> Reconciler<P> {
         // Still the stale claim that was listed? If not, skip it without writing anything.
         let current = self.store.get(&record.scope, &record.key, now).await?;
         let still_stale = current.as_ref().is_some_and(|r| {
-            r.token == record.token && r.fingerprint == record.fingerprint && r.is_stale_processing(now)
+            r.token == record.token
+                && r.fingerprint == record.fingerprint
+                && r.is_stale_processing(now)
         });
         if !still_stale {
             transition!(INFO, "reconcile_skipped", scope = %record.scope, key = %record.key, state = current.as_ref().map(|r| r.state.as_str()), "no longer the stale claim that was listed");

@@ -359,7 +359,11 @@ async fn oversized_outcome_completes_as_not_kept_and_retries_get_that_final_answ
     else {
         panic!("{err:?}")
     };
-    assert_eq!(**outcome, ok(), "the first caller gets the tool's real answer");
+    assert_eq!(
+        **outcome,
+        ok(),
+        "the first caller gets the tool's real answer"
+    );
     assert!(err.operation_ran());
     let r = s.record().await.unwrap();
     assert_eq!(r.state, RecordState::Completed);
@@ -369,7 +373,10 @@ async fn oversized_outcome_completes_as_not_kept_and_retries_get_that_final_answ
         (stored.status(), stored.class()),
         (200, idem_core::OutcomeClass::Definitive)
     );
-    assert!(!stored.body().contains("done"), "none of the real body kept");
+    assert!(
+        !stored.body().contains("done"),
+        "none of the real body kept"
+    );
     // The retry: a final answer, not InFlight, and no second effect.
     let again = s.spawn_call(None).await.unwrap().unwrap();
     assert!(again.is_replay());
@@ -386,10 +393,11 @@ async fn oversized_retryable_outcome_is_marked_retryable_not_stuck() {
     let failing = Outcome::retryable(503, &json!({"error": "upstream down"})).unwrap();
     let run = |o: Outcome| {
         let effects = s.effects.clone();
-        s.executor.run(&s.scope, &s.key, &s.fp, move |_| async move {
-            effects.fetch_add(1, Ordering::SeqCst);
-            o
-        })
+        s.executor
+            .run(&s.scope, &s.key, &s.fp, move |_| async move {
+                effects.fetch_add(1, Ordering::SeqCst);
+                o
+            })
     };
     let err = run(failing.clone()).await.unwrap_err();
     assert!(matches!(err, Error::OutcomeTooLarge { .. }), "{err:?}");

@@ -232,7 +232,12 @@ async fn a_claim_taken_over_elsewhere_is_not_reconciled() {
     assert!(matches!(answer, ClaimAnswer::Claimed { .. }));
     let report = w.reconciler().run_once().await.unwrap();
     assert_eq!(
-        (report.examined, report.completed, report.released, report.skipped),
+        (
+            report.examined,
+            report.completed,
+            report.released,
+            report.skipped
+        ),
         (0, 0, 0, 0),
         "a running lease is left alone"
     );

@@ -53,42 +53,98 @@ impl Meddler {
     }
 
     async fn release_at(&self, scope: &Scope, key: &IdempotencyKey, token: Token) {
-        let record = self.inner.get(scope, key, Timestamp::from_millis(0)).await.unwrap().unwrap();
-        let answer = self.inner.release(scope, key, token, record.lease_until).await.unwrap();
+        let record = self
+            .inner
+            .get(scope, key, Timestamp::from_millis(0))
+            .await
+            .unwrap()
+            .unwrap();
+        let answer = self
+            .inner
+            .release(scope, key, token, record.lease_until)
+            .await
+            .unwrap();
         assert_eq!(answer, ReleaseAnswer::Released);
     }
 }
 
 #[async_trait]
 impl KeyStore for Meddler {
-    async fn claim(&self, scope: &Scope, key: &IdempotencyKey, fingerprint: &Fingerprint, policy: &Policy, now: Timestamp) -> Result<ClaimAnswer, StoreError> {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
         self.inner.claim(scope, key, fingerprint, policy, now).await
     }
-    async fn complete(&self, scope: &Scope, key: &IdempotencyKey, token: Token, outcome: &Outcome, policy: &Policy, now: Timestamp) -> Result<CompleteAnswer, StoreError> {
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
         if self.fail_complete.lock().unwrap().as_ref() == Some(key) {
-            return Err(StoreError::unavailable("test: store down", std::io::Error::other("refused")));
+            return Err(StoreError::unavailable(
+                "test: store down",
+                std::io::Error::other("refused"),
+            ));
         }
-        self.inner.complete(scope, key, token, outcome, policy, now).await
+        self.inner
+            .complete(scope, key, token, outcome, policy, now)
+            .await
     }
-    async fn release(&self, scope: &Scope, key: &IdempotencyKey, token: Token, now: Timestamp) -> Result<ReleaseAnswer, StoreError> {
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError> {
         self.inner.release(scope, key, token, now).await
     }
-    async fn extend(&self, scope: &Scope, key: &IdempotencyKey, token: Token, lease: Duration, now: Timestamp) -> Result<ExtendAnswer, StoreError> {
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError> {
         self.inner.extend(scope, key, token, lease, now).await
     }
-    async fn get(&self, scope: &Scope, key: &IdempotencyKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
         let found = self.inner.get(scope, key, now).await;
         self.meddle(scope, key, true).await;
         found
     }
-    async fn list_in_flight(&self, older_than: Timestamp, limit: usize) -> Result<Vec<Record>, StoreError> {
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
         let listed = self.inner.list_in_flight(older_than, limit).await?;
         for r in &listed {
             self.meddle(&r.scope, &r.key, false).await;
         }
         Ok(listed)
     }
-    async fn list(&self, filter: &ListFilter, now: Timestamp, limit: usize) -> Result<Vec<Record>, StoreError> {
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
         self.inner.list(filter, now, limit).await
     }
     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
@@ -106,8 +162,12 @@ impl Probe for CountingProbe {
     async fn probe(&self, record: &Record) -> Finding {
         self.0.fetch_add(1, Ordering::SeqCst);
         match record.key.as_str() {
-            "happened-big" => Finding::Happened(Outcome::definitive(201, &"x".repeat(4096)).unwrap()),
-            k if k.starts_with("happened") => Finding::Happened(Outcome::definitive(201, &json!({"ticket": k})).unwrap()),
+            "happened-big" => {
+                Finding::Happened(Outcome::definitive(201, &"x".repeat(4096)).unwrap())
+            }
+            k if k.starts_with("happened") => {
+                Finding::Happened(Outcome::definitive(201, &json!({"ticket": k})).unwrap())
+            }
             _ => Finding::NotHappened,
         }
     }
@@ -140,20 +200,34 @@ fn world() -> World {
 
 impl World {
     fn reconciler(&self) -> Reconciler<CountingProbe> {
-        Reconciler::new(self.store.clone(), Arc::new(self.clock.clone()), self.policy, self.probe.clone())
+        Reconciler::new(
+            self.store.clone(),
+            Arc::new(self.clock.clone()),
+            self.policy,
+            self.probe.clone(),
+        )
     }
 
     /// A holder claims `key` and goes silent; the clock moves past its lease.
     async fn stale_claim(&self, key: &str) -> (IdempotencyKey, Token) {
         let key = IdempotencyKey::new(key).unwrap();
-        let ClaimAnswer::Claimed { token, .. } = self.store.claim(&self.scope, &key, &self.fp, &self.policy, self.clock.now()).await.unwrap() else {
+        let ClaimAnswer::Claimed { token, .. } = self
+            .store
+            .claim(&self.scope, &key, &self.fp, &self.policy, self.clock.now())
+            .await
+            .unwrap()
+        else {
             panic!("claim")
         };
         (key, token)
     }
 
     async fn record(&self, key: &IdempotencyKey) -> Option<Record> {
-        self.store.inner.get(&self.scope, key, self.clock.now()).await.unwrap()
+        self.store
+            .inner
+            .get(&self.scope, key, self.clock.now())
+            .await
+            .unwrap()
     }
 
     fn probes(&self) -> usize {
@@ -184,10 +258,17 @@ async fn released_after_listing_is_skipped_without_a_write() {
     w.clock.advance(Duration::from_secs(31));
     *w.store.meddle.lock().unwrap() = Some(Meddle::ReleaseAfterList(token));
     let report = w.reconciler().run_once().await.unwrap();
-    assert_eq!((report.examined, report.skipped, report.released), (1, 1, 0));
+    assert_eq!(
+        (report.examined, report.skipped, report.released),
+        (1, 1, 0)
+    );
     assert_eq!(w.probes(), 0, "not probed");
     let r = w.record(&key).await.unwrap();
-    assert_eq!((r.state, r.token, r.attempt), (RecordState::FailedRetryable, token, 1), "untouched");
+    assert_eq!(
+        (r.state, r.token, r.attempt),
+        (RecordState::FailedRetryable, token, 1),
+        "untouched"
+    );
     assert_eq!(w.retry_runs(&key).await, 1);
 }
 
@@ -198,10 +279,17 @@ async fn released_between_read_and_claim_is_given_back_unprobed() {
     w.clock.advance(Duration::from_secs(31));
     *w.store.meddle.lock().unwrap() = Some(Meddle::ReleaseAfterGet(token));
     let report = w.reconciler().run_once().await.unwrap();
-    assert_eq!((report.examined, report.skipped, report.released), (1, 1, 0));
+    assert_eq!(
+        (report.examined, report.skipped, report.released),
+        (1, 1, 0)
+    );
     assert_eq!(w.probes(), 0, "not probed");
     let r = w.record(&key).await.unwrap();
-    assert_eq!(r.state, RecordState::FailedRetryable, "not left processing: {r:?}");
+    assert_eq!(
+        r.state,
+        RecordState::FailedRetryable,
+        "not left processing: {r:?}"
+    );
     assert_eq!(r.fingerprint, w.fp);
     assert_eq!(w.retry_runs(&key).await, 1, "the next retry runs it, once");
 }
@@ -217,8 +305,19 @@ async fn purged_between_read_and_claim_is_not_left_processing() {
     assert_eq!((report.examined, report.skipped), (1, 1));
     assert_eq!(w.probes(), 0, "not probed");
     let r = w.record(&key).await.unwrap();
-    assert_ne!(r.state, RecordState::Processing, "a claim nobody holds: {r:?}");
-    assert!(w.store.inner.list_in_flight(w.clock.now() + Duration::from_secs(3000), 10).await.unwrap().is_empty());
+    assert_ne!(
+        r.state,
+        RecordState::Processing,
+        "a claim nobody holds: {r:?}"
+    );
+    assert!(
+        w.store
+            .inner
+            .list_in_flight(w.clock.now() + Duration::from_secs(3000), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -232,7 +331,10 @@ async fn one_records_failure_is_reported_and_the_pass_goes_on() {
     w.clock.advance(Duration::from_secs(31));
     let report = w.reconciler().run_once().await.unwrap();
     assert_eq!(report.examined, 4);
-    assert_eq!((report.completed, report.outcome_not_kept, report.released), (2, 1, 1));
+    assert_eq!(
+        (report.completed, report.outcome_not_kept, report.released),
+        (2, 1, 1)
+    );
     assert_eq!(report.failed.len(), 1, "{report:?}");
     assert_eq!(report.failed[0].record.key, down);
     assert!(report.failed[0].error.is_unavailable());
@@ -242,6 +344,13 @@ async fn one_records_failure_is_reported_and_the_pass_goes_on() {
     assert_eq!(r.state, RecordState::Completed);
     assert!(r.outcome.unwrap().is_not_kept());
     assert_eq!(w.record(&fine).await.unwrap().state, RecordState::Completed);
-    assert_eq!(w.record(&gone).await.unwrap().state, RecordState::FailedRetryable);
-    assert_eq!(w.record(&down).await.unwrap().state, RecordState::Processing, "left for the next pass");
+    assert_eq!(
+        w.record(&gone).await.unwrap().state,
+        RecordState::FailedRetryable
+    );
+    assert_eq!(
+        w.record(&down).await.unwrap().state,
+        RecordState::Processing,
+        "left for the next pass"
+    );
 }

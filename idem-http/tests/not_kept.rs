@@ -75,7 +75,10 @@ async fn a_response_too_large_to_keep_runs_once_and_retries_get_a_final_answer()
         let text = again.text().await.unwrap();
         assert!(!text.contains(MARKER), "{text}");
         let body: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!((body["ok"].clone(), body["idempotent_replay"].clone()), (json!(true), json!(true)));
+        assert_eq!(
+            (body["ok"].clone(), body["idempotent_replay"].clone()),
+            (json!(true), json!(true))
+        );
         let problem = &body["original_response"];
         assert_eq!(problem["type"], OUTCOME_NOT_KEPT);
         assert_eq!(problem["original_status"], 201);

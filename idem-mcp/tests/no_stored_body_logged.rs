@@ -25,8 +25,8 @@ use idem_mcp::{IdempotentTools, META_KEY, ToolSettings, is_replay};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ClientConfig, ContentBlock,
-    ErrorData, RequestMetaObject, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientConfig, ContentBlock, ErrorData,
+    RequestMetaObject, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, ServiceExt, tool, tool_router};
@@ -212,7 +212,10 @@ async fn a_full_run_logs_no_stored_body_and_names_every_transition() {
     // MCP: executed, then replayed.
     let idem = IdempotentTools::new(executor.clone())
         .principal_with(|_| Some("tenant-a".to_owned()))
-        .tool("create_ticket", ToolSettings::window(Duration::from_secs(2)));
+        .tool(
+            "create_ticket",
+            ToolSettings::window(Duration::from_secs(2)),
+        );
     let server = Server {
         tool_router: Server::tool_router(),
         idem,
@@ -227,7 +230,9 @@ async fn a_full_run_logs_no_stored_body_and_names_every_transition() {
     for replay in [false, true] {
         let mut params = CallToolRequestParams::new("create_ticket");
         let mut meta = RequestMetaObject::new();
-        meta.0.0.insert(META_KEY.into(), json!("wf-3:step-1:create_ticket"));
+        meta.0
+            .0
+            .insert(META_KEY.into(), json!("wf-3:step-1:create_ticket"));
         params.meta = Some(meta);
         let result = client.call_tool(params).await.unwrap();
         assert_eq!(is_replay(&result), replay);
@@ -235,7 +240,10 @@ async fn a_full_run_logs_no_stored_body_and_names_every_transition() {
     client.cancel().await.unwrap();
 
     let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    assert!(log.contains("wf-1:step-1:create_ticket"), "keys are logged:\n{log}");
+    assert!(
+        log.contains("wf-1:step-1:create_ticket"),
+        "keys are logged:\n{log}"
+    );
     assert!(!log.contains(MARKER), "a stored body was logged:\n{log}");
     for event in ["claimed", "completed", "replayed"] {
         assert!(

@@ -10,8 +10,8 @@ use idem_mcp::{IdempotentTools, META_KEY, NOT_KEPT_META_KEY, ToolSettings, is_re
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ClientConfig, ContentBlock,
-    ErrorData, RequestMetaObject, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientConfig, ContentBlock, ErrorData,
+    RequestMetaObject, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{RequestContext, RunningService};
 use rmcp::{RoleClient, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
@@ -104,7 +104,10 @@ async fn a_result_too_large_to_keep_runs_once_and_retries_get_a_final_answer() {
         let problem = &again.meta.as_ref().unwrap().0[NOT_KEPT_META_KEY];
         assert_eq!(problem["type"], OUTCOME_NOT_KEPT);
         let text = serde_json::to_string(&again.content).unwrap();
-        assert!(text.contains("not kept") && !text.contains(MARKER), "{text}");
+        assert!(
+            text.contains("not kept") && !text.contains(MARKER),
+            "{text}"
+        );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
     client.cancel().await.unwrap();
