@@ -43,6 +43,7 @@ broken_suite! {
     case_insensitive_address => CaseInsensitiveAddress,
     concatenated_address => ConcatenatedAddress,
     purge_miscount => PurgeMiscount,
+    extend_sets_the_lease => ExtendSetsTheLease,
 }
 
 /// Runs the generated test `module::case` in a child process; whether it passed, and its output.

@@ -66,6 +66,11 @@ fn purge_miscount_fails_the_exact_purge_case() {
     check(Defect::PurgeMiscount);
 }
 
+#[test]
+fn an_extend_that_sets_the_lease_fails_the_extend_cases() {
+    check(Defect::ExtendSetsTheLease);
+}
+
 /// `run_all` reports the same failures as `run_matching`, for every defect, and the whole suite
 /// never passes a broken store.
 #[test]

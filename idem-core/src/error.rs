@@ -30,8 +30,10 @@ pub enum Error {
         /// What this attempt's operation answered.
         outcome: Box<Outcome>,
     },
-    /// The operation ran, but its outcome is over the policy's size limit and was not stored; the
-    /// record stays `processing` for reconciliation.
+    /// The operation ran, but its outcome is over the policy's size limit and was not stored:
+    /// the record was completed with [`Outcome::not_kept`] instead (same status and class, a
+    /// problem body of type [`crate::OUTCOME_NOT_KEPT`]), so every retry gets that final answer
+    /// rather than 409 forever. This caller gets the operation's real answer here.
     #[error(
         "the operation ran but its outcome ({size} bytes) is over the limit of {limit} bytes and was not stored"
     )]

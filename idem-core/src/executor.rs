@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 use futures_channel::oneshot;
 use tracing::Instrument;
 
-use crate::machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer};
+use crate::machine::{
+    ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, OutcomeTooLarge, completed_state,
+};
 use crate::{
     Clock, Error, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError,
-    SystemClock, Token, downstream_key,
+    SystemClock, Timestamp, Token, downstream_key,
 };
 
 /// A future handed to a [`Executor::with_spawner`] spawner.
@@ -110,9 +112,12 @@ impl Attempt {
         self.kind
     }
 
-    /// Renews the lease to `now + lease` (a heartbeat for long work). `Ok(false)` means the claim
-    /// was lost: stop, and do not start any further effect.
+    /// Renews the lease to `now + lease` (a heartbeat for long work); it never shortens the lease
+    /// (the later deadline wins). `Ok(false)` means the claim was lost: stop, and do not start
+    /// any further effect. A lease of zero whole milliseconds is refused with
+    /// [`StoreError::ZeroLease`] before the store is called.
     pub async fn extend(&self, lease: Duration) -> Result<bool, StoreError> {
+        crate::machine::check_lease(lease)?;
         let now = self.clock.now();
         let answer = self
             .store
@@ -120,11 +125,21 @@ impl Attempt {
             .await?;
         Ok(match answer {
             ExtendAnswer::Extended { lease_until } => {
-                tracing::debug!(name: "extended", lease_until = lease_until.as_millis(), "lease extended");
+                transition!(
+                    DEBUG,
+                    "extended",
+                    lease_until = lease_until.as_millis(),
+                    "lease extended"
+                );
                 true
             }
             ExtendAnswer::Fenced => {
-                tracing::warn!(name: "fenced", op = "extend", "lease lost to a newer attempt");
+                transition!(
+                    WARN,
+                    "fenced",
+                    op = "extend",
+                    "lease lost to a newer attempt"
+                );
                 metrics::counter!("idem_completions_total", "result" => "fenced").increment(1);
                 false
             }
@@ -167,14 +182,16 @@ impl Drop for ReleaseOnDrop {
         let (scope, key, token) = (self.scope.clone(), self.key.clone(), self.token);
         (self.spawner)(Box::pin(async move {
             match store.release(&scope, &key, token, clock.now()).await {
-                Ok(answer) => tracing::info!(
-                    name: "released", scope = %scope, key = %key, token = %token.short(), ?answer,
-                    "caller went away before the operation started; claim released"
-                ),
-                Err(error) => tracing::warn!(
-                    name: "released", scope = %scope, key = %key, token = %token.short(), %error,
-                    "caller went away before the operation started; release failed, the lease will run out"
-                ),
+                Ok(answer) => {
+                    transition!(INFO, "released", scope = %scope, key = %key, token = %token.short(), ?answer,
+                        "caller went away before the operation started; claim released"
+                    )
+                }
+                Err(error) => {
+                    transition!(WARN, "released", scope = %scope, key = %key, token = %token.short(), %error,
+                        "caller went away before the operation started; release failed, the lease will run out"
+                    )
+                }
             }
         }));
     }
@@ -334,17 +351,28 @@ impl Executor {
                 kind,
             } => (token, attempt, kind),
             ClaimAnswer::Replay(outcome) => {
-                tracing::info!(name: "replayed", status = outcome.status(), "replaying stored outcome");
+                transition!(
+                    INFO,
+                    "replayed",
+                    status = outcome.status(),
+                    "replaying stored outcome"
+                );
                 count_claim("replayed");
                 return Ok(Execution::Replayed { outcome });
             }
             ClaimAnswer::InFlight { retry_after, stale } => {
-                tracing::info!(name: "in_flight", retry_after_ms = retry_after.as_millis() as u64, stale, "operation in flight");
+                transition!(
+                    INFO,
+                    "in_flight",
+                    retry_after_ms = retry_after.as_millis() as u64,
+                    stale,
+                    "operation in flight"
+                );
                 count_claim("in_flight");
                 return Err(Error::InFlight { retry_after, stale });
             }
             ClaimAnswer::FingerprintMismatch => {
-                tracing::warn!(name: "mismatch", "key reused with a different request");
+                transition!(WARN, "mismatch", "key reused with a different request");
                 count_claim("mismatch");
                 return Err(Error::FingerprintMismatch);
             }
@@ -354,15 +382,20 @@ impl Executor {
         span.record("token", token.short());
         match kind {
             ClaimKind::TakenOver => {
-                tracing::warn!(name: "taken_over", attempt = number, "stale claim taken over");
+                transition!(
+                    WARN,
+                    "taken_over",
+                    attempt = number,
+                    "stale claim taken over"
+                );
                 count_claim("taken_over");
             }
             ClaimKind::ExpiredReplaced => {
-                tracing::info!(name: "expired_replaced", "expired record replaced");
+                transition!(INFO, "expired_replaced", "expired record replaced");
                 count_claim("claimed");
             }
             ClaimKind::New | ClaimKind::Retry => {
-                tracing::info!(name: "claimed", attempt = number, ?kind, "claimed");
+                transition!(INFO, "claimed", attempt = number, ?kind, "claimed");
                 count_claim("claimed");
             }
         }
@@ -384,7 +417,12 @@ impl Executor {
         }
         let outcome = operation(attempt).await;
         if recorded.load(Ordering::SeqCst) {
-            tracing::info!(name: "completed", status = outcome.status(), "outcome recorded by the operation's own transaction");
+            transition!(
+                INFO,
+                "completed",
+                status = outcome.status(),
+                "outcome recorded by the operation's own transaction"
+            );
             count_completion("completed");
             return Ok(Execution::Executed {
                 outcome,
@@ -460,13 +498,8 @@ impl Executor {
         let now = self.clock.now();
         let result = match &self.spawner {
             None => {
-                timed(
-                    &*self.store,
-                    "complete",
-                    self.store
-                        .complete(scope, key, token, &outcome, &self.policy, now),
-                )
-                .await
+                complete_or_not_kept(&*self.store, scope, key, token, &outcome, &self.policy, now)
+                    .await
             }
             Some(spawner) => {
                 let (tx, rx) = oneshot::channel();
@@ -475,12 +508,9 @@ impl Executor {
                     (scope.clone(), key.clone(), self.policy, outcome.clone());
                 // Recorded even if the caller goes away meanwhile: the effect has happened.
                 spawner(Box::pin(async move {
-                    let result = timed(
-                        &*store,
-                        "complete",
-                        store.complete(&scope, &key, token, &outcome, &policy, now),
-                    )
-                    .await;
+                    let result =
+                        complete_or_not_kept(&*store, &scope, &key, token, &outcome, &policy, now)
+                            .await;
                     let _ = tx.send(result);
                 }));
                 rx.await.unwrap_or_else(|oneshot::Canceled| {
@@ -492,33 +522,68 @@ impl Executor {
             }
         };
         match result {
-            Ok(CompleteAnswer::Completed) => {
-                tracing::info!(name: "completed", status = outcome.status(), "outcome recorded");
-                count_completion("completed");
-                Ok(Execution::Executed { outcome, attempt })
-            }
-            Ok(CompleteAnswer::MarkedRetryable) => {
-                tracing::info!(name: "marked_retryable", status = outcome.status(), "retryable outcome; the next attempt runs again");
-                count_completion("retryable");
-                Ok(Execution::Executed { outcome, attempt })
-            }
-            Ok(CompleteAnswer::Fenced) => {
-                tracing::warn!(name: "fenced", op = "complete", "claim lost to a newer attempt; outcome not stored");
-                count_completion("fenced");
-                Err(Error::Fenced {
-                    outcome: Box::new(outcome),
-                })
-            }
-            Err(StoreError::OutcomeTooLarge(e)) => {
-                tracing::error!(
+            Ok(Completion {
+                answer: CompleteAnswer::Completed | CompleteAnswer::MarkedRetryable,
+                not_kept: Some(e),
+            }) => {
+                transition!(
+                    WARN,
+                    "completed",
+                    outcome_not_kept = true,
+                    status = outcome.status(),
                     size = e.size,
                     limit = e.limit,
-                    "outcome over the size limit; record left processing"
+                    "outcome over the size limit: recorded as 'ran, response not kept' (the final answer for retries); this caller gets the real answer"
                 );
+                count_completion(match completed_state(&outcome, &self.policy) {
+                    crate::RecordState::Completed => "completed",
+                    _ => "retryable",
+                });
                 Err(Error::OutcomeTooLarge {
                     outcome: Box::new(outcome),
                     size: e.size,
                     limit: e.limit,
+                })
+            }
+            Ok(Completion {
+                answer: CompleteAnswer::Completed,
+                ..
+            }) => {
+                transition!(
+                    INFO,
+                    "completed",
+                    status = outcome.status(),
+                    "outcome recorded"
+                );
+                count_completion("completed");
+                Ok(Execution::Executed { outcome, attempt })
+            }
+            Ok(Completion {
+                answer: CompleteAnswer::MarkedRetryable,
+                ..
+            }) => {
+                transition!(
+                    INFO,
+                    "marked_retryable",
+                    status = outcome.status(),
+                    "retryable outcome; the next attempt runs again"
+                );
+                count_completion("retryable");
+                Ok(Execution::Executed { outcome, attempt })
+            }
+            Ok(Completion {
+                answer: CompleteAnswer::Fenced,
+                ..
+            }) => {
+                transition!(
+                    WARN,
+                    "fenced",
+                    op = "complete",
+                    "claim lost to a newer attempt; outcome not stored"
+                );
+                count_completion("fenced");
+                Err(Error::Fenced {
+                    outcome: Box::new(outcome),
                 })
             }
             Err(source) => {
@@ -530,6 +595,61 @@ impl Executor {
             }
         }
     }
+}
+
+/// What a completion did: the store's answer, and whether the outcome was over the limit and
+/// [`Outcome::not_kept`] was stored in its place.
+pub(crate) struct Completion {
+    pub(crate) answer: CompleteAnswer,
+    pub(crate) not_kept: Option<OutcomeTooLarge>,
+}
+
+/// Completes the record with `outcome`; if `outcome` is over the policy's limit, completes it
+/// with [`Outcome::not_kept`] instead (SPEC §2: a record is never left `processing` because its
+/// outcome could not be kept). The replacement is small and bounded; it is stored under the same
+/// policy with the limit raised to its size if the limit is smaller still, so it always fits.
+pub(crate) async fn complete_or_not_kept(
+    store: &dyn KeyStore,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    token: Token,
+    outcome: &Outcome,
+    policy: &Policy,
+    now: Timestamp,
+) -> Result<Completion, StoreError> {
+    let too_large = match crate::machine::check_outcome_size(outcome, policy) {
+        Ok(()) => {
+            let completed = store.complete(scope, key, token, outcome, policy, now);
+            match timed(store, "complete", completed).await {
+                Ok(answer) => {
+                    return Ok(Completion {
+                        answer,
+                        not_kept: None,
+                    });
+                }
+                // A store whose own limit is stricter refused it: the same case.
+                Err(StoreError::OutcomeTooLarge(e)) => e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(e) => e,
+    };
+    let kept = Outcome::not_kept(outcome, too_large.limit);
+    let roomy = policy
+        .to_builder()
+        .max_outcome_bytes(policy.max_outcome_bytes().max(kept.size()))
+        .build()
+        .expect("the same valid policy with a larger limit is valid");
+    let answer = timed(
+        store,
+        "complete",
+        store.complete(scope, key, token, &kept, &roomy, now),
+    )
+    .await?;
+    Ok(Completion {
+        answer,
+        not_kept: Some(too_large),
+    })
 }
 
 fn count_claim(result: &'static str) {

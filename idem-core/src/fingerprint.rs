@@ -21,9 +21,21 @@ pub enum FingerprintError {
 /// arguments, canonicalised with RFC 8785 (JCS) so that key order and insignificant white space do
 /// not change it.
 ///
-/// The canonical form hashed is the JCS text of `{"arguments": <args>, "operation": <name>}`.
-/// JCS reads every number as an IEEE-754 double, so integers beyond 2^53 that differ only past
-/// that precision have the same fingerprint.
+/// The canonical form hashed is the JCS text of `{"arguments": <args>, "operation": <name>}`,
+/// with one deliberate departure from RFC 8785 for numbers (SPEC §1):
+///
+/// - JCS reads every number as an IEEE-754 double, so two 64-bit integers that differ only
+///   beyond ±2^53 (ids sent as JSON numbers) would round to the same double and the second
+///   request would replay the first. Here an integer whose value a double cannot hold exactly
+///   (e.g. `9007199254740993`, `i64::MAX`, `u64::MAX`) is written with its exact decimal digits
+///   instead. Every other number is written exactly as JCS writes it, so fingerprints of
+///   ordinary requests (and records stored before this rule) are unchanged, and `1.0` and `1`
+///   are still the same request.
+/// - The exact digits are those `serde_json` parsed: integers that fit `i64` or `u64`. A number
+///   written with a fraction or an exponent (`9007199254740993.0`, `1e30`) is parsed as a double
+///   and canonicalised as one, as JCS does (so `9007199254740993.0` is not the same request as
+///   `9007199254740993`). This needs no `serde_json` feature (in particular not
+///   `arbitrary_precision`, which would change every crate's `serde_json` in the graph).
 ///
 /// ```
 /// use idem_core::Fingerprint;
@@ -32,6 +44,11 @@ pub enum FingerprintError {
 /// let b: serde_json::Value = serde_json::from_str(r#"{ "account_id":7.0,  "title":"x" }"#).unwrap();
 /// assert_eq!(a, Fingerprint::of("create_ticket", &b).unwrap());
 /// assert_ne!(a, Fingerprint::of("delete_ticket", &b).unwrap());
+/// // 2^53 and 2^53 + 1 are the same double, but not the same request.
+/// assert_ne!(
+///     Fingerprint::of("charge", &json!({"id": 9007199254740992u64})).unwrap(),
+///     Fingerprint::of("charge", &json!({"id": 9007199254740993u64})).unwrap(),
+/// );
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(transparent)]
@@ -88,9 +105,75 @@ impl<'de> Deserialize<'de> for Fingerprint {
     }
 }
 
-/// The RFC 8785 canonical JSON text of `value`.
+/// The canonical JSON text of `value` that [`Fingerprint::of`] hashes: RFC 8785 (JCS), except
+/// that an integer a double cannot hold exactly keeps its exact decimal digits (see
+/// [`Fingerprint`]).
 pub fn canonical_json(value: &serde_json::Value) -> Result<String, FingerprintError> {
-    serde_json_canonicalizer::to_string(value).map_err(FingerprintError::Canonicalize)
+    let mut out = String::new();
+    write_canonical(value, &mut out)?;
+    Ok(out)
+}
+
+/// JCS of one value, written into `out`. Strings, numbers and the order of object members are
+/// left to `serde_json_canonicalizer` (UTF-16 key order, ECMAScript number text); only integers
+/// beyond a double's precision are written here.
+fn write_canonical(value: &serde_json::Value, out: &mut String) -> Result<(), FingerprintError> {
+    use serde_json::Value;
+    let leaf = |v: &Value, out: &mut String| -> Result<(), FingerprintError> {
+        out.push_str(
+            &serde_json_canonicalizer::to_string(v).map_err(FingerprintError::Canonicalize)?,
+        );
+        Ok(())
+    };
+    match value {
+        Value::Number(n) => match exact_integer(n) {
+            Some(digits) => out.push_str(&digits),
+            None => leaf(value, out)?,
+        },
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out)?;
+            }
+            out.push(']');
+        }
+        Value::Object(members) => {
+            // RFC 8785 §3.2.3: members sorted by their names' UTF-16 code units.
+            let mut sorted: Vec<_> = members.iter().collect();
+            sorted.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
+            out.push('{');
+            for (i, (name, member)) in sorted.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                leaf(&Value::String(name.clone()), out)?;
+                out.push(':');
+                write_canonical(member, out)?;
+            }
+            out.push('}');
+        }
+        Value::Null | Value::Bool(_) | Value::String(_) => leaf(value, out)?,
+    }
+    Ok(())
+}
+
+/// The exact decimal digits of an integer that a double cannot hold exactly; `None` for every
+/// other number (JCS's text is then exact or the number is not an integer).
+fn exact_integer(n: &serde_json::Number) -> Option<String> {
+    // Doubles hold every integer of magnitude up to 2^53 and, beyond it, only some; a round trip
+    // through f64 (exact in i128) tells which.
+    let exact = |v: i128| {
+        let d = v as f64;
+        (d as i128 != v).then(|| v.to_string())
+    };
+    if let Some(v) = n.as_u64() {
+        exact(i128::from(v))
+    } else {
+        n.as_i64().and_then(|v| exact(i128::from(v)))
+    }
 }
 
 fn canonical_request(
@@ -173,6 +256,128 @@ mod tests {
             canonical_request("op", &json!({"z": 1, "a": true})).unwrap(),
             r#"{"arguments":{"a":true,"z":1},"operation":"op"}"#
         );
+    }
+
+    fn fp(args: Value) -> Fingerprint {
+        Fingerprint::of("charge", &args).unwrap()
+    }
+
+    #[test]
+    fn integers_beyond_a_doubles_precision_keep_their_digits() {
+        let two53 = 1u64 << 53;
+        let pairs: [(Value, Value); 6] = [
+            (json!({"id": two53}), json!({"id": two53 + 1})),
+            (json!({"id": i64::MAX}), json!({"id": i64::MAX - 1})),
+            (json!({"id": u64::MAX}), json!({"id": u64::MAX - 1})),
+            (
+                json!({"id": -(two53 as i64)}),
+                json!({"id": -(two53 as i64) - 1}),
+            ),
+            (json!({"id": i64::MIN}), json!({"id": i64::MIN + 1})),
+            (json!([two53 + 1]), json!([two53])),
+        ];
+        for (a, b) in pairs {
+            // Under plain JCS (doubles) each pair collides: that was the bug.
+            assert_eq!(
+                serde_json_canonicalizer::to_string(&a).unwrap(),
+                serde_json_canonicalizer::to_string(&b).unwrap()
+            );
+            assert_ne!(
+                fp(a.clone()),
+                fp(b.clone()),
+                "{a} and {b} share a fingerprint"
+            );
+        }
+        assert_eq!(
+            canonical_json(
+                &json!({"b": u64::MAX, "a": [9007199254740993u64, i64::MAX, -9007199254740993i64]})
+            )
+            .unwrap(),
+            r#"{"a":[9007199254740993,9223372036854775807,-9007199254740993],"b":18446744073709551615}"#
+        );
+        // Parsed from text, as a request body is.
+        let text = |t: &str| fp(serde_json::from_str(t).unwrap());
+        assert_ne!(
+            text(r#"{"id":9007199254740993}"#),
+            text(r#"{"id":9007199254740992}"#)
+        );
+        // Integers a double holds exactly are written as JCS writes them.
+        assert_eq!(
+            text(r#"{"id":9007199254740992}"#),
+            text(r#"{"id":9007199254740992.0}"#)
+        );
+        assert_eq!(
+            text(r#"{"id":-9223372036854775808}"#),
+            fp(json!({"id": i64::MIN}))
+        );
+        assert_eq!(
+            text(r#"{"id":4611686018427387904}"#),
+            text(r#"{"id":4.611686018427387904e18}"#)
+        );
+    }
+
+    #[test]
+    fn one_and_one_point_zero_and_key_order_stay_the_same_request() {
+        let a = fp(serde_json::from_str(r#"{"amount": 1, "n": {"y": 2, "x": -0.0}}"#).unwrap());
+        let b = fp(serde_json::from_str(r#"{"n": {"x": 0, "y": 2.0}, "amount": 1.0}"#).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(fp(json!({"amount": 1e2})), fp(json!({"amount": 100})));
+    }
+
+    /// Fingerprints made before the exact-integer rule: records stored with them must still match.
+    #[test]
+    fn fingerprints_of_ordinary_requests_are_unchanged() {
+        let pinned = [
+            (
+                "create_ticket",
+                json!({"title": "Printer on fire", "account_id": "A-7"}),
+                "825b18a527e4da5c35ff0b4552bb88af6a1bad688e8666988fb447da35d29a57",
+            ),
+            (
+                "charge",
+                json!({"amount": 500, "currency": "EUR", "ids": [1, 2.5, -3, 9007199254740992u64], "nested": {"b": null, "a": true}}),
+                "6756d801edec345f4501a677fc375938c8c3e693c8e17d43a71e3acc582c2d7a",
+            ),
+            (
+                "POST /tools/charge",
+                json!({"amount": 1.0e21, "tiny": 1e-7, "neg": -0.0, "unicode": "é😀"}),
+                "3c049c8ec14307279043f9905650d56e32e3dd1841fb4b63b795b676d9df40e3",
+            ),
+            (
+                "op",
+                json!([]),
+                "c2f35b531bf5c06b9b8e7f76135e7ee8f7d7eb905a9377e73b15d4ab67327898",
+            ),
+            (
+                "op",
+                json!(i64::MIN),
+                "cdbc439e4b663006938ef6e3ebb1ea749186c016f1b34b2a937aa83672ef8bf1",
+            ),
+        ];
+        for (op, args, hex) in pinned {
+            assert_eq!(
+                Fingerprint::of(op, &args).unwrap().as_str(),
+                hex,
+                "{op} {args}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Away from the exact-integer rule, the canonical text is RFC 8785's, byte for byte.
+        #[test]
+        fn agrees_with_jcs_where_doubles_are_exact(
+            ints in proptest::collection::vec(-(1i64 << 53)..=(1i64 << 53), 0..6),
+            floats in proptest::collection::vec(proptest::num::f64::NORMAL, 0..6),
+            names in proptest::collection::vec("[a-zé😀\\\"]{0,4}", 0..6),
+        ) {
+            let mut obj = serde_json::Map::new();
+            for (i, name) in names.iter().enumerate() {
+                obj.insert(name.clone(), json!([ints.get(i), floats.get(i), name]));
+            }
+            let v = json!({"o": obj, "i": ints, "f": floats});
+            proptest::prop_assert_eq!(canonical_json(&v).unwrap(), serde_json_canonicalizer::to_string(&v).unwrap());
+        }
     }
 
     #[test]

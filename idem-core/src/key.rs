@@ -90,9 +90,17 @@ impl IdempotencyKey {
     /// id (`call_abc123`) is not a business-operation id either: it is minted per model response,
     /// so the same intended action re-issued after a timeout gets a new one.
     ///
-    /// Parts are used as given when they are visible ASCII without `:`; any other part (or a
-    /// result over 255 bytes) is replaced by a SHA-256-based digest of it, so the key stays valid,
-    /// stable and unambiguous.
+    /// Parts are used as given when they are visible ASCII without `:` and do not start with
+    /// `~`; any other part (and every part, when the result would be over 255 bytes) is replaced
+    /// by its digest: `~` and 24 hex digits of its SHA-256. A digest starts with `~` and a part
+    /// used as given never does, and no part contains `:`, so the key is injective: two
+    /// different (run, step, tool) triples never give the same key (short of a 96-bit SHA-256
+    /// collision).
+    ///
+    /// Keys of parts used as given are the same as before this rule. A part that starts with `~`
+    /// used to be kept as given (so `~` followed by 24 hex digits could collide with another
+    /// part's digest); it is now digested, so such a step gets a different key than it did
+    /// before the upgrade: a retry in flight across the upgrade is then a new operation.
     ///
     /// ```
     /// use idem_core::IdempotencyKey;
@@ -103,13 +111,20 @@ impl IdempotencyKey {
     /// // A part with spaces or a colon is digested, never mangled into another step's key.
     /// let odd = IdempotencyKey::for_step("run 1", "a:b", "t").unwrap();
     /// assert_ne!(odd, IdempotencyKey::for_step("run 1:a", "b", "t").unwrap());
+    /// // A part that looks like a digest is digested too, never mistaken for one.
+    /// let (digest, ..) = odd.as_str().split_once(':').unwrap();
+    /// assert_ne!(odd, IdempotencyKey::for_step(digest, "a:b", "t").unwrap());
     /// ```
     pub fn for_step(workflow_run_id: &str, step_id: &str, tool: &str) -> Result<Self, KeyError> {
         let parts = [workflow_run_id, step_id, tool];
         if parts.iter().any(|p| p.is_empty()) {
             return Err(KeyError::Empty);
         }
-        let plain = |p: &str| p.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b':');
+        // Injective because a plain part never starts with the digest's `~` and no part holds
+        // the separator.
+        let plain = |p: &str| {
+            !p.starts_with('~') && p.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b':')
+        };
         let mut key = parts
             .iter()
             .map(|p| {
@@ -335,6 +350,67 @@ mod tests {
         let k =
             IdempotencyKey::for_step(&"a".repeat(120), &"b".repeat(120), &"c".repeat(20)).unwrap();
         assert_eq!(k.as_str().matches('~').count(), 3);
+    }
+
+    #[test]
+    fn step_keys_of_ordinary_and_digested_parts_are_unchanged() {
+        for (parts, key) in [
+            (
+                ("wf-8812", "step-3", "create_ticket"),
+                "wf-8812:step-3:create_ticket",
+            ),
+            (("run 1", "s", "t"), "~b945d8cb026e35c608337842:s:t"),
+            (
+                ("wf-é", "step:3", "create ticket"),
+                "~c5596133ed572d3460c87bff:~8a69fc71ccd8184822b6cae0:~40ae166db7786683b06c5f32",
+            ),
+        ] {
+            assert_eq!(
+                IdempotencyKey::for_step(parts.0, parts.1, parts.2)
+                    .unwrap()
+                    .as_str(),
+                key
+            );
+        }
+    }
+
+    /// The collision of issue 13: a part that already looks like a digest.
+    #[test]
+    fn a_part_that_looks_like_a_digest_is_not_confused_with_one() {
+        let digested = IdempotencyKey::for_step("run 1", "s", "t").unwrap();
+        let lookalike = digest_part("run 1");
+        assert!(digested.as_str().starts_with(&lookalike));
+        let forged = IdempotencyKey::for_step(&lookalike, "s", "t").unwrap();
+        assert_ne!(digested, forged);
+        // Also when the whole key is digested for length.
+        let long = "r".repeat(300);
+        let all = IdempotencyKey::for_step(&long, "s", "t").unwrap();
+        let parts: Vec<&str> = all.as_str().split(':').collect();
+        assert_ne!(
+            all,
+            IdempotencyKey::for_step(parts[0], parts[1], parts[2]).unwrap()
+        );
+    }
+
+    fn triple() -> impl proptest::strategy::Strategy<Value = (String, String, String)> {
+        // Few characters, so that equal parts, separators, tildes and hex digits are frequent.
+        let part = || proptest::prop_oneof!["[~:a-f0-9 é]{1,6}", "~[0-9a-f]{24}", "[a-z]{80,130}",];
+        (part(), part(), part())
+    }
+
+    proptest::proptest! {
+        /// Injective: equal keys only for equal triples, including for the triple spelled by a
+        /// key's own parts (the forgery of a digest).
+        #[test]
+        fn for_step_is_injective(a in triple(), b in triple()) {
+            let key = |t: &(String, String, String)| IdempotencyKey::for_step(&t.0, &t.1, &t.2).unwrap();
+            let (ka, kb) = (key(&a), key(&b));
+            proptest::prop_assert_eq!(ka == kb, a == b);
+            let parts: Vec<String> = ka.as_str().split(':').map(str::to_owned).collect();
+            proptest::prop_assert_eq!(parts.len(), 3);
+            let spelled = (parts[0].clone(), parts[1].clone(), parts[2].clone());
+            proptest::prop_assert_eq!(key(&spelled) == ka, spelled == a);
+        }
     }
 
     #[test]

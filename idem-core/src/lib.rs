@@ -1,5 +1,13 @@
 #![doc = include_str!("../README.md")]
 
+/// One `tracing` event per transition (SPEC §8): the event's name is the transition's, and the
+/// same name is in the structured field `idem.event`, so every formatter prints it.
+macro_rules! transition {
+    ($level:ident, $name:literal $(, $($rest:tt)*)?) => {
+        tracing::event!(name: $name, tracing::Level::$level, idem.event = $name $(, $($rest)*)?)
+    };
+}
+
 pub mod clock;
 pub mod downstream;
 pub mod error;
@@ -25,9 +33,11 @@ pub use fingerprint::{Fingerprint, FingerprintError, canonical_json};
 pub use key::{IdempotencyKey, KeyError, Scope, ScopeError};
 pub use machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 pub use memory::MemoryStore;
-pub use outcome::{Outcome, OutcomeClass};
+pub use outcome::{OUTCOME_NOT_KEPT, Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};
-pub use reconcile::{Finding, Probe, PurgeReport, ReconcileReport, Reconciler, purge_expired_all};
+pub use reconcile::{
+    Finding, Probe, PurgeReport, ReconcileFailure, ReconcileReport, Reconciler, purge_expired_all,
+};
 pub use record::{Record, RecordState};
 pub use store::{BoxError, KeyStore, ListFilter, StoreError};
 pub use token::Token;

@@ -33,10 +33,15 @@
 //! | `complete`, retryable outcome, [`CachePolicy::DefinitiveOnly`] | `failed_retryable` with the outcome, `expires_at = now + ttl` |
 //! | `complete`, retryable outcome, [`CachePolicy::CacheAll`] | `completed` with the outcome, `expires_at = now + ttl` |
 //! | `release` | `failed_retryable`, no outcome |
-//! | `extend(lease)` | `lease_until = now + lease`; `expires_at` moves so it stays at least as far past the lease as it was |
+//! | `extend(lease)` | `lease_until = max(lease_until, now + lease)`: a lease is never shortened, the later deadline wins; `expires_at` moves so it stays at least as far past the lease as it was |
 //!
 //! An outcome larger than [`Policy::max_outcome_bytes`] is refused before any of this, whatever
-//! the record: [`OutcomeTooLarge`].
+//! the record: [`OutcomeTooLarge`]. A lease of zero whole milliseconds (leases are stored in
+//! milliseconds) is refused by `extend` the same way, before looking at the record:
+//! [`ZeroLease`].
+//!
+//! The executor never leaves a record `processing` because its outcome was too large: it
+//! completes it with [`Outcome::not_kept`] instead (SPEC §2), through the same `complete`.
 
 use std::time::Duration;
 
@@ -107,9 +112,10 @@ pub enum ReleaseAnswer {
 /// The answer to `extend` (SPEC §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExtendAnswer {
-    /// The lease now runs until this instant.
+    /// The lease now runs until this instant: the later of the deadline it had and
+    /// `now + lease`.
     Extended {
-        /// The new lease deadline.
+        /// The lease deadline now stored.
         lease_until: Timestamp,
     },
     /// The caller does not hold the current claim; nothing was written.
@@ -124,6 +130,24 @@ pub struct OutcomeTooLarge {
     pub size: usize,
     /// The limit in bytes.
     pub limit: usize,
+}
+
+/// A lease of zero whole milliseconds given to `extend`: refused, nothing written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a lease of {lease:?} is zero in whole milliseconds (leases are stored in milliseconds); extend needs at least 1 ms; nothing was written"
+)]
+pub struct ZeroLease {
+    /// The lease given.
+    pub lease: Duration,
+}
+
+/// Refuses a lease that is zero in whole milliseconds, the unit stores keep it in.
+pub fn check_lease(lease: Duration) -> Result<(), ZeroLease> {
+    if lease.as_millis() == 0 {
+        return Err(ZeroLease { lease });
+    }
+    Ok(())
 }
 
 /// The result of a rule: what to answer, and the record to write (if anything changes).
@@ -354,18 +378,21 @@ pub fn extended_expiry(record: &Record, lease_until: Timestamp) -> Timestamp {
     record.expires_at.max(lease_until + margin)
 }
 
-/// The extend rule.
+/// The extend rule: refuses a zero lease ([`check_lease`]) whatever the record; then, for the
+/// holder, moves the lease to the later of its current deadline and `now + lease` (it never
+/// shortens it) and answers that deadline.
 pub fn extend(
     found: Option<&Record>,
     token: Token,
     lease: Duration,
     now: Timestamp,
-) -> Transition<ExtendAnswer> {
+) -> Result<Transition<ExtendAnswer>, ZeroLease> {
+    check_lease(lease)?;
     let Some(record) = held(found, token, now) else {
-        return Transition::answer(ExtendAnswer::Fenced);
+        return Ok(Transition::answer(ExtendAnswer::Fenced));
     };
-    let lease_until = now + lease;
-    Transition {
+    let lease_until = record.lease_until.max(now + lease);
+    Ok(Transition {
         answer: ExtendAnswer::Extended { lease_until },
         write: Some(Record {
             lease_until,
@@ -373,7 +400,7 @@ pub fn extend(
             updated_at: now,
             ..record.clone()
         }),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -113,7 +113,7 @@ impl KeyStore for MemoryStore {
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
         self.apply(scope, key, |found| {
-            Ok(machine::extend(found, token, lease, now))
+            Ok(machine::extend(found, token, lease, now)?)
         })
     }
 

@@ -32,10 +32,15 @@ impl OutcomeClass {
     }
 }
 
+/// The problem type (RFC 9457 `type`) of the outcome kept in place of one that was too large to
+/// store: `urn:idem:problem:outcome-not-kept`. See [`Outcome::not_kept`].
+pub const OUTCOME_NOT_KEPT: &str = "urn:idem:problem:outcome-not-kept";
+
 /// What an operation answered: a status code, a JSON body and a class.
 ///
 /// The body is kept as the exact JSON text it was given, so a replay returns it byte for byte
-/// (key order, white space, escapes and all).
+/// (key order, white space, escapes and all). Its `Debug` shows the status, the class and the
+/// body's size, never the body: stored bodies are never logged (SPEC §8).
 ///
 /// ```
 /// use idem_core::{Outcome, OutcomeClass};
@@ -45,7 +50,7 @@ impl OutcomeClass {
 /// assert_eq!(raw.body(), "{ \"b\":1, \"a\":2 }");
 /// assert!(Outcome::from_json_text(200, "not json", OutcomeClass::Definitive).is_err());
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outcome {
     status: u16,
     body: String,
@@ -116,6 +121,61 @@ impl Outcome {
     pub fn size(&self) -> usize {
         self.body.len()
     }
+
+    /// The small outcome stored in place of `original` when `original` is over the size limit
+    /// `limit` (SPEC §2): the operation ran, its response was not kept.
+    ///
+    /// It keeps `original`'s status and class, so a retry learns what the operation answered
+    /// (a success stays a success: a caller must not mistake it for a failure and run the
+    /// operation again under a new key) and the cache policy treats it as it would have treated
+    /// `original`. Its body is a problem document (RFC 9457) of type [`OUTCOME_NOT_KEPT`] with
+    /// the original size and the limit; it never contains any of `original`'s body.
+    ///
+    /// ```
+    /// use idem_core::{Outcome, OutcomeClass};
+    /// let big = Outcome::definitive(201, &"x".repeat(2000)).unwrap();
+    /// let kept = Outcome::not_kept(&big, 1024);
+    /// assert_eq!((kept.status(), kept.class()), (201, OutcomeClass::Definitive));
+    /// assert!(kept.is_not_kept() && !big.is_not_kept());
+    /// assert_eq!(kept.body_json()["type"], "urn:idem:problem:outcome-not-kept");
+    /// assert!(kept.size() < 400);
+    /// ```
+    pub fn not_kept(original: &Outcome, limit: usize) -> Outcome {
+        let body = serde_json::json!({
+            "type": OUTCOME_NOT_KEPT,
+            "title": "The operation ran; its response was not kept",
+            "detail": format!(
+                "the operation ran and answered status {}, but its response ({} bytes) was over the idempotency store's limit of {limit} bytes and was not kept; this is the final answer for this key",
+                original.status,
+                original.size()
+            ),
+            "original_status": original.status,
+            "original_size": original.size(),
+            "limit": limit,
+        });
+        Self {
+            status: original.status,
+            body: body.to_string(),
+            class: original.class,
+        }
+    }
+
+    /// Whether this is the outcome [`Outcome::not_kept`] stores in place of one too large.
+    pub fn is_not_kept(&self) -> bool {
+        self.body.contains(OUTCOME_NOT_KEPT)
+            && self.body_json().get("type").and_then(|t| t.as_str()) == Some(OUTCOME_NOT_KEPT)
+    }
+}
+
+/// Status, class and size only: a stored body may hold personal data or secrets.
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outcome")
+            .field("status", &self.status)
+            .field("class", &self.class)
+            .field("size", &self.body.len())
+            .finish_non_exhaustive()
+    }
 }
 
 #[cfg(test)]
@@ -128,6 +188,38 @@ mod tests {
             assert_eq!(OutcomeClass::parse(c.as_str()), Some(c));
         }
         assert_eq!(OutcomeClass::parse("x"), None);
+    }
+
+    #[test]
+    fn debug_never_shows_the_body() {
+        let o =
+            Outcome::definitive(201, &serde_json::json!({"card": "SECRET-MARKER-4242"})).unwrap();
+        let shown = format!("{o:?} {o:#?}");
+        assert!(!shown.contains("SECRET-MARKER"), "{shown}");
+        assert!(
+            shown.contains("201")
+                && shown.contains("Definitive")
+                && shown.contains(&o.size().to_string())
+        );
+        let in_record = format!("{:?}", Some(&o));
+        assert!(!in_record.contains("SECRET-MARKER"));
+    }
+
+    #[test]
+    fn not_kept_is_recognised_only_by_its_type() {
+        let big = Outcome::retryable(503, &"SECRET-MARKER".repeat(100)).unwrap();
+        let kept = Outcome::not_kept(&big, 10);
+        assert!(kept.is_not_kept());
+        assert!(!kept.body().contains("SECRET-MARKER"));
+        assert_eq!(
+            (kept.status(), kept.class()),
+            (503, OutcomeClass::Retryable)
+        );
+        let mention =
+            Outcome::definitive(200, &serde_json::json!({"note": OUTCOME_NOT_KEPT})).unwrap();
+        assert!(!mention.is_not_kept());
+        let array = Outcome::definitive(200, &serde_json::json!([OUTCOME_NOT_KEPT])).unwrap();
+        assert!(!array.is_not_kept());
     }
 
     #[test]

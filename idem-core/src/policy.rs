@@ -35,11 +35,13 @@ pub enum StalePolicy {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
-    /// The lease was zero.
-    #[error("policy: the lease must be longer than zero")]
+    /// The lease was zero in whole milliseconds (stores keep time in milliseconds, so a lease
+    /// below 1 ms would be stored as none).
+    #[error("policy: the lease must be at least 1 ms (stores keep it in whole milliseconds)")]
     ZeroLease,
-    /// The ttl did not exceed the lease.
-    #[error("policy: the ttl ({ttl:?}) must exceed the lease ({lease:?})")]
+    /// The ttl did not exceed the lease in whole milliseconds (which also refuses a ttl that is
+    /// zero in milliseconds).
+    #[error("policy: the ttl ({ttl:?}) must exceed the lease ({lease:?}) in whole milliseconds")]
     TtlNotAboveLease {
         /// The ttl given.
         ttl: Duration,
@@ -135,13 +137,13 @@ impl Default for Policy {
 pub struct PolicyBuilder(Policy);
 
 impl PolicyBuilder {
-    /// Sets the ttl (must exceed the lease).
+    /// Sets the ttl (must exceed the lease by at least 1 ms).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.0.ttl = ttl;
         self
     }
 
-    /// Sets the lease (must be longer than zero).
+    /// Sets the lease (at least 1 ms).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.0.lease = lease;
         self
@@ -165,13 +167,16 @@ impl PolicyBuilder {
         self
     }
 
-    /// Checks and returns the policy.
+    /// Checks and returns the policy. Durations are compared as stores keep them, in whole
+    /// milliseconds: a lease below 1 ms is [`PolicyError::ZeroLease`], and a ttl that is not at
+    /// least 1 ms longer than the lease once both are truncated to milliseconds is
+    /// [`PolicyError::TtlNotAboveLease`].
     pub fn build(self) -> Result<Policy, PolicyError> {
         let p = self.0;
-        if p.lease.is_zero() {
+        if p.lease.as_millis() == 0 {
             return Err(PolicyError::ZeroLease);
         }
-        if p.ttl <= p.lease {
+        if p.ttl.as_millis() <= p.lease.as_millis() {
             return Err(PolicyError::TtlNotAboveLease {
                 ttl: p.ttl,
                 lease: p.lease,
@@ -208,6 +213,45 @@ mod tests {
         assert_eq!(
             Policy::default().to_builder().build(),
             Ok(Policy::default())
+        );
+    }
+
+    /// Stores keep durations in whole milliseconds: what rounds to 0 ms there is refused here.
+    #[test]
+    fn durations_that_round_to_zero_ms_are_refused() {
+        for lease in [Duration::from_nanos(1), Duration::from_micros(999)] {
+            assert_eq!(
+                Policy::builder().lease(lease).build(),
+                Err(PolicyError::ZeroLease)
+            );
+        }
+        assert!(
+            Policy::builder()
+                .lease(Duration::from_millis(1))
+                .build()
+                .is_ok()
+        );
+        // A ttl 0.5 ms above the lease is the same whole millisecond: refused.
+        assert!(matches!(
+            Policy::builder()
+                .lease(Duration::from_millis(5))
+                .ttl(Duration::from_micros(5_500))
+                .build(),
+            Err(PolicyError::TtlNotAboveLease { .. })
+        ));
+        assert!(matches!(
+            Policy::builder()
+                .lease(Duration::from_millis(1))
+                .ttl(Duration::from_micros(1_900))
+                .build(),
+            Err(PolicyError::TtlNotAboveLease { .. })
+        ));
+        assert!(
+            Policy::builder()
+                .lease(Duration::from_millis(1))
+                .ttl(Duration::from_millis(2))
+                .build()
+                .is_ok()
         );
     }
 }

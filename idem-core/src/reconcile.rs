@@ -14,6 +14,18 @@
 //! | [`Finding::NotHappened`] | releases the record (`failed_retryable`): the next retry runs the operation |
 //! | [`Finding::Unknown`] | leaves it `processing` (under the reconciler's token and lease) and reports it |
 //!
+//! A record that is no longer the stale claim that was listed (completed, released, retried,
+//! taken or expired meanwhile) is skipped, not probed. The reconciler first reads it back and
+//! writes nothing unless it is still `processing` under the listed token with its lease elapsed;
+//! and if the record changes between that read and the takeover claim, the claim answers how it
+//! was won: anything but a takeover of a stale claim (a retry of a `failed_retryable` record, a
+//! new record where the old one expired or was purged) is given straight back with `release`,
+//! unprobed, so the record ends `failed_retryable` (a retry runs the operation, as it would have)
+//! and is never left `processing` under the old fingerprint. A probe's outcome over the size
+//! limit completes the record with [`Outcome::not_kept`], as the executor does. An error on one
+//! record (a store error, say) is reported in [`ReconcileReport::failed`] and the pass goes on
+//! with the next record.
+//!
 //! **The limit, honestly:** "not found" is only safe if the original holder can no longer act
 //! downstream. The store fences the *record*, not the external effect: a holder that is merely
 //! slow (a GC pause, a partition) may still perform its effect after the probe looked. That is
@@ -28,7 +40,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
+use crate::executor::complete_or_not_kept;
+use crate::machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ReleaseAnswer};
 use crate::{Clock, KeyStore, Outcome, Policy, Record, StalePolicy, StoreError, Timestamp};
 
 /// What a probe found downstream about one operation.
@@ -50,8 +63,17 @@ pub trait Probe: Send + Sync {
     async fn probe(&self, record: &Record) -> Finding;
 }
 
+/// One record a pass could not settle, and why.
+#[derive(Debug)]
+pub struct ReconcileFailure {
+    /// The record as it was listed.
+    pub record: Record,
+    /// The store's error.
+    pub error: StoreError,
+}
+
 /// What one reconciliation pass did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct ReconcileReport {
     /// Stale records examined.
     pub examined: usize,
@@ -61,9 +83,14 @@ pub struct ReconcileReport {
     pub released: usize,
     /// Left for later: the probe could not tell.
     pub unknown: Vec<Record>,
-    /// Skipped: no longer stale when taken over (completed meanwhile, retried, expired, or taken
-    /// by another reconciler).
+    /// Skipped: no longer the stale claim that was listed (completed, released, retried,
+    /// expired or taken meanwhile). Nothing was probed; any claim won by accident was given back.
     pub skipped: usize,
+    /// Of `completed`: the probe's outcome was over the size limit, so the record holds
+    /// [`Outcome::not_kept`] instead.
+    pub outcome_not_kept: usize,
+    /// Records a store error stopped; the pass went on with the others.
+    pub failed: Vec<ReconcileFailure>,
 }
 
 /// Settles stale `processing` records with a [`Probe`]; see the module docs.
@@ -113,12 +140,19 @@ impl<P: Probe> Reconciler<P> {
         let mut report = ReconcileReport::default();
         for record in stale {
             report.examined += 1;
-            self.settle(record, &mut report).await?;
+            if let Err(error) = self.settle(&record, &mut report).await {
+                tracing::warn!(scope = %record.scope, key = %record.key, %error, "reconciliation of this record failed; going on with the next");
+                report.failed.push(ReconcileFailure { record, error });
+            }
         }
         Ok(report)
     }
 
-    async fn settle(&self, record: Record, report: &mut ReconcileReport) -> Result<(), StoreError> {
+    async fn settle(
+        &self,
+        record: &Record,
+        report: &mut ReconcileReport,
+    ) -> Result<(), StoreError> {
         let takeover = self
             .policy
             .to_builder()
@@ -126,7 +160,19 @@ impl<P: Probe> Reconciler<P> {
             .build()
             .expect("the same policy with another stale policy is valid");
         let now = self.clock.now();
-        // Take the record over first: from here on the original holder is fenced out.
+        // Still the stale claim that was listed? If not, skip it without writing anything.
+        let current = self.store.get(&record.scope, &record.key, now).await?;
+        let still_stale = current.as_ref().is_some_and(|r| {
+            r.token == record.token
+                && r.fingerprint == record.fingerprint
+                && r.is_stale_processing(now)
+        });
+        if !still_stale {
+            transition!(INFO, "reconcile_skipped", scope = %record.scope, key = %record.key, state = current.as_ref().map(|r| r.state.as_str()), "no longer the stale claim that was listed");
+            report.skipped += 1;
+            return Ok(());
+        }
+        // Take the record over: from here on the original holder is fenced out.
         let answer = self
             .store
             .claim(
@@ -137,23 +183,55 @@ impl<P: Probe> Reconciler<P> {
                 now,
             )
             .await?;
-        let ClaimAnswer::Claimed { token, .. } = answer else {
-            tracing::info!(name: "reconcile_skipped", scope = %record.scope, key = %record.key, ?answer, "no longer stale");
-            report.skipped += 1;
-            return Ok(());
+        let token = match answer {
+            ClaimAnswer::Claimed {
+                token,
+                kind: ClaimKind::TakenOver,
+                ..
+            } => token,
+            ClaimAnswer::Claimed { token, kind, .. } => {
+                // Changed since the read: released or retried (now `failed_retryable`), expired
+                // or purged. The claim was not won from a stale holder; give it straight back.
+                let given_back = self
+                    .store
+                    .release(&record.scope, &record.key, token, self.clock.now())
+                    .await?;
+                transition!(INFO, "reconcile_skipped", scope = %record.scope, key = %record.key, ?kind, ?given_back, "no longer stale; the claim was given back unprobed");
+                report.skipped += 1;
+                return Ok(());
+            }
+            answer => {
+                transition!(INFO, "reconcile_skipped", scope = %record.scope, key = %record.key, ?answer, "no longer stale");
+                report.skipped += 1;
+                return Ok(());
+            }
         };
-        let taken = Record { token, ..record };
+        let taken = Record {
+            token,
+            ..record.clone()
+        };
         match self.probe.probe(&taken).await {
             Finding::Happened(outcome) => {
                 let now = self.clock.now();
-                match self
-                    .store
-                    .complete(&taken.scope, &taken.key, token, &outcome, &self.policy, now)
-                    .await?
-                {
+                let completion = complete_or_not_kept(
+                    &*self.store,
+                    &taken.scope,
+                    &taken.key,
+                    token,
+                    &outcome,
+                    &self.policy,
+                    now,
+                )
+                .await?;
+                match completion.answer {
                     CompleteAnswer::Fenced => report.skipped += 1,
                     _ => {
-                        tracing::info!(name: "completed", scope = %taken.scope, key = %taken.key, status = outcome.status(), "reconciled: the effect happened; outcome stored");
+                        if let Some(e) = completion.not_kept {
+                            transition!(WARN, "completed", scope = %taken.scope, key = %taken.key, status = outcome.status(), outcome_not_kept = true, size = e.size, limit = e.limit, "reconciled: the effect happened; its outcome is over the size limit, recorded as 'ran, response not kept'");
+                            report.outcome_not_kept += 1;
+                        } else {
+                            transition!(INFO, "completed", scope = %taken.scope, key = %taken.key, status = outcome.status(), "reconciled: the effect happened; outcome stored");
+                        }
                         report.completed += 1;
                     }
                 }
@@ -166,14 +244,14 @@ impl<P: Probe> Reconciler<P> {
                     .await?
                 {
                     ReleaseAnswer::Released => {
-                        tracing::info!(name: "released", scope = %taken.scope, key = %taken.key, "reconciled: the effect did not happen; released for a retry");
+                        transition!(INFO, "released", scope = %taken.scope, key = %taken.key, "reconciled: the effect did not happen; released for a retry");
                         report.released += 1;
                     }
                     ReleaseAnswer::Fenced => report.skipped += 1,
                 }
             }
             Finding::Unknown => {
-                tracing::warn!(name: "reconcile_unknown", scope = %taken.scope, key = %taken.key, "reconciliation: the probe cannot tell; left processing");
+                transition!(WARN, "reconcile_unknown", scope = %taken.scope, key = %taken.key, "reconciliation: the probe cannot tell; left processing");
                 report.unknown.push(taken);
             }
         }
@@ -196,6 +274,8 @@ impl<P: Probe> Reconciler<P> {
                     released = report.released,
                     unknown = report.unknown.len(),
                     skipped = report.skipped,
+                    outcome_not_kept = report.outcome_not_kept,
+                    failed = report.failed.len(),
                     "reconciliation pass"
                 ),
                 Ok(_) => {}

@@ -50,7 +50,8 @@
 //!     }
 //!     async fn extend(&self, scope: &Scope, key: &IdempotencyKey, token: Token, lease: Duration,
 //!                     now: Timestamp) -> Result<ExtendAnswer, StoreError> {
-//!         Ok(self.apply(scope, key, |found| machine::extend(found, token, lease, now)))
+//!         machine::check_lease(lease)?;
+//!         Ok(self.apply(scope, key, |found| machine::extend(found, token, lease, now).expect("checked")))
 //!     }
 //!     async fn get(&self, scope: &Scope, key: &IdempotencyKey, now: Timestamp)
 //!                  -> Result<Option<Record>, StoreError> {
@@ -93,7 +94,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, OutcomeTooLarge, ReleaseAnswer};
+use crate::machine::{
+    ClaimAnswer, CompleteAnswer, ExtendAnswer, OutcomeTooLarge, ReleaseAnswer, ZeroLease,
+};
 use crate::{
     Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, Timestamp, Token,
 };
@@ -141,6 +144,9 @@ pub enum StoreError {
     /// The outcome is over the policy's size limit; nothing was stored.
     #[error(transparent)]
     OutcomeTooLarge(#[from] OutcomeTooLarge),
+    /// `extend` was given a lease of zero whole milliseconds; nothing was written.
+    #[error(transparent)]
+    ZeroLease(#[from] ZeroLease),
 }
 
 impl StoreError {
@@ -173,7 +179,7 @@ impl StoreError {
     }
 
     /// A short label for metrics: `unavailable`, `backend`, `corrupt`, `misconfigured`,
-    /// `outcome_too_large`.
+    /// `outcome_too_large`, `zero_lease`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Unavailable { .. } => "unavailable",
@@ -181,6 +187,7 @@ impl StoreError {
             Self::Corrupt { .. } => "corrupt",
             Self::Misconfigured { .. } => "misconfigured",
             Self::OutcomeTooLarge(_) => "outcome_too_large",
+            Self::ZeroLease(_) => "zero_lease",
         }
     }
 }
@@ -266,6 +273,12 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
 
     /// Renews the lease of `token` to `now + lease`, per [`crate::machine::extend`]. Same fencing
     /// as [`KeyStore::complete`].
+    ///
+    /// Never shortens a lease: the stored deadline becomes the later of the current one and
+    /// `now + lease` (decided in the same atomic step as the fencing check), and
+    /// [`ExtendAnswer::Extended`] carries the deadline now stored. Refuses a `lease` of zero
+    /// whole milliseconds with [`StoreError::ZeroLease`] before reading or writing anything
+    /// ([`crate::machine::check_lease`]), whatever the record.
     async fn extend(
         &self,
         scope: &Scope,

@@ -342,23 +342,93 @@ async fn store_down_at_completion_reports_the_outcome_and_leaves_processing() {
     assert_eq!(s.effects.load(Ordering::SeqCst), 1);
 }
 
+/// SPEC §2: an outcome too large to keep does not leave the key stuck in `processing` (every
+/// retry a 409 until an operator acts): the record completes with a small "ran, not kept"
+/// outcome, the first caller gets the real answer, and a retry gets the final answer without
+/// running the operation again.
 #[tokio::test]
-async fn oversized_outcome_is_not_stored_and_says_the_operation_ran() {
+async fn oversized_outcome_completes_as_not_kept_and_retries_get_that_final_answer() {
     let policy = Policy::builder().max_outcome_bytes(8).build().unwrap();
     let s = setup(Knobs::default(), policy);
     let err = s.spawn_call(None).await.unwrap().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::OutcomeTooLarge {
-                size: 13,
-                limit: 8,
-                ..
-            }
-        ),
-        "{err:?}"
+    let Error::OutcomeTooLarge {
+        outcome,
+        size: 13,
+        limit: 8,
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!(
+        **outcome,
+        ok(),
+        "the first caller gets the tool's real answer"
     );
-    assert_eq!(s.record().await.unwrap().state, RecordState::Processing);
+    assert!(err.operation_ran());
+    let r = s.record().await.unwrap();
+    assert_eq!(r.state, RecordState::Completed);
+    let stored = r.outcome.unwrap();
+    assert!(stored.is_not_kept(), "{stored:?}");
+    assert_eq!(
+        (stored.status(), stored.class()),
+        (200, idem_core::OutcomeClass::Definitive)
+    );
+    assert!(
+        !stored.body().contains("done"),
+        "none of the real body kept"
+    );
+    // The retry: a final answer, not InFlight, and no second effect.
+    let again = s.spawn_call(None).await.unwrap().unwrap();
+    assert!(again.is_replay());
+    assert_eq!(again.outcome(), &stored);
+    assert_eq!(s.effects.load(Ordering::SeqCst), 1, "the tool ran once");
+}
+
+/// A retryable answer too large to keep stays retryable under `DefinitiveOnly`: the next attempt
+/// runs the operation again, as it would have with the answer kept.
+#[tokio::test]
+async fn oversized_retryable_outcome_is_marked_retryable_not_stuck() {
+    let policy = Policy::builder().max_outcome_bytes(8).build().unwrap();
+    let s = setup(Knobs::default(), policy);
+    let failing = Outcome::retryable(503, &json!({"error": "upstream down"})).unwrap();
+    let run = |o: Outcome| {
+        let effects = s.effects.clone();
+        s.executor
+            .run(&s.scope, &s.key, &s.fp, move |_| async move {
+                effects.fetch_add(1, Ordering::SeqCst);
+                o
+            })
+    };
+    let err = run(failing.clone()).await.unwrap_err();
+    assert!(matches!(err, Error::OutcomeTooLarge { .. }), "{err:?}");
+    let r = s.record().await.unwrap();
+    assert_eq!(r.state, RecordState::FailedRetryable);
+    assert!(r.outcome.unwrap().is_not_kept());
+    let tiny = Outcome::definitive(200, &1).unwrap();
+    let second = run(tiny.clone()).await.unwrap();
+    assert!(!second.is_replay());
+    assert_eq!(second.outcome(), &tiny);
+    assert_eq!(s.effects.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_zero_heartbeat_is_refused_before_the_store_is_called() {
+    let s = setup(Knobs::default(), Policy::default());
+    let result = s
+        .executor
+        .run(&s.scope, &s.key, &s.fp, |attempt| async move {
+            for lease in [Duration::ZERO, Duration::from_micros(500)] {
+                let refused = attempt.extend(lease).await;
+                assert!(
+                    matches!(refused, Err(StoreError::ZeroLease(_))),
+                    "{refused:?}"
+                );
+            }
+            ok()
+        })
+        .await
+        .unwrap();
+    assert!(!result.is_replay());
 }
 
 #[tokio::test]

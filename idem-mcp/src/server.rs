@@ -32,6 +32,9 @@ pub const STORE_UNAVAILABLE: ErrorCode = ErrorCode(-32092);
 
 /// The `_meta` entry of a result that says whether it is a replay: `"io.idem/replayed"`.
 pub const REPLAYED_META_KEY: &str = "io.idem/replayed";
+/// The `_meta` entry of a replayed result whose original was too large to keep: the problem
+/// document of type [`idem_core::OUTCOME_NOT_KEPT`] (the tool ran; its result was not kept).
+pub const NOT_KEPT_META_KEY: &str = "io.idem/outcomeNotKept";
 /// The tool `_meta` entry with the machine-readable contract (`processingWindowMs`,
 /// `minClientDeadlineMs`, `keyRequired`): `"io.idem/idempotency"`.
 pub const TOOL_META_KEY: &str = "io.idem/idempotency";
@@ -397,7 +400,9 @@ impl IdempotentTools {
                 live_or(take_live(), &outcome).map(|r| mark(r, false))
             }
             // The tool ran, but its answer could not be recorded as this attempt's: the caller
-            // still gets it (the effect happened); the record is left to the lease.
+            // still gets it (the effect happened). Fenced: the newer holder's answer stands;
+            // too large: the record holds "ran, not kept" for retries; not recorded: the record
+            // is left to the lease.
             Err(Error::Fenced { outcome })
             | Err(Error::OutcomeTooLarge { outcome, .. })
             | Err(Error::NotRecorded { outcome, .. }) => {
@@ -513,6 +518,9 @@ fn from_outcome(outcome: &Outcome) -> Result<CallToolResponse, ErrorData> {
     let corrupt = |e: serde_json::Error| {
         ErrorData::internal_error(format!("the stored result cannot be read: {e}"), None)
     };
+    if outcome.is_not_kept() {
+        return not_kept(outcome);
+    }
     match outcome.status() {
         STATUS_OK | STATUS_TOOL_ERROR => {
             let result: CallToolResult = serde_json::from_str(outcome.body()).map_err(corrupt)?;
@@ -530,6 +538,37 @@ fn from_outcome(outcome: &Outcome) -> Result<CallToolResponse, ErrorData> {
             "the stored answer is not a final result",
             None,
         )),
+    }
+}
+
+/// The replay of a call whose result was too large to keep (SPEC §2): the tool ran and this is
+/// the final answer. A result (`isError` as the original's) whose text says so, with the
+/// problem document under `_meta["io.idem/outcomeNotKept"]`; an error the tool returned stays an
+/// error, with the problem as its `data`.
+fn not_kept(outcome: &Outcome) -> Result<CallToolResponse, ErrorData> {
+    let problem = outcome.body_json();
+    let detail = problem["detail"]
+        .as_str()
+        .unwrap_or("the tool ran, but its result was too large to keep")
+        .to_owned();
+    let text = format!(
+        "The tool ran; its result was not kept by the idempotency store, so it cannot be replayed. Do not call it again under a new key: {detail}"
+    );
+    match outcome.status() {
+        STATUS_OK | STATUS_TOOL_ERROR => {
+            let mut result = if outcome.status() == STATUS_OK {
+                CallToolResult::success(vec![rmcp::model::ContentBlock::text(text)])
+            } else {
+                CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)])
+            };
+            result
+                .meta
+                .get_or_insert_with(MetaObject::default)
+                .0
+                .insert(NOT_KEPT_META_KEY.to_owned(), problem);
+            Ok(mark(CallToolResponse::Complete(result), true))
+        }
+        _ => Err(ErrorData::internal_error(text, Some(problem))),
     }
 }
 

@@ -23,7 +23,7 @@ pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 pub use sqlx;
 
 use error::{check_identifier, classify, is_transient_conflict};
-use row::{big, bind_record, record_from_row, ts};
+use row::{big, bind_record, record_from_row, timestamp, ts};
 use schema::{MIGRATIONS, Statements};
 
 /// How many times a claim re-reads and retries when the record changes under it (another claim,
@@ -454,18 +454,24 @@ impl KeyStore for PostgresStore {
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        let lease_until = now + lease;
-        let sql = &self.sql.extend;
-        Ok(
-            if self
-                .fenced_update("extend", sql, scope, key, token, now, Some(ts(lease_until)))
-                .await?
-            {
-                ExtendAnswer::Extended { lease_until }
-            } else {
-                ExtendAnswer::Fenced
+        machine::check_lease(lease)?;
+        // One fenced UPDATE that keeps the later deadline and returns the one stored.
+        let row = sqlx::query(&self.sql.extend)
+            .bind(scope.as_str())
+            .bind(key.as_str())
+            .bind(big(token.seq))
+            .bind(token.id_hex())
+            .bind(ts(now))
+            .bind(ts(now + lease))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify("extend", e))?;
+        Ok(match row {
+            Some(row) => ExtendAnswer::Extended {
+                lease_until: timestamp(&row, "lease_until")?,
             },
-        )
+            None => ExtendAnswer::Fenced,
+        })
     }
 
     async fn get(

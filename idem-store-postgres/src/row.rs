@@ -61,7 +61,7 @@ fn non_negative(name: &str, v: i64) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::corrupt(format!("column {name} is negative: {v}")))
 }
 
-fn timestamp(row: &PgRow, name: &str) -> Result<Timestamp, StoreError> {
+pub(crate) fn timestamp(row: &PgRow, name: &str) -> Result<Timestamp, StoreError> {
     Ok(Timestamp::from_millis(non_negative(
         name,
         col::<i64>(row, name)?,

@@ -114,12 +114,15 @@ impl Statements {
             "UPDATE {t} SET state = 'failed_retryable', outcome_status = NULL, outcome_body = NULL, \
              outcome_class = NULL, updated_at = $5 WHERE {held}"
         );
+        // machine::extend: the later lease deadline wins (never shortened), and
         // machine::extended_expiry, with the sum done in numeric and capped at BIGINT's top
-        // (timestamps saturate rather than overflow).
+        // (timestamps saturate rather than overflow). Every right-hand side reads the row as it
+        // was; RETURNING gives the deadline now stored.
         let extend = format!(
-            "UPDATE {t} SET lease_until = $6, updated_at = $5, expires_at = GREATEST(expires_at, \
-             LEAST($6::numeric + GREATEST(expires_at - lease_until, 0), 9223372036854775807)::bigint) \
-             WHERE {held}"
+            "UPDATE {t} SET lease_until = GREATEST(lease_until, $6), updated_at = $5, \
+             expires_at = GREATEST(expires_at, LEAST(GREATEST(lease_until, $6)::numeric \
+             + GREATEST(expires_at - lease_until, 0), 9223372036854775807)::bigint) \
+             WHERE {held} RETURNING lease_until"
         );
         let get =
             format!("SELECT {COLUMNS} FROM {t} WHERE scope = $1 AND key = $2 AND expires_at > $3");

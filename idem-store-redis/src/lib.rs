@@ -458,9 +458,10 @@ impl KeyStore for RedisStore {
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
+        machine::check_lease(lease)?;
         let keys = RecordKeys::new(&self.prefix, scope, key);
         let lease_until = now + lease;
-        let reply: String = EXTEND_SCRIPT
+        let reply: Vec<String> = EXTEND_SCRIPT
             .key(&keys.record)
             .key(&keys.expiry_index)
             .key(&keys.lease_index)
@@ -474,11 +475,19 @@ impl KeyStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| classify("extend", e))?;
-        match reply.as_str() {
-            "extended" => Ok(ExtendAnswer::Extended { lease_until }),
-            "fenced" => Ok(ExtendAnswer::Fenced),
-            other => Err(StoreError::corrupt(format!(
-                "redis extend script: unknown answer {other:?}"
+        match reply.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+            ["extended", stored] => match stored.parse::<u64>() {
+                Ok(ms) => Ok(ExtendAnswer::Extended {
+                    lease_until: Timestamp::from_millis(ms),
+                }),
+                Err(_) => Err(StoreError::corrupt(format!(
+                    "redis extend script: lease_until {stored:?} is not a number"
+                ))),
+            },
+            ["fenced"] => Ok(ExtendAnswer::Fenced),
+            ["corrupt", why] => Err(StoreError::corrupt(format!("redis record: {why}"))),
+            _ => Err(StoreError::corrupt(format!(
+                "redis extend script: unknown answer {reply:?}"
             ))),
         }
     }

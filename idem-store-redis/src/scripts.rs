@@ -115,25 +115,31 @@ return 'released'
 "#;
 
 /// KEYS: record, expiry index, lease index.
-/// ARGV: nonce, now, seq, token id, new lease_until, index member, gc margin ms.
+/// ARGV: nonce, now, seq, token id, requested lease_until (`now + lease`), index member, gc
+/// margin ms.
+/// Returns `{'extended', lease_until stored}` or `{'fenced'}`.
 const EXTEND: &str = r#"
 local now = tonumber(ARGV[2])
 local r = redis.call('HMGET', KEYS[1], 'st', 'seq', 'tid', 'ea', 'n', 'lu')
 local mine = r[2] == ARGV[3] and r[3] == ARGV[4]
-if mine and r[5] == ARGV[1] then return 'extended' end
+if mine and r[5] == ARGV[1] then return {'extended', r[6] or ''} end
 local ea = tonumber(r[4]) or 0
-if not (mine and r[1] == 'processing' and ea > now) then return 'fenced' end
-local lu_old, lu_new = tonumber(r[6]) or 0, tonumber(ARGV[5])
+if not (mine and r[1] == 'processing' and ea > now) then return {'fenced'} end
+local lu_old = tonumber(r[6])
+if not lu_old then return {'corrupt', 'lease_until is missing or not a number'} end
+-- machine::extend: the later deadline wins, a lease is never shortened.
+local lu_new, lu_s = tonumber(ARGV[5]), ARGV[5]
+if lu_new <= lu_old then lu_new, lu_s = lu_old, r[6] end
 -- machine::extended_expiry: at least as far past the new lease as it was past the old one.
 local ea_new = math.max(ea, lu_new + math.max(ea - lu_old, 0))
 local ea_s = r[4]
 if ea_new > ea then ea_s = fmt(ea_new) end
 redis.call('ZADD', KEYS[2], ea_s, ARGV[6])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
-redis.call('HSET', KEYS[1], 'lu', ARGV[5], 'ea', ea_s, 'ua', ARGV[2], 'n', ARGV[1])
+redis.call('ZADD', KEYS[3], lu_s, ARGV[6])
+redis.call('HSET', KEYS[1], 'lu', lu_s, 'ea', ea_s, 'ua', ARGV[2], 'n', ARGV[1])
 local ttl = ea_new - now + tonumber(ARGV[7])
 if ttl >= 9007199254740992 then gc(KEYS[1], '') else gc(KEYS[1], fmt(ttl)) end
-return 'extended'
+return {'extended', lu_s}
 "#;
 
 /// KEYS: expiry index, lease index, then the candidate records (all in one bucket).

@@ -464,11 +464,13 @@ impl KeyStore for SqliteStore {
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
+        // Refused before any transaction is opened.
+        machine::check_lease(lease)?;
         let (scope, key) = (scope.clone(), key.clone());
         self.run(move |inner, conn| {
             inner.write_tx(conn, |tx| {
                 inner.apply(tx, &scope, &key, |found| {
-                    Ok(machine::extend(found, token, lease, now))
+                    Ok(machine::extend(found, token, lease, now)?)
                 })
             })
         })

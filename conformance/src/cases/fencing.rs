@@ -388,3 +388,72 @@ pub async fn fencing_holder_extends_after_its_lease_elapsed(h: Harness) {
         "the extended lease runs: {seen:?}"
     );
 }
+
+/// `extend` never shortens a lease: a shorter heartbeat keeps the later deadline (and the
+/// record's expiry), answers it, and a claim between the two deadlines is still `InFlight`.
+pub async fn fencing_extend_never_shortens(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let token = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    let long = store
+        .extend(&scope, &key, token, Duration::from_secs(600), h.now())
+        .await
+        .unwrap();
+    let until = h.now() + Duration::from_secs(600);
+    assert_eq!(long, ExtendAnswer::Extended { lease_until: until });
+    let before = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    h.advance(Duration::from_secs(10));
+    let short = store
+        .extend(&scope, &key, token, Duration::from_secs(5), h.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        short,
+        ExtendAnswer::Extended { lease_until: until },
+        "a shorter extension answers the later deadline it kept"
+    );
+    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.lease_until, r.expires_at, r.token, r.state),
+        (until, before.expires_at, token, RecordState::Processing),
+        "the lease and the expiry are not shortened"
+    );
+    h.advance(Duration::from_secs(60)); // past the short deadline, inside the long one
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(answer, ClaimAnswer::InFlight { stale: false, .. }),
+        "{answer:?}"
+    );
+    assert!(
+        store
+            .list_in_flight(h.now(), 1000)
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| (&r.scope, &r.key) != (&scope, &key)),
+        "not listed as stale while the later deadline runs"
+    );
+}
+
+/// `extend` refuses a lease of zero whole milliseconds with `StoreError::ZeroLease`, for the
+/// holder as for anyone, and writes nothing.
+pub async fn fencing_extend_refuses_a_zero_lease(h: Harness) {
+    let (store, scope, key) = one(&h).await;
+    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let before = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    h.advance(Duration::from_secs(1));
+    let stranger = Token::with_id(token.seq + 1, token.id ^ 1);
+    for lease in [Duration::ZERO, Duration::from_micros(999)] {
+        for t in [token, stranger] {
+            let answer = store.extend(&scope, &key, t, lease, h.now()).await;
+            assert!(
+                matches!(answer, Err(idem_core::StoreError::ZeroLease(_))),
+                "extend({lease:?}) answered {answer:?}"
+            );
+        }
+    }
+    let after = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(after, before, "a refused extend writes nothing");
+}

@@ -46,6 +46,8 @@ macro_rules! __case_list {
             fencing::fencing_unknown_key_is_fenced,
             fencing::fencing_release_then_retry,
             fencing::fencing_extend_keeps_the_claim_alive,
+            fencing::fencing_extend_never_shortens,
+            fencing::fencing_extend_refuses_a_zero_lease,
             fencing::fencing_fingerprint_kept_on_completion,
             fencing::fencing_holder_completes_after_its_lease_elapsed,
             fencing::fencing_holder_releases_after_its_lease_elapsed,

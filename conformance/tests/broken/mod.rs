@@ -48,6 +48,8 @@ pub enum Defect {
     ConcatenatedAddress,
     /// `purge_expired` deletes the rows but reports one fewer than it deleted.
     PurgeMiscount,
+    /// `extend` sets the lease to `now + lease` whatever it was, zero included (it may shorten it).
+    ExtendSetsTheLease,
 }
 
 /// Every defect.
@@ -60,6 +62,7 @@ pub const ALL: &[Defect] = &[
     Defect::CaseInsensitiveAddress,
     Defect::ConcatenatedAddress,
     Defect::PurgeMiscount,
+    Defect::ExtendSetsTheLease,
 ];
 
 /// A suite factory for a store with `defect`: every call returns a new handle to the same
@@ -237,7 +240,19 @@ impl KeyStore for Broken {
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
         let found = self.for_holder(self.found(scope, key), token, now);
-        let t = machine::extend(found.as_ref(), token, lease, now);
+        if self.defect == Defect::ExtendSetsTheLease {
+            let held = found
+                .filter(|r| r.token == token && r.state == RecordState::Processing && !r.is_expired(now));
+            let Some(mut r) = held else {
+                return Ok(ExtendAnswer::Fenced);
+            };
+            r.lease_until = now + lease;
+            r.updated_at = now;
+            let lease_until = r.lease_until;
+            self.write(scope, key, r);
+            return Ok(ExtendAnswer::Extended { lease_until });
+        }
+        let t = machine::extend(found.as_ref(), token, lease, now)?;
         if let Some(w) = t.write {
             self.write(scope, key, w);
         }
@@ -354,5 +369,9 @@ pub fn caught_by(defect: Defect) -> &'static [&'static str] {
         Defect::CaseInsensitiveAddress => &["scope_case_is_significant"],
         Defect::ConcatenatedAddress => &["scope_separator_position_is_significant"],
         Defect::PurgeMiscount => &["expiry_purge_returns_exactly_what_it_deleted"],
+        Defect::ExtendSetsTheLease => &[
+            "fencing_extend_never_shortens",
+            "fencing_extend_refuses_a_zero_lease",
+        ],
     }
 }

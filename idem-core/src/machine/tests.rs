@@ -322,7 +322,7 @@ fn complete_release_extend_are_fenced_unless_current_processing_token() {
         assert_eq!((c.answer, &c.write), (CompleteAnswer::Fenced, &None));
         let rl = release(found, token, at);
         assert_eq!((rl.answer, &rl.write), (ReleaseAnswer::Fenced, &None));
-        let e = extend(found, token, LEASE, at);
+        let e = extend(found, token, LEASE, at).unwrap();
         assert_eq!((e.answer, &e.write), (ExtendAnswer::Fenced, &None));
     }
 }
@@ -354,16 +354,67 @@ fn extend_moves_lease_and_keeps_expiry_margin() {
     let ids = ids();
     let r = claimed(&ids, t(0));
     let at = t(0) + Duration::from_secs(20);
-    let tr = extend(Some(&r), r.token, Duration::from_secs(600), at);
+    let tr = extend(Some(&r), r.token, Duration::from_secs(600), at).unwrap();
     let lease_until = at + Duration::from_secs(600);
     assert_eq!(tr.answer, ExtendAnswer::Extended { lease_until });
     let w = tr.write.unwrap();
     assert_eq!(w.lease_until, lease_until);
     // Margin between lease end and expiry was TTL - LEASE; it is kept.
     assert_eq!(w.expires_at, lease_until + (TTL - LEASE));
-    // A short extension never shortens the life of the record.
-    let tr = extend(Some(&r), r.token, Duration::from_millis(1), at);
-    assert_eq!(tr.write.unwrap().expires_at, r.expires_at);
+    // A short extension never shortens the life of the record, nor its lease.
+    let tr = extend(Some(&r), r.token, Duration::from_millis(1), at).unwrap();
+    assert_eq!(
+        tr.answer,
+        ExtendAnswer::Extended {
+            lease_until: r.lease_until
+        }
+    );
+    let w = tr.write.unwrap();
+    assert_eq!((w.lease_until, w.expires_at), (r.lease_until, r.expires_at));
+}
+
+#[test]
+fn extend_never_shortens_the_lease() {
+    let ids = ids();
+    let r = claimed(&ids, t(0));
+    let long = extend(Some(&r), r.token, Duration::from_secs(600), t(10))
+        .unwrap()
+        .write
+        .unwrap();
+    // A later, shorter heartbeat keeps the later deadline.
+    let tr = extend(Some(&long), r.token, Duration::from_secs(5), t(20)).unwrap();
+    assert_eq!(
+        tr.answer,
+        ExtendAnswer::Extended {
+            lease_until: long.lease_until
+        }
+    );
+    let w = tr.write.unwrap();
+    assert_eq!(
+        (w.lease_until, w.expires_at, w.updated_at),
+        (long.lease_until, long.expires_at, t(20))
+    );
+    // A longer one moves it.
+    let tr = extend(Some(&long), r.token, Duration::from_secs(900), t(20)).unwrap();
+    assert_eq!(
+        tr.answer,
+        ExtendAnswer::Extended {
+            lease_until: t(20) + Duration::from_secs(900)
+        }
+    );
+}
+
+#[test]
+fn extend_refuses_a_zero_lease_whatever_the_record() {
+    let ids = ids();
+    let r = claimed(&ids, t(0));
+    let other = Token::with_id(r.token.seq + 1, 7);
+    for lease in [Duration::ZERO, Duration::from_micros(999)] {
+        for (found, token) in [(Some(&r), r.token), (Some(&r), other), (None, r.token)] {
+            assert_eq!(extend(found, token, lease, t(1)), Err(ZeroLease { lease }));
+        }
+    }
+    assert!(extend(Some(&r), r.token, Duration::from_millis(1), t(1)).is_ok());
 }
 
 #[test]
@@ -516,7 +567,11 @@ proptest! {
                 }
                 Step::Extend { holder, lease_ms } => {
                     let Some(&token) = holders.get(holder % holders.len().max(1)) else { continue };
-                    let tr = extend(record.as_ref(), token, Duration::from_millis(lease_ms), now);
+                    let tr = extend(record.as_ref(), token, Duration::from_millis(lease_ms), now).unwrap();
+                    let held_lease = record.as_ref().filter(|r| r.token == token && r.state == RecordState::Processing && !r.is_expired(now)).map(|r| r.lease_until);
+                    if let (Some(old), Some(w)) = (held_lease, &tr.write) {
+                        prop_assert!(w.lease_until >= old, "extend shortened a lease");
+                    }
                     if let Some(w) = tr.write { record = Some(w); }
                 }
                 Step::Advance { ms } => now = now + Duration::from_millis(ms),
@@ -540,7 +595,7 @@ proptest! {
             // At most one live holder: only the record's token can act, and only when processing.
             if let Some(r) = &record {
                 let able: Vec<_> = holders.iter()
-                    .filter(|h| extend(Some(r), **h, LEASE, now).answer != ExtendAnswer::Fenced)
+                    .filter(|h| extend(Some(r), **h, LEASE, now).unwrap().answer != ExtendAnswer::Fenced)
                     .collect();
                 prop_assert!(able.len() <= 1);
                 if let Some(h) = able.first() {
