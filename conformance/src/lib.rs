@@ -86,6 +86,9 @@
 //!   `Fenced` and write nothing; the fingerprint of the claim stays. A holder whose lease elapsed
 //!   but whom nobody took over still completes, releases and extends: a lease ends a claim only
 //!   by a takeover, so never fence on `lease_until > now` — fence on the token and the state.
+//!   `extend` never shortens a lease (the later deadline, and the expiry that goes with it, is
+//!   kept and answered) and refuses a lease of zero whole milliseconds with
+//!   [`StoreError::ZeroLease`](idem_core::StoreError::ZeroLease), writing nothing.
 //! - **`scope_`** (SPEC §1 scope, §3.4): records are addressed by (scope, key) compared byte for
 //!   byte. Two addresses that differ only in letter case, in accents or Unicode normalisation
 //!   (NFC vs NFD), in trailing spaces, in where a separator falls between scope and key
