@@ -11,5 +11,5 @@ pub use key::{KeyRefusal, META_KEY, key_of};
 pub use rmcp;
 pub use server::{
     FINGERPRINT_MISMATCH, IN_FLIGHT, IdempotentTools, MissingKey, Principal, REPLAYED_META_KEY,
-    STORE_UNAVAILABLE, ToolSettings, is_replay,
+    STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED, is_replay,
 };
