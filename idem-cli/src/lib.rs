@@ -4,3 +4,4 @@ pub mod demo;
 pub mod ops;
 pub mod serve;
 pub mod store_url;
+pub mod tokens;

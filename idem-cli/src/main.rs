@@ -26,6 +26,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the reference tool `POST /tools/create_ticket` behind the idempotency layer.
+    ///
+    /// WHO IS ASKING: without --tokens the tenant (whose records a request reads and writes) is
+    /// the X-Tenant-Id header AS SENT, UNAUTHENTICATED: anyone who reaches the server can act as
+    /// any tenant and replay its answers. Run it that way only behind an authenticating proxy
+    /// that sets X-Tenant-Id itself (and strips the client's), or on loopback. To run it
+    /// exposed, give --tokens FILE: then every tool request needs `Authorization: Bearer TOKEN`
+    /// (401 otherwise) and X-Tenant-Id is ignored.
     Serve {
         /// Where records and tickets live: sqlite://PATH (default), postgres://…, redis://…
         #[arg(long, env = "IDEM_STORE", default_value = "sqlite://idem.db")]
@@ -36,6 +43,13 @@ enum Command {
         /// How long the tool works before answering, in milliseconds.
         #[arg(long, default_value_t = 0)]
         tool_latency_ms: u64,
+        /// Bearer tokens mapped to tenants: one `TOKEN TENANT` per line (`#` comments, blank
+        /// lines ignored; a token is 16-512 characters of A-Z a-z 0-9 - . _ ~ + / =). With it a
+        /// tool request needs `Authorization: Bearer TOKEN` (else 401) and X-Tenant-Id is
+        /// ignored; without it X-Tenant-Id is trusted as sent and must come from an
+        /// authenticating proxy.
+        #[arg(long, value_name = "FILE")]
+        tokens: Option<PathBuf>,
     },
     /// Simulated agents retry a real tool under injected faults; effects counted at the sink.
     ///
@@ -168,7 +182,8 @@ async fn main() -> ExitCode {
             store,
             addr,
             tool_latency_ms,
-        } => serve(store, addr, tool_latency_ms).await,
+            tokens,
+        } => serve(store, addr, tool_latency_ms, tokens).await,
         Command::Demo {
             store,
             operations,
@@ -316,18 +331,42 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-async fn serve(store: StoreUrl, addr: SocketAddr, latency_ms: u64) -> Result<(), BoxError> {
+async fn serve(
+    store: StoreUrl,
+    addr: SocketAddr,
+    latency_ms: u64,
+    tokens: Option<PathBuf>,
+) -> Result<(), BoxError> {
+    let tokens = match tokens {
+        Some(path) => {
+            let tokens = idem_cli::tokens::Tokens::load(&path)?;
+            tracing::info!(
+                tokens = tokens.len(),
+                file = %path.display(),
+                "bearer tokens loaded: tool requests need Authorization: Bearer; X-Tenant-Id is ignored"
+            );
+            Some(std::sync::Arc::new(tokens))
+        }
+        None => {
+            tracing::warn!(
+                "X-Tenant-Id is trusted AS SENT, unauthenticated: anyone who reaches this server can act as any tenant and replay its answers. Serve behind an authenticating proxy that sets the header, or give --tokens FILE"
+            );
+            None
+        }
+    };
     let backend = Backend::open(&store)
         .await
         .map_err(|e| format!("cannot open the store {store}: {e}"))?;
     let options = ServeOptions {
         tool_latency: Duration::from_millis(latency_ms),
+        tokens,
         ..ServeOptions::default()
     };
     let app = router(backend, options);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let addr = listener.local_addr()?;
     eprintln!("idem: serving POST http://{addr}/tools/create_ticket and GET /tools on {store}");
     axum::serve(listener, app)
         .with_graceful_shutdown(async {

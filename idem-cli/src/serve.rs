@@ -5,12 +5,20 @@
 //! records, written in the same transaction as the record's completion: a ticket exists if and
 //! only if its record is completed. `GET /tools` describes the tool, with its processing window and
 //! the minimum client retry deadline.
+//!
+//! Who is asking: without tokens ([`ServeOptions::tokens`]) the tenant is the `X-Tenant-Id`
+//! header **as sent, unauthenticated**: anyone who can reach the server can act as any tenant and
+//! replay its answers, so the header must come from an authenticating proxy in front. With
+//! tokens (`--tokens FILE`, see [`crate::tokens`]) a request to the tool must carry
+//! `Authorization: Bearer TOKEN` (else 401 `application/problem+json`, nothing runs) and its
+//! tenant is the token's; `X-Tenant-Id` is ignored. `GET /tools` (a description) stays open.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -19,7 +27,7 @@ use idem_core::{
     SystemClock, Timestamp,
 };
 use idem_core::{Finding, Probe, Reconciler};
-use idem_http::IdempotencyLayer;
+use idem_http::{IdempotencyLayer, Problem};
 use idem_store_postgres::PostgresStore;
 use idem_store_redis::RedisStore;
 use idem_store_redis::redis::AsyncCommands;
@@ -29,6 +37,7 @@ use idem_store_sqlite::rusqlite::{self, TransactionBehavior};
 use serde_json::{Value, json};
 
 use crate::store_url::StoreUrl;
+use crate::tokens::Tokens;
 
 /// A boxed error for the binary's setup paths.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -48,6 +57,9 @@ pub struct ServeOptions {
     pub clock: Arc<dyn Clock>,
     /// Honour the demo's fault header ([`DEMO_FAULT_HEADER`]); never on in `idem serve`.
     pub demo_faults: bool,
+    /// Bearer tokens mapped to tenants; `None` trusts `X-Tenant-Id` as sent (see the module
+    /// docs).
+    pub tokens: Option<Arc<Tokens>>,
 }
 
 /// With [`ServeOptions::demo_faults`], a request with `x-idem-demo-fault: hang` makes the first
@@ -60,6 +72,7 @@ impl Default for ServeOptions {
             tool_latency: Duration::ZERO,
             clock: Arc::new(SystemClock),
             demo_faults: false,
+            tokens: None,
         }
     }
 }
@@ -502,7 +515,15 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
         .with_spawner(|task| {
             tokio::spawn(task);
         });
-    let layer = IdempotencyLayer::new(executor, |parts| Ok(tenant(&parts.headers)));
+    // The tenant `authenticate` put in the request: from the token, or the header as sent.
+    let layer = IdempotencyLayer::new(executor, |parts| {
+        parts
+            .extensions
+            .get::<Tenant>()
+            .map(|t| t.0.clone())
+            .ok_or_else(|| Problem::Unauthenticated("no tenant for the request".into()))
+    });
+    let tokens = options.tokens.clone();
     let listing = tools(&options);
     let state = Arc::new(AppState {
         backend,
@@ -513,8 +534,48 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
     Router::new()
         .route("/tools/create_ticket", post(create_ticket))
         .route_layer(layer)
+        .route_layer(axum::middleware::from_fn_with_state(tokens, authenticate))
         .route("/tools", get(move || async move { Json(listing) }))
         .with_state(state)
+}
+
+/// The tenant of a request, as [`authenticate`] established it.
+#[derive(Debug, Clone)]
+struct Tenant(String);
+
+/// Puts the request's [`Tenant`] in its extensions: with tokens, the tenant of its
+/// `Authorization: Bearer` token (else 401, and the request goes no further); without, the
+/// `X-Tenant-Id` header as sent.
+async fn authenticate(
+    State(tokens): State<Option<Arc<Tokens>>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let tenant = match &tokens {
+        None => tenant(request.headers()),
+        Some(tokens) => {
+            let value = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            match tokens.tenant_of_header(value) {
+                Some(tenant) => tenant.to_owned(),
+                None => {
+                    let mut refused: Response = Problem::Unauthenticated(
+                        "send Authorization: Bearer TOKEN with a token this server knows".into(),
+                    )
+                    .to_response();
+                    refused.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        axum::http::HeaderValue::from_static("Bearer realm=\"idem\""),
+                    );
+                    return refused;
+                }
+            }
+        }
+    };
+    request.extensions_mut().insert(Tenant(tenant));
+    next.run(request).await
 }
 
 /// The same tool without the idempotency layer (for `idem demo --without-idem`): every request
@@ -609,6 +670,7 @@ fn tenant(headers: &HeaderMap) -> String {
 async fn create_ticket(
     State(app): State<Arc<AppState>>,
     Extension(attempt): Extension<Attempt>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
     headers: HeaderMap,
     Json(args): Json<Value>,
 ) -> Response {
@@ -636,7 +698,7 @@ async fn create_ticket(
     }
     let now = app.options.clock.now();
     let ticket = NewTicket {
-        tenant: tenant(&headers),
+        tenant,
         title: title.to_owned(),
         account_id: account_id.to_owned(),
         created_at: rfc3339(now),

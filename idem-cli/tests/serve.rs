@@ -72,6 +72,7 @@ async fn start(backend: &str, latency: Duration) -> Option<Server> {
         tool_latency: latency,
         clock: Arc::new(clock.clone()),
         demo_faults: false,
+        tokens: None,
     };
     let app = router(backend.clone(), options);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

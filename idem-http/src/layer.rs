@@ -45,7 +45,8 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 ///
 /// For each request: reads and validates the key (400 `key-required` / `invalid-key`), derives
 /// the scope from the principal the extractor returns plus the request path, reads the body
-/// (413 over the limit, 400 if not JSON), fingerprints method + path + canonical JSON body, and
+/// (413 over the limit, 400 if not JSON), fingerprints method + path + the query string
+/// (parameters sorted, see [`canonical_query`](crate::canonical_query)) + canonical JSON body, and
 /// runs the inner service through the [`Executor`]: once per (scope, key). The answer is the
 /// tool's status with `{"ok", "idempotent_replay", "original_response"}`; a repeat gets the same
 /// status and body with `"idempotent_replay": true` and `Idempotency-Replayed: true`; same key
@@ -290,7 +291,7 @@ where
     };
     let json: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| Problem::InvalidBody(format!("the body is not JSON: {e}")))?;
-    let fingerprint = Fingerprint::of(&format!("{} {}", parts.method, path), &json)
+    let fingerprint = Fingerprint::of(&operation(parts), &json)
         .map_err(|e| Problem::InvalidBody(e.to_string()))?;
     Ok(Prepared {
         scope,
@@ -298,6 +299,19 @@ where
         fingerprint,
         body,
     })
+}
+
+/// The operation's name in the fingerprint: `METHOD /path`, then `?` and the
+/// [`canonical_query`](crate::canonical_query) when the request has query parameters. A request
+/// without them keeps the name it had before the query string was included.
+fn operation(parts: &Parts) -> String {
+    let path = parts.uri.path();
+    let query = crate::canonical_query(parts.uri.query().unwrap_or(""));
+    if query.is_empty() {
+        format!("{} {path}", parts.method)
+    } else {
+        format!("{} {path}?{query}", parts.method)
+    }
 }
 
 /// The tool's response as an outcome: its status, its body (JSON kept byte for byte; an empty

@@ -5,6 +5,7 @@ pub mod client;
 mod key;
 mod layer;
 mod problem;
+mod query;
 
 pub use idem_core::Attempt;
 pub use key::{IDEMPOTENCY_KEY, read_key};
@@ -12,3 +13,4 @@ pub use layer::{
     DEFAULT_BODY_LIMIT, IDEMPOTENCY_REPLAYED, IdempotencyLayer, Idempotent, default_classify,
 };
 pub use problem::Problem;
+pub use query::canonical_query;

@@ -93,7 +93,7 @@ impl Problem {
             | Self::Unauthenticated(why)
             | Self::InvalidScope(why) => why.clone(),
             Self::BodyTooLarge { limit } => format!("the request body is over the limit of {limit} bytes"),
-            Self::FingerprintMismatch => "this key was first used with a different request (method, path or body); use a new key for a new operation".into(),
+            Self::FingerprintMismatch => "this key was first used with a different request (method, path, query string or body); use a new key for a new operation".into(),
             Self::InFlight { retry_after_secs, stale: false } => format!("the first request with this key is still processing; retry after {retry_after_secs} s with the same key"),
             Self::InFlight { retry_after_secs, stale: true } => format!("the first request with this key stopped answering and is being reconciled; retry after {retry_after_secs} s with the same key"),
             Self::StoreUnavailable => "the operation was not run; retry later with the same key".into(),

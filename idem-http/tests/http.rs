@@ -218,6 +218,68 @@ async fn same_key_other_body_is_422_and_no_ticket() {
     assert_eq!(s.tickets(), 1);
 }
 
+/// The query string is part of the request (SPEC §1): `?amount=5` and `?amount=500` with one key
+/// and one body are two requests, so the second is refused and the tool runs once; the same
+/// parameters in another order, or spelled with other escapes, are the same request.
+#[tokio::test]
+async fn the_query_string_is_in_the_fingerprint() {
+    let s = memory_server().await;
+    let post = |query: &'static str| {
+        let url = format!("{}?{query}", s.url);
+        async move { post_json(&url, Some("k-q"), None, args().to_string()).await }
+    };
+    let first = post("amount=5&currency=eur").await;
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotency-replayed").is_none());
+    problem(
+        post("amount=500&currency=eur").await,
+        422,
+        "fingerprint-mismatch",
+    )
+    .await;
+    for same in [
+        "currency=eur&amount=5",
+        "amount=%35&currency=%65ur",
+        "&currency=eur&&amount=5",
+    ] {
+        let again = post(same).await;
+        assert_eq!(again.status(), 201, "{same}");
+        assert_eq!(again.headers()["idempotency-replayed"], "true", "{same}");
+    }
+    problem(post("amount=5").await, 422, "fingerprint-mismatch").await;
+    problem(
+        post("amount=5&currency=eur&amount=5").await,
+        422,
+        "fingerprint-mismatch",
+    )
+    .await;
+    // Without any query string it is another request too.
+    problem(
+        post_json(&s.url, Some("k-q"), None, args().to_string()).await,
+        422,
+        "fingerprint-mismatch",
+    )
+    .await;
+    assert_eq!(s.tickets(), 1, "the tool ran once");
+
+    // Repeated parameters keep their order: a list in another order is another request.
+    let url = format!("{}?tag=a&tag=b", s.url);
+    assert_eq!(
+        post_json(&url, Some("k-tags"), None, args().to_string())
+            .await
+            .status(),
+        201
+    );
+    let url = format!("{}?tag=b&tag=a", s.url);
+    problem(
+        post_json(&url, Some("k-tags"), None, args().to_string()).await,
+        422,
+        "fingerprint-mismatch",
+    )
+    .await;
+    assert_eq!(s.tickets(), 2);
+}
+
 #[tokio::test]
 async fn refused_input_is_a_problem_and_writes_nothing() {
     let s = memory_server().await;

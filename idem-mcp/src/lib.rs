@@ -11,5 +11,5 @@ pub use key::{KeyRefusal, META_KEY, key_of};
 pub use rmcp;
 pub use server::{
     FINGERPRINT_MISMATCH, IN_FLIGHT, IdempotentTools, MissingKey, NOT_KEPT_META_KEY, Principal,
-    REPLAYED_META_KEY, STORE_UNAVAILABLE, ToolSettings, is_replay,
+    REPLAYED_META_KEY, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED, is_replay,
 };

@@ -29,6 +29,10 @@ pub const IN_FLIGHT: ErrorCode = ErrorCode(-32091);
 /// JSON-RPC error code: the idempotency store is unavailable; nothing ran, retry later
 /// (SPEC §4, `StoreUnavailable`).
 pub const STORE_UNAVAILABLE: ErrorCode = ErrorCode(-32092);
+/// JSON-RPC error code: a side-effecting tool was called without a principal and the server has
+/// not opted into one shared scope ([`IdempotentTools::allow_anonymous`]); nothing was claimed and
+/// the tool did not run (SPEC §1, scope).
+pub const UNAUTHENTICATED: ErrorCode = ErrorCode(-32093);
 
 /// The `_meta` entry of a result that says whether it is a replay: `"io.idem/replayed"`.
 pub const REPLAYED_META_KEY: &str = "io.idem/replayed";
@@ -142,7 +146,9 @@ pub fn default_principal(context: &RequestContext<RoleServer>) -> Option<String>
 ///    `params._meta["io.idem/idempotencyKey"]`), refusing an invalid one with `-32602`; without a
 ///    key it follows the tool's [`MissingKey`];
 /// 2. scopes the record by the principal (see [`IdempotentTools::principal_with`]; the default
-///    looks for a [`Principal`], else uses [`IdempotentTools::anonymous`]) and the tool name;
+///    looks for a [`Principal`]) and the tool name. A call without a principal is refused with
+///    [`UNAUTHENTICATED`] (nothing claimed, the tool not run), unless the server opted into one
+///    shared scope with [`IdempotentTools::allow_anonymous`];
 /// 3. fingerprints the tool name and the canonical arguments;
 /// 4. runs the tool through the [`Executor`] in a spawned task (a client that goes away cannot
 ///    cancel it halfway; its retry gets the recorded answer), with the
@@ -162,7 +168,7 @@ pub struct IdempotentTools {
     executor: Executor,
     tools: Arc<HashMap<String, ToolSettings>>,
     principal: Arc<PrincipalFn>,
-    anonymous: String,
+    anonymous: Option<String>,
     store_write: Duration,
 }
 
@@ -190,7 +196,7 @@ impl IdempotentTools {
             executor,
             tools: Arc::new(HashMap::new()),
             principal: Arc::new(default_principal),
-            anonymous: "anonymous".to_owned(),
+            anonymous: None,
             store_write: DEFAULT_STORE_WRITE,
         }
     }
@@ -212,8 +218,8 @@ impl IdempotentTools {
         self
     }
 
-    /// Names the principal of a request (`None`: use [`IdempotentTools::anonymous`]). The
-    /// default is [`default_principal`].
+    /// Names the principal of a request (`None`: no principal, see
+    /// [`IdempotentTools::allow_anonymous`]). The default is [`default_principal`].
     pub fn principal_with(
         mut self,
         principal: impl Fn(&RequestContext<RoleServer>) -> Option<String> + Send + Sync + 'static,
@@ -222,9 +228,15 @@ impl IdempotentTools {
         self
     }
 
-    /// The principal of requests that carry none (default `anonymous`).
-    pub fn anonymous(mut self, principal: impl Into<String>) -> Self {
-        self.anonymous = principal.into();
+    /// Opts into one shared scope: requests that carry no principal are scoped as `principal`.
+    ///
+    /// Without it (the default) a side-effecting call without a principal is refused with
+    /// [`UNAUTHENTICATED`]: on streamable HTTP without an authentication layer, one shared scope
+    /// would let every client replay another's result or probe its keys. Opt in only where all
+    /// such callers may share results: a stdio server (one client per process), or a server
+    /// whose every caller is one trusted agent.
+    pub fn allow_anonymous(mut self, principal: impl Into<String>) -> Self {
+        self.anonymous = Some(principal.into());
         self
     }
 
@@ -344,6 +356,10 @@ impl IdempotentTools {
         let Some(settings) = self.tools.get(&name).copied() else {
             return tool(params, context).await;
         };
+        // Before anything else: without a principal (and no opt-in) nothing runs, keyed or not.
+        let Some(principal) = (self.principal)(&context).or_else(|| self.anonymous.clone()) else {
+            return Err(unauthenticated(&name));
+        };
         let key = match key::key_of(&params, &context.meta.0.0) {
             Ok(Some(key)) => key,
             Ok(None) => match settings.missing_key {
@@ -355,7 +371,6 @@ impl IdempotentTools {
             },
             Err(refusal) => return Err(invalid_key(&refusal)),
         };
-        let principal = (self.principal)(&context).unwrap_or_else(|| self.anonymous.clone());
         let scope = Scope::from_parts([principal.as_str(), name.as_str()]).map_err(|e| {
             ErrorData::invalid_params(format!("the idempotency scope cannot be built: {e}"), None)
         })?;
@@ -453,6 +468,17 @@ fn key_required(tool: &str) -> ErrorData {
             key::META_KEY
         ),
         Some(json!({"type": "urn:idem:problem:key-required"})),
+    )
+}
+
+/// The refusal of a call without a principal (SPEC §1, scope).
+fn unauthenticated(tool: &str) -> ErrorData {
+    ErrorData::new(
+        UNAUTHENTICATED,
+        format!(
+            "{tool} is side-effecting and this request carries no principal: authenticate (the server scopes idempotency keys by principal); nothing ran"
+        ),
+        Some(json!({"type": "urn:idem:problem:unauthenticated"})),
     )
 }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::{MemoryStore, Policy};
-use idem_mcp::{IdempotentTools, META_KEY, MissingKey, ToolSettings, is_replay};
+use idem_core::{KeyStore, ListFilter, MemoryStore, Policy, Timestamp};
+use idem_mcp::{IdempotentTools, META_KEY, MissingKey, ToolSettings, UNAUTHENTICATED, is_replay};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
@@ -96,19 +96,31 @@ impl ServerHandler for Server {
     }
 }
 
-async fn connect() -> (RunningService<RoleClient, ClientConfig>, Runs) {
-    let idem = IdempotentTools::with_store(MemoryStore::new(), Policy::default())
+/// The tools of the tests, protected over `store`, with no principal source but the default.
+fn tools(store: MemoryStore) -> IdempotentTools {
+    IdempotentTools::with_store(store, Policy::default())
         .tool(
             "unprotected",
             ToolSettings::window(Duration::from_secs(2)).missing_key(MissingKey::RunUnprotected),
         )
         .tool("flaky", ToolSettings::window(Duration::from_secs(2)))
-        .tool("rejects", ToolSettings::window(Duration::from_secs(2)));
+        .tool("rejects", ToolSettings::window(Duration::from_secs(2)))
+}
+
+/// A client of a server with [`tools`], opted into one shared scope: the duplex pipe carries no
+/// authentication.
+async fn connect() -> (RunningService<RoleClient, ClientConfig>, Runs) {
     let runs = Runs::default();
+    let idem = tools(MemoryStore::new()).allow_anonymous("test-agent");
+    (serve(idem, runs.clone()).await, runs)
+}
+
+/// A client of a server running `idem`, counting runs in `runs`.
+async fn serve(idem: IdempotentTools, runs: Runs) -> RunningService<RoleClient, ClientConfig> {
     let server = Server {
         tool_router: Server::tool_router(),
         idem,
-        runs: runs.clone(),
+        runs,
     };
     let (server_io, client_io) = tokio::io::duplex(64 * 1024);
     tokio::spawn(async move {
@@ -116,10 +128,7 @@ async fn connect() -> (RunningService<RoleClient, ClientConfig>, Runs) {
             let _ = running.waiting().await;
         }
     });
-    (
-        ClientConfig::default().serve(client_io).await.unwrap(),
-        runs,
-    )
+    ClientConfig::default().serve(client_io).await.unwrap()
 }
 
 fn call(tool: &'static str, key: Option<&str>) -> CallToolRequestParams {
@@ -224,4 +233,100 @@ async fn tools_not_registered_pass_through_without_a_key() {
     let tools = client.list_all_tools().await.unwrap();
     let plain = tools.iter().find(|t| t.name == "plain").unwrap();
     assert!(plain.annotations.is_none());
+}
+
+/// A call of a side-effecting tool without a principal is refused by default: a typed error,
+/// nothing claimed, the tool not run, with a key or without.
+#[tokio::test]
+async fn no_principal_is_refused_by_default_and_nothing_runs() {
+    let store = MemoryStore::new();
+    let ran = Runs::default();
+    let client = serve(tools(store.clone()), ran.clone()).await;
+    for (tool, key) in [
+        ("flaky", Some("k-p")),
+        ("rejects", Some("k-p")),
+        ("unprotected", Some("k-p")),
+        ("unprotected", None),
+    ] {
+        let err = client.call_tool(call(tool, key)).await.unwrap_err();
+        let ServiceError::McpError(err) = err else {
+            panic!("a JSON-RPC error")
+        };
+        assert_eq!(err.code, UNAUTHENTICATED, "{tool}");
+        assert_eq!(
+            err.data.unwrap()["type"],
+            "urn:idem:problem:unauthenticated"
+        );
+        assert!(err.message.contains("no principal"), "{}", err.message);
+    }
+    assert_eq!(
+        (runs(&ran.flaky), runs(&ran.rejects), runs(&ran.unprotected)),
+        (0, 0, 0)
+    );
+    let records = store
+        .list(&ListFilter::default(), Timestamp::now(), 100)
+        .await
+        .unwrap();
+    assert!(records.is_empty(), "nothing claimed: {records:?}");
+    // A tool that is not side-effecting still answers.
+    client.call_tool(call("plain", None)).await.unwrap();
+    assert_eq!(runs(&ran.plain), 1);
+}
+
+/// With the explicit opt-in, callers without a principal share one scope: a second client's call
+/// with the same key replays the first client's result.
+#[tokio::test]
+async fn the_opt_in_shares_one_scope() {
+    let ran = Runs::default();
+    let idem = tools(MemoryStore::new()).allow_anonymous("shared-agent");
+    let a = serve(idem.clone(), ran.clone()).await;
+    let b = serve(idem, ran.clone()).await;
+    let first = a.call_tool(call("rejects", Some("k-s"))).await.unwrap();
+    let again = b.call_tool(call("rejects", Some("k-s"))).await.unwrap();
+    assert!(!is_replay(&first) && is_replay(&again));
+    assert_eq!(first.content, again.content);
+    assert_eq!(runs(&ran.rejects), 1);
+}
+
+/// Two principals, one key: two scopes, two runs, no replay across them.
+#[tokio::test]
+async fn two_principals_two_scopes() {
+    let ran = Runs::default();
+    let store = MemoryStore::new();
+    // The principal from the request's `_meta` (a stand-in for an authentication layer).
+    let idem = tools(store.clone()).principal_with(|context| {
+        context
+            .meta
+            .0
+            .0
+            .get("test/principal")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+    });
+    let client = serve(idem, ran.clone()).await;
+    let as_principal = |who: &str| {
+        let mut params = call("rejects", Some("k-same"));
+        params
+            .meta
+            .as_mut()
+            .unwrap()
+            .0
+            .0
+            .insert("test/principal".into(), json!(who));
+        params
+    };
+    let a = client.call_tool(as_principal("alice")).await.unwrap();
+    let b = client.call_tool(as_principal("bob")).await.unwrap();
+    let a_again = client.call_tool(as_principal("alice")).await.unwrap();
+    assert!(!is_replay(&a) && !is_replay(&b) && is_replay(&a_again));
+    assert_ne!(a.content, b.content, "bob did not get alice's answer");
+    assert_eq!(runs(&ran.rejects), 2);
+    let scopes: std::collections::BTreeSet<String> = store
+        .list(&ListFilter::default(), Timestamp::now(), 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.scope.as_str().to_owned())
+        .collect();
+    assert_eq!(scopes.len(), 2, "{scopes:?}");
 }

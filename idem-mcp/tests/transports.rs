@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_core::IdempotencyKey;
 use idem_mcp::client::{CallError, IdempotentCaller, RetryPolicy, min_client_deadline};
-use idem_mcp::{FINGERPRINT_MISMATCH, META_KEY, is_replay};
+use idem_mcp::{FINGERPRINT_MISMATCH, META_KEY, UNAUTHENTICATED, is_replay};
 use idem_store_sqlite::rusqlite;
 use rmcp::RoleClient;
 use rmcp::ServiceExt;
@@ -28,6 +28,9 @@ const SERVER: &str = env!("CARGO_BIN_EXE_idem-mcp-ticket-server");
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
+/// The principal of the tests that need just one.
+const TENANT: &str = "tenant-t";
+
 /// A running server of one transport, its SQLite file, and what keeps them alive.
 struct Server {
     db: PathBuf,
@@ -45,6 +48,11 @@ enum Transport {
 impl Server {
     /// Starts a server (for HTTP, one process now; for stdio, one per client in `connect`).
     async fn start(transport: Transport, latency_ms: u64) -> Self {
+        Self::start_with(transport, latency_ms, &[]).await
+    }
+
+    /// [`Server::start`] with more arguments for the HTTP server process.
+    async fn start_with(transport: Transport, latency_ms: u64, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("tickets.sqlite3");
         let http = match transport {
@@ -54,6 +62,7 @@ impl Server {
                     .args(["--http", "127.0.0.1:0", "--db"])
                     .arg(&db)
                     .args(["--latency-ms", &latency_ms.to_string()])
+                    .args(extra)
                     .stdout(Stdio::piped())
                     .kill_on_drop(true)
                     .spawn()
@@ -164,7 +173,7 @@ async fn raw_call(peer: &Peer<RoleClient>, params: Value) -> Result<Value, Servi
 
 async fn same_key_twice_one_ticket_and_replay_mark(transport: Transport) {
     let server = Server::start(transport, 0).await;
-    let client = server.connect(None).await;
+    let client = server.connect(Some(TENANT)).await;
     let first = client
         .call_tool(keyed("wf-1:step-1:create_ticket", "Printer on fire"))
         .await
@@ -178,7 +187,7 @@ async fn same_key_twice_one_ticket_and_replay_mark(transport: Transport) {
     assert_eq!(ticket_id(&first), ticket_id(&again));
     assert_eq!(server.tickets(), 1);
     // A new connection (a restarted agent) with the same key still gets the replay.
-    let other = server.connect(None).await;
+    let other = server.connect(Some(TENANT)).await;
     let third = other
         .call_tool(keyed("wf-1:step-1:create_ticket", "Printer on fire"))
         .await
@@ -195,7 +204,7 @@ async fn same_key_twice_one_ticket_and_replay_mark(transport: Transport) {
 
 async fn other_arguments_mismatch_error_and_no_ticket(transport: Transport) {
     let server = Server::start(transport, 0).await;
-    let client = server.connect(None).await;
+    let client = server.connect(Some(TENANT)).await;
     client
         .call_tool(keyed("wf-2:step-1:create_ticket", "first"))
         .await
@@ -217,7 +226,7 @@ async fn concurrent_calls_with_one_key_one_ticket_with_real_latency(transport: T
     let server = Server::start(transport, 300).await;
     let mut clients = Vec::new();
     for _ in 0..4 {
-        clients.push(server.connect(None).await);
+        clients.push(server.connect(Some(TENANT)).await);
     }
     let policy = RetryPolicy {
         attempt_timeout: Duration::from_secs(10),
@@ -257,7 +266,7 @@ async fn concurrent_calls_with_one_key_one_ticket_with_real_latency(transport: T
 async fn client_timeout_shorter_than_tool_latency_then_retries_one_ticket(transport: Transport) {
     // Real latency: the tool works 1.5 s; each client attempt gives up after 0.3 s.
     let server = Server::start(transport, 1500).await;
-    let client = server.connect(None).await;
+    let client = server.connect(Some(TENANT)).await;
     let tools = client.list_all_tools().await.unwrap();
     let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
     let minimum = min_client_deadline(tool).unwrap();
@@ -305,7 +314,7 @@ async fn client_timeout_shorter_than_tool_latency_then_retries_one_ticket(transp
 
 async fn refusals_create_nothing(transport: Transport) {
     let server = Server::start(transport, 0).await;
-    let client = server.connect(None).await;
+    let client = server.connect(Some(TENANT)).await;
     let mut no_key = CallToolRequestParams::new("create_ticket");
     no_key.arguments = args("no key");
     let err = mcp_error(client.call_tool(no_key).await.unwrap_err());
@@ -328,7 +337,7 @@ async fn refusals_create_nothing(transport: Transport) {
 
 async fn draft_params_field_is_honoured(transport: Transport) {
     let server = Server::start(transport, 0).await;
-    let client = server.connect(None).await;
+    let client = server.connect(Some(TENANT)).await;
     let params = json!({"name": "create_ticket", "arguments": {"title": "draft", "account_id": "A-7"},
         "idempotencyKey": "wf-5:step-1:create_ticket"});
     let first = raw_call(client.peer(), params.clone()).await.unwrap();
@@ -346,7 +355,7 @@ async fn draft_params_field_is_honoured(transport: Transport) {
 
 async fn tool_listing_publishes_window_deadline_and_honest_hints(transport: Transport) {
     let server = Server::start(transport, 0).await;
-    let client = server.connect(None).await;
+    let client = server.connect(Some(TENANT)).await;
     let info = client.peer_info().unwrap();
     let capability = &info.capabilities.experimental.as_ref().unwrap()["tools.idempotency"];
     assert_eq!(capability["keyField"], "idempotencyKey");
@@ -378,6 +387,50 @@ async fn scope_is_the_principal(transport: Transport) {
         2,
         "a key never replays another principal's answer"
     );
+}
+
+/// Over streamable HTTP a caller without a principal (no `x-tenant-id`, the example's stand-in
+/// for authentication) is refused: nothing is claimed, no ticket is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_without_a_principal_is_refused_and_creates_nothing() {
+    let server = Server::start(Transport::Http, 0).await;
+    let anonymous = server.connect(None).await;
+    let err = mcp_error(
+        anonymous
+            .call_tool(keyed("wf-7:step-1:create_ticket", "x"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, UNAUTHENTICATED, "{}", err.message);
+    assert_eq!(server.tickets(), 0);
+    // The key was not claimed: an authenticated caller runs it.
+    let client = server.connect(Some(TENANT)).await;
+    let first = client
+        .call_tool(keyed("wf-7:step-1:create_ticket", "x"))
+        .await
+        .unwrap();
+    assert!(!is_replay(&first));
+    assert_eq!(server.tickets(), 1);
+}
+
+/// With `--principal`, the example opts into one scope for every caller without `x-tenant-id`:
+/// a second anonymous client gets the first one's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_shared_principal_is_an_explicit_opt_in() {
+    let server = Server::start_with(Transport::Http, 0, &["--principal", "shared"]).await;
+    let a = server.connect(None).await;
+    let b = server.connect(None).await;
+    let first = a
+        .call_tool(keyed("wf-8:step-1:create_ticket", "x"))
+        .await
+        .unwrap();
+    let again = b
+        .call_tool(keyed("wf-8:step-1:create_ticket", "x"))
+        .await
+        .unwrap();
+    assert!(!is_replay(&first) && is_replay(&again));
+    assert_eq!(ticket_id(&first), ticket_id(&again));
+    assert_eq!(server.tickets(), 1);
 }
 
 macro_rules! on_both_transports {

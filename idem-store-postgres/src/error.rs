@@ -90,6 +90,14 @@ pub(crate) fn classify(op: &'static str, err: sqlx::Error) -> StoreError {
     if unavailable {
         return StoreError::unavailable(format!("postgres {op}: connection unavailable"), err);
     }
+    if is_transient_conflict(&err) {
+        // Reached only where the statement cannot simply run again (inside the caller's
+        // transaction): the caller retries its transaction.
+        return StoreError::unavailable(
+            format!("postgres {op}: serialization failure or deadlock; retry the transaction"),
+            err,
+        );
+    }
     match (code.as_deref(), &err) {
         // undefined_table, undefined_column, invalid_schema_name: the schema is not migrated.
         (Some("42P01" | "42703" | "3F000"), _) => StoreError::Misconfigured {

@@ -31,6 +31,42 @@ use schema::{MIGRATIONS, Statements};
 /// [`StoreError::Unavailable`].
 const MAX_CLAIM_ROUNDS: usize = 16;
 
+/// How many times `complete`, `release` and `extend` run their statement while the server answers
+/// with a serialization failure or a deadlock (SQLSTATE 40001, 40P01), before giving up with
+/// [`StoreError::Unavailable`].
+const MAX_CONFLICT_RETRIES: usize = 16;
+
+/// Runs `statement` (one autocommit statement on the pool) again while the server reports a
+/// serialization failure or a deadlock: the server rolled the statement back, so running it
+/// again is exactly one attempt more (a server whose `default_transaction_isolation` is
+/// `serializable` or `repeatable read` raises 40001 when a concurrent writer committed to the
+/// row after the statement's snapshot). Codes by SQLSTATE, never by message text.
+async fn retry_conflicts<T, F, Fut>(op: &'static str, mut statement: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    for round in 1..=MAX_CONFLICT_RETRIES {
+        match statement().await {
+            Ok(value) => return Ok(value),
+            Err(e) if is_transient_conflict(&e) => {
+                tracing::debug!(op, round, error = %e, "serialization conflict; running the statement again");
+            }
+            Err(e) => return Err(classify(op, e)),
+        }
+    }
+    tracing::warn!(
+        op,
+        "gave up after {MAX_CONFLICT_RETRIES} serialization conflicts in a row"
+    );
+    Err(StoreError::Unavailable {
+        message: format!(
+            "postgres {op}: {MAX_CONFLICT_RETRIES} serialization conflicts in a row; try again"
+        ),
+        source: None,
+    })
+}
+
 /// A [`KeyStore`] keeping records in one PostgreSQL table.
 ///
 /// - A claim is one round trip in the common cases: one statement inserts the record if the key is
@@ -40,7 +76,9 @@ const MAX_CLAIM_ROUNDS: usize = 16;
 ///   [`idem_core::machine`] decide; a write they call for (expired record, retry, takeover) is a
 ///   compare-and-set `UPDATE` that re-reads and retries if the record changed meanwhile. Replays
 ///   only read.
-/// - `complete`, `release` and `extend` are one fenced `UPDATE` each.
+/// - `complete`, `release` and `extend` are one fenced `UPDATE` each, run again when the server
+///   reports a serialization failure or a deadlock (SQLSTATE 40001, 40P01), as a claim is: a
+///   server whose `default_transaction_isolation` is `serializable` loses no outcome.
 /// - [`PostgresStore::complete_with_conn`] completes inside the caller's transaction, so the
 ///   business write and the record commit together.
 /// - Time always comes from the caller's `now`; the server's clock is never consulted.
@@ -203,6 +241,10 @@ impl PostgresStore {
     /// commits. If the transaction rolls back, the record stays `processing` with the same token,
     /// and the holder may run the operation and this method again in a new transaction.
     ///
+    /// Unlike [`KeyStore::complete`], this cannot run the statement again after a serialization
+    /// failure or deadlock (the caller's transaction is aborted): it answers
+    /// [`StoreError::Unavailable`], and the caller retries its whole transaction.
+    ///
     /// ```no_run
     /// # use idem_store_postgres::PostgresStore;
     /// # use idem_core::{CompleteAnswer, IdempotencyKey, Outcome, Policy, Scope, Timestamp, Token};
@@ -230,8 +272,10 @@ impl PostgresStore {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
+        machine::check_outcome_size(outcome, policy)?;
         self.complete_on(conn, scope, key, token, outcome, policy, now)
             .await
+            .map_err(|e| classify("complete", e))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -244,11 +288,10 @@ impl PostgresStore {
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
-    ) -> Result<CompleteAnswer, StoreError>
+    ) -> Result<CompleteAnswer, sqlx::Error>
     where
         E: sqlx::Executor<'e, Database = Postgres>,
     {
-        machine::check_outcome_size(outcome, policy)?;
         let state = machine::completed_state(outcome, policy);
         let updated = sqlx::query(&self.sql.complete)
             .bind(scope.as_str())
@@ -262,8 +305,7 @@ impl PostgresStore {
             .bind(outcome.class().as_str())
             .bind(ts(now + policy.ttl()))
             .execute(executor)
-            .await
-            .map_err(|e| classify("complete", e))?
+            .await?
             .rows_affected();
         Ok(match (updated, state) {
             (0, _) => CompleteAnswer::Fenced,
@@ -346,20 +388,20 @@ impl PostgresStore {
         now: Timestamp,
         extra: Option<i64>,
     ) -> Result<bool, StoreError> {
-        let mut query = sqlx::query(sql)
-            .bind(scope.as_str())
-            .bind(key.as_str())
-            .bind(big(token.seq))
-            .bind(token.id_hex())
-            .bind(ts(now));
-        if let Some(extra) = extra {
-            query = query.bind(extra);
-        }
-        let updated = query
-            .execute(&self.pool)
-            .await
-            .map_err(|e| classify(op, e))?
-            .rows_affected();
+        let updated = retry_conflicts(op, || {
+            let mut query = sqlx::query(sql)
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .bind(big(token.seq))
+                .bind(token.id_hex())
+                .bind(ts(now));
+            if let Some(extra) = extra {
+                query = query.bind(extra);
+            }
+            query.execute(&self.pool)
+        })
+        .await?
+        .rows_affected();
         Ok(updated == 1)
     }
 }
@@ -422,8 +464,11 @@ impl KeyStore for PostgresStore {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
-        self.complete_on(&self.pool, scope, key, token, outcome, policy, now)
-            .await
+        machine::check_outcome_size(outcome, policy)?;
+        retry_conflicts("complete", || {
+            self.complete_on(&self.pool, scope, key, token, outcome, policy, now)
+        })
+        .await
     }
 
     async fn release(

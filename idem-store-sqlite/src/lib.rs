@@ -382,7 +382,14 @@ impl SqliteStore {
             result
         })
         .await
-        .map_err(|e| StoreError::backend("sqlite: the blocking task failed", e))?
+        .map_err(|e| {
+            if e.is_cancelled() {
+                // The runtime is shutting down: the store is not there to answer, try again.
+                StoreError::unavailable("sqlite: the blocking task was cancelled", e)
+            } else {
+                StoreError::backend("sqlite: the blocking task panicked", e)
+            }
+        })?
     }
 }
 

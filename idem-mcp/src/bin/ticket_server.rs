@@ -6,10 +6,14 @@
 //! ```
 //!
 //! - Without `--http`: MCP over stdio (`params.idempotencyKey` lifted with `key::lift_lines`).
+//!   The process serves exactly one client, so it opts into one shared scope explicitly
+//!   ([`IdempotentTools::allow_anonymous`]) under the principal `--principal NAME` (default
+//!   `stdio`).
 //! - With `--http ADDR` (e.g. `127.0.0.1:8788`, port 0 picks one): streamable HTTP at
 //!   `http://ADDR/mcp`; the first line on stdout is `listening on http://ADDR/mcp`. The header
 //!   `x-tenant-id` names the principal: a stand-in for real authentication, which would insert
-//!   the [`Principal`] itself.
+//!   the [`Principal`] itself. A call without it is refused (`-32093`, nothing runs), unless
+//!   `--principal NAME` opts into one scope shared by every such caller.
 //! - `--db PATH` (default `idem-mcp-tickets.sqlite3`): one SQLite file holds the idem records
 //!   and the `tickets` table; each ticket row and its record's completion commit in one
 //!   transaction, so a ticket exists if and only if its record is completed.
@@ -263,8 +267,20 @@ async fn main() -> Result<(), BoxError> {
                 .tool_error(OutcomeClass::Definitive)
                 .destructive(false),
         );
-    if let Some(principal) = args.principal {
-        idem = idem.anonymous(principal);
+    // Requests without a principal are refused unless we opt into one shared scope: always on
+    // stdio (one client per process, nobody to share with), on HTTP only with `--principal`.
+    match (&args.http, args.principal) {
+        (None, principal) => {
+            idem = idem.allow_anonymous(principal.unwrap_or_else(|| "stdio".to_owned()));
+        }
+        (Some(_), Some(principal)) => {
+            tracing::warn!(
+                %principal,
+                "callers without x-tenant-id share one idempotency scope (--principal)"
+            );
+            idem = idem.allow_anonymous(principal);
+        }
+        (Some(_), None) => {}
     }
     let server = TicketServer {
         tool_router: TicketServer::tool_router(),

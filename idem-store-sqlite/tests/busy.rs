@@ -1,0 +1,182 @@
+//! A busy database answers `StoreError::Unavailable` (HTTP 503), never another error (HTTP 500):
+//! another connection holds the write lock (`BEGIN IMMEDIATE`) or the whole file
+//! (`locking_mode=EXCLUSIVE`) past the store's (tiny) busy timeout, for every operation and for a
+//! connection opened while the file is locked. Each case waits for the busy timeout: 20 ms of
+//! real time, on purpose.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use idem_core::{
+    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope,
+    StoreError, Timestamp, Token,
+};
+use idem_store_sqlite::SqliteStore;
+use idem_store_sqlite::rusqlite::Connection;
+
+const NOW: Timestamp = Timestamp::from_millis(1_234_567_890_000);
+const BUSY: Duration = Duration::from_millis(20);
+
+fn scope() -> Scope {
+    Scope::new("tenant-a/create_ticket").unwrap()
+}
+
+fn key(k: &str) -> IdempotencyKey {
+    IdempotencyKey::new(k).unwrap()
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of("create_ticket", &serde_json::json!({"title": "x"})).unwrap()
+}
+
+fn outcome() -> Outcome {
+    Outcome::definitive(201, &serde_json::json!({"ticket_id": "T-1"})).unwrap()
+}
+
+/// A migrated file with one `processing` record (`k-held`, its token returned) and one
+/// completed record (`k-done`).
+async fn setup(dir: &Path) -> (PathBuf, Token) {
+    let path = dir.join("idem.sqlite3");
+    let store = SqliteStore::open(&path).unwrap();
+    store.migrate().unwrap();
+    let policy = Policy::default();
+    let ClaimAnswer::Claimed { token, .. } = store
+        .claim(&scope(), &key("k-done"), &fp(), &policy, NOW)
+        .await
+        .unwrap()
+    else {
+        panic!("claimed")
+    };
+    store
+        .complete(&scope(), &key("k-done"), token, &outcome(), &policy, NOW)
+        .await
+        .unwrap();
+    let ClaimAnswer::Claimed { token, .. } = store
+        .claim(&scope(), &key("k-held"), &fp(), &policy, NOW)
+        .await
+        .unwrap()
+    else {
+        panic!("claimed")
+    };
+    (path, token)
+}
+
+fn busy_store(path: &Path) -> Result<SqliteStore, StoreError> {
+    SqliteStore::builder(path)
+        .busy_timeout(BUSY)
+        .max_connections(2)
+        .open()
+}
+
+#[track_caller]
+fn unavailable<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>) {
+    match result {
+        Err(e) if e.is_unavailable() => {}
+        other => panic!("{what}: expected StoreError::Unavailable, got {other:?}"),
+    }
+}
+
+/// Every write answers `Unavailable` while another connection holds the write lock; a replay
+/// (a read) still answers; nothing was written.
+#[tokio::test]
+async fn writes_under_a_foreign_write_lock_are_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, token) = setup(dir.path()).await;
+    let store = busy_store(&path).unwrap();
+    let policy = Policy::default();
+    let blocker = Connection::open(&path).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+
+    unavailable(
+        "claim",
+        store
+            .claim(&scope(), &key("k-new"), &fp(), &policy, NOW)
+            .await,
+    );
+    let later = NOW + Duration::from_secs(1);
+    unavailable(
+        "complete",
+        store
+            .complete(&scope(), &key("k-held"), token, &outcome(), &policy, later)
+            .await,
+    );
+    unavailable(
+        "release",
+        store.release(&scope(), &key("k-held"), token, later).await,
+    );
+    unavailable(
+        "extend",
+        store
+            .extend(
+                &scope(),
+                &key("k-held"),
+                token,
+                Duration::from_secs(60),
+                later,
+            )
+            .await,
+    );
+    unavailable(
+        "purge",
+        store
+            .purge_expired(NOW + Duration::from_secs(365 * 24 * 3600), 10)
+            .await,
+    );
+    unavailable("migrate", store.migrate());
+    // WAL: readers are not blocked by a writer.
+    assert!(matches!(
+        store
+            .claim(&scope(), &key("k-done"), &fp(), &policy, NOW)
+            .await
+            .unwrap(),
+        ClaimAnswer::Replay(_)
+    ));
+
+    blocker.execute_batch("ROLLBACK").unwrap();
+    let record = store
+        .get(&scope(), &key("k-held"), later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, RecordState::Processing, "nothing was written");
+    assert_eq!(record.token, token);
+    assert!(
+        store
+            .get(&scope(), &key("k-new"), NOW)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// A connection in `locking_mode=EXCLUSIVE` that has written keeps every other connection out,
+/// readers included: opening a store handle then (its first connection sets WAL and reads the
+/// file) answers `Unavailable`, not `Misconfigured` or `Backend`. (While a handle holds a
+/// connection, no other connection can take that lock in WAL mode, so the other operations are
+/// covered by the write-lock test above.)
+#[tokio::test]
+async fn opening_under_an_exclusive_file_lock_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, token) = setup(dir.path()).await;
+    let blocker = Connection::open(&path).unwrap();
+    blocker
+        .execute_batch(
+            "PRAGMA locking_mode = EXCLUSIVE; BEGIN EXCLUSIVE; \
+             UPDATE idem_records SET updated_at = updated_at; COMMIT;",
+        )
+        .unwrap();
+    // The exclusive lock is kept after the commit.
+    unavailable("open", busy_store(&path));
+    drop(blocker);
+    // Once the lock is gone the store opens and answers, and nothing was written.
+    let store = busy_store(&path).unwrap();
+    let record = store
+        .get(&scope(), &key("k-held"), NOW)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (record.state, record.token),
+        (RecordState::Processing, token)
+    );
+}
