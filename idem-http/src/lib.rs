@@ -7,7 +7,7 @@ mod layer;
 mod problem;
 
 pub use idem_core::Attempt;
-pub use key::{IDEMPOTENCY_KEY, read_key};
+pub use key::{IDEMPOTENCY_KEY, key_header, read_key};
 pub use layer::{
     DEFAULT_BODY_LIMIT, IDEMPOTENCY_REPLAYED, IdempotencyLayer, Idempotent, default_classify,
 };
