@@ -210,7 +210,10 @@ fuzz_target!(|input: Input| {
             first.status
         );
         assert_eq!(
-            first.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+            first
+                .headers
+                .get(header::CONTENT_TYPE)
+                .map(|v| v.as_bytes()),
             Some(&b"application/problem+json"[..])
         );
         let problem = envelope(&first);
@@ -228,7 +231,8 @@ fuzz_target!(|input: Input| {
         assert_eq!(&sink.bodies[0][..], input.body);
     }
     assert!(input.body.len() <= BODY_LIMIT);
-    let args: Value = serde_json::from_slice(input.body).expect("the tool ran, so the body is JSON");
+    let args: Value =
+        serde_json::from_slice(input.body).expect("the tool ran, so the body is JSON");
     assert_eq!(store.len(), 1);
     assert!(first.headers.get("idempotency-replayed").is_none());
     let first_envelope = envelope(&first);
@@ -248,7 +252,8 @@ fuzz_target!(|input: Input| {
         let again = send(&layer, &tool, &method, &uri, &repeat_headers, body);
         let answer = envelope(&again);
         assert_ne!(
-            answer["type"], "urn:idem:problem:fingerprint-mismatch",
+            answer["type"],
+            "urn:idem:problem:fingerprint-mismatch",
             "the same request (form {i}: {:?}) got 422",
             String::from_utf8_lossy(body)
         );
@@ -256,11 +261,17 @@ fuzz_target!(|input: Input| {
             assert_eq!(runs(), before, "a definitive answer ran the tool again");
             assert_eq!(again.status, first.status);
             assert_eq!(
-                again.headers.get("idempotency-replayed").map(|v| v.as_bytes()),
+                again
+                    .headers
+                    .get("idempotency-replayed")
+                    .map(|v| v.as_bytes()),
                 Some(&b"true"[..])
             );
             assert_eq!(answer["idempotent_replay"], true);
-            assert_eq!(answer["original_response"], first_envelope["original_response"]);
+            assert_eq!(
+                answer["original_response"],
+                first_envelope["original_response"]
+            );
         } else {
             assert_eq!(runs(), before + 1, "a retryable answer is run again");
         }

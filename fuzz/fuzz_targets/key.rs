@@ -28,12 +28,19 @@ fuzz_target!(|data: &[u8]| {
     }
     let key = made.expect("for_step accepts any non-empty parts");
     assert_eq!(check_key(key.as_str()).as_ref(), Some(&key));
-    assert_eq!(IdempotencyKey::for_step(&run, &step, &tool).as_ref(), Ok(&key));
+    assert_eq!(
+        IdempotencyKey::for_step(&run, &step, &tool).as_ref(),
+        Ok(&key)
+    );
     let plain = |p: &str| p.bytes().all(|b| idem_fuzz::visible_ascii(b) && b != b':');
     let joined = format!("{run}:{step}:{tool}");
     if plain(&run) && plain(&step) && plain(&tool) && joined.len() <= 255 {
         assert_eq!(key.as_str(), joined);
     } else {
-        assert_ne!(key.as_str(), joined, "a part that is not plain must be digested");
+        assert_ne!(
+            key.as_str(),
+            joined,
+            "a part that is not plain must be digested"
+        );
     }
 });

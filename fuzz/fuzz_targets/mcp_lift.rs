@@ -45,8 +45,14 @@ fuzz_target!(|data: &[u8]| {
     let lifted: Value = serde_json::from_slice(&rewritten).expect("a rewritten message is JSON");
     let lifted_params = lifted["params"].as_object().expect("params stay an object");
     assert!(lifted_params.get(PARAMS_FIELD).is_none());
-    let meta = lifted_params["_meta"].as_object().expect("_meta is an object");
-    assert_eq!(meta.get(LIFTED_META_KEY), sent_key, "the lifted entry is the key sent");
+    let meta = lifted_params["_meta"]
+        .as_object()
+        .expect("_meta is an object");
+    assert_eq!(
+        meta.get(LIFTED_META_KEY),
+        sent_key,
+        "the lifted entry is the key sent"
+    );
 
     // Nothing else changed.
     let strip = |v: &Value| {
@@ -91,7 +97,10 @@ fuzz_target!(|data: &[u8]| {
     match (&want, &read) {
         (Some(want), Ok(Some(got))) => assert_eq!(got, want),
         (Some(want), Err(KeyRefusal::Conflicting)) => {
-            assert_ne!(meta.get(META_KEY).and_then(Value::as_str), Some(want.as_str()))
+            assert_ne!(
+                meta.get(META_KEY).and_then(Value::as_str),
+                Some(want.as_str())
+            )
         }
         (Some(_), Err(KeyRefusal::Invalid { .. } | KeyRefusal::NotAString { .. })) => {
             // The `_meta` key is the invalid one.
