@@ -381,9 +381,9 @@ mod tests {
         assert_eq!(outcome_of("").await.body(), "null");
         assert_eq!(outcome_of("plain text").await.body_json(), "plain text");
         // Found by fuzzing (fuzz target `http_layer`): a body that is JSON syntax but holds a
-        // number no reader can (`1E400`) was judged JSON, refused when stored, and the tool's
-        // answer became a 500 "failed without an answer". It is the tool's answer, kept as a
-        // string, with the tool's status.
+        // number no reader can (`1E400`) was judged JSON and stored, so the answer and every
+        // replay was an envelope no JSON reader could parse. It is now kept as a string, with
+        // the tool's status.
         let huge = outcome_of("1E400").await;
         assert_eq!(huge.status(), 200);
         assert_eq!(huge.body_json(), "1E400");
