@@ -645,12 +645,11 @@ async fn create_ticket_unprotected(
     }
 }
 
+/// The key as the layer read it (a structured-field string is unquoted, as the client sends it).
 fn key_of(headers: &HeaderMap) -> String {
-    headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned()
+    idem_http::read_key(headers)
+        .map(|key| key.as_str().to_owned())
+        .unwrap_or_default()
 }
 
 fn rfc3339(now: Timestamp) -> String {

@@ -81,14 +81,17 @@ impl Outcome {
         Self::new(status, body, OutcomeClass::Retryable)
     }
 
-    /// An outcome whose body is JSON text kept exactly as given; refused if it is not JSON.
+    /// An outcome whose body is JSON text kept exactly as given; refused if it is not JSON that
+    /// reads back as a value (a number out of range, such as `1E400`, is refused).
     pub fn from_json_text(
         status: u16,
         body: impl Into<String>,
         class: OutcomeClass,
     ) -> Result<Self, serde_json::Error> {
         let body = body.into();
-        serde_json::from_str::<serde::de::IgnoredAny>(&body)?;
+        // Parsed as a value, not skipped as `IgnoredAny`: that accepts numbers no JSON reader can
+        // hold (`1E400`), and a stored body must read back.
+        serde_json::from_str::<serde_json::Value>(&body)?;
         Ok(Self {
             status,
             body,
@@ -229,5 +232,19 @@ mod tests {
         assert_eq!(o.body(), text);
         assert_eq!(o.size(), text.len());
         assert_eq!(o.body_json()["a"][0], 1.5);
+    }
+
+    #[test]
+    fn a_body_that_cannot_be_read_back_is_refused() {
+        // Found by fuzzing (fuzz target `http_layer`): `1E400` passed the check (it was only
+        // skipped, never read), was stored, and then no reader could parse the stored answer.
+        for text in ["1E400", "[-1e999]", "{\"a\":1e309}"] {
+            assert!(
+                Outcome::from_json_text(200, text, OutcomeClass::Definitive).is_err(),
+                "{text}"
+            );
+        }
+        let o = Outcome::from_json_text(200, "1e308", OutcomeClass::Definitive).unwrap();
+        assert_eq!(o.body_json(), serde_json::json!(1e308));
     }
 }

@@ -7,7 +7,7 @@ use idem_core::IdempotencyKey;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::{IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED};
+use crate::{IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED, key_header};
 
 pub use idem_core::retry::RetryPolicy;
 
@@ -201,7 +201,7 @@ impl ToolClient {
                 .http
                 .post(&self.url)
                 .headers(self.headers.clone())
-                .header(IDEMPOTENCY_KEY, key.as_str())
+                .header(IDEMPOTENCY_KEY, key_header(key))
                 .header(http::header::CONTENT_TYPE, "application/json")
                 .body(body.clone())
                 .timeout(timeout)

@@ -1,6 +1,6 @@
 //! Reading the `Idempotency-Key` header.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 use idem_core::IdempotencyKey;
 
 use crate::Problem;
@@ -40,6 +40,35 @@ pub fn read_key(headers: &HeaderMap) -> Result<IdempotencyKey, Problem> {
         None => text.to_owned(),
     };
     IdempotencyKey::new(key).map_err(|e| Problem::InvalidKey(e.to_string()))
+}
+
+/// The `Idempotency-Key` header value for `key`: always the IETF draft's structured-field string
+/// (`"wf-1:step-2"`, with `\"` and `\\` escaped), which [`read_key`] reads back as exactly `key`.
+///
+/// Send this, not the bare key: a key is any visible ASCII, and a bare key that starts with `"`
+/// would be read as a quoted string (`"abc"` as `abc`, another record; `"a` refused).
+///
+/// ```
+/// use http::HeaderMap;
+/// use idem_core::IdempotencyKey;
+/// use idem_http::{IDEMPOTENCY_KEY, key_header, read_key};
+/// let key = IdempotencyKey::new(r#""quoted"\key"#).unwrap();
+/// assert_eq!(key_header(&key), r#""\"quoted\"\\key""#);
+/// let mut h = HeaderMap::new();
+/// h.insert(IDEMPOTENCY_KEY, key_header(&key));
+/// assert_eq!(read_key(&h), Ok(key));
+/// ```
+pub fn key_header(key: &IdempotencyKey) -> HeaderValue {
+    let mut text = String::with_capacity(key.as_str().len() + 2);
+    text.push('"');
+    for c in key.as_str().chars() {
+        if matches!(c, '"' | '\\') {
+            text.push('\\');
+        }
+        text.push(c);
+    }
+    text.push('"');
+    HeaderValue::try_from(text).expect("a quoted key of visible ASCII is a valid header value")
 }
 
 /// The inside of a structured-field string whose opening quote is already consumed.
@@ -82,6 +111,23 @@ mod tests {
     fn structured_field_strings_and_bare_tokens() {
         assert_eq!(read(&["\"a\\\"b\\\\c\""]).unwrap().as_str(), "a\"b\\c");
         assert_eq!(read(&["abc"]).unwrap().as_str(), "abc");
+    }
+
+    #[test]
+    fn every_key_round_trips_through_key_header() {
+        // Found by fuzzing (fuzz target `http_key`): the client sent keys bare, so a key
+        // starting with '"' was read as a quoted string: `"abc"` became `abc` (another key,
+        // another record) and `"a` was refused.
+        for text in ["\"abc\"", "\"a", "a\"b", "\\", "\"\\\"", "plain-key", "~"] {
+            let key = IdempotencyKey::new(text).unwrap();
+            let value = key_header(&key);
+            assert!(value.to_str().unwrap().starts_with('"'));
+            let mut h = HeaderMap::new();
+            h.insert(IDEMPOTENCY_KEY, value);
+            assert_eq!(read_key(&h), Ok(key), "{text}");
+        }
+        // The bare form of such a key is not the key: why the client must quote.
+        assert_eq!(read(&["\"abc\""]).unwrap().as_str(), "abc");
     }
 
     #[test]

@@ -335,7 +335,8 @@ where
         "null".to_owned()
     } else {
         match std::str::from_utf8(&bytes) {
-            Ok(s) if serde_json::from_str::<serde::de::IgnoredAny>(s).is_ok() => s.to_owned(),
+            // Read as a value: JSON a reader cannot hold (`1E400`) is kept as a string too.
+            Ok(s) if serde_json::from_str::<serde_json::Value>(s).is_ok() => s.to_owned(),
             Ok(s) => serde_json::Value::String(s.to_owned()).to_string(),
             Err(_) => {
                 serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned()).to_string()
@@ -375,4 +376,33 @@ fn wrap<B: From<Bytes>>(outcome: &Outcome, replay: bool) -> Response<B> {
         headers.insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+
+    async fn outcome_of(body: &'static str) -> Outcome {
+        let response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        to_outcome(response, &default_classify).await
+    }
+
+    #[tokio::test]
+    async fn the_tool_answer_is_kept_and_always_reads_back() {
+        let json = outcome_of(r#"{"b":1,  "a":[1.50]}"#).await;
+        assert_eq!(json.body(), r#"{"b":1,  "a":[1.50]}"#);
+        assert_eq!(outcome_of("").await.body(), "null");
+        assert_eq!(outcome_of("plain text").await.body_json(), "plain text");
+        // Found by fuzzing (fuzz target `http_layer`): a body that is JSON syntax but holds a
+        // number no reader can (`1E400`) was judged JSON and stored, so the answer and every
+        // replay was an envelope no JSON reader could parse. It is now kept as a string, with
+        // the tool's status.
+        let huge = outcome_of("1E400").await;
+        assert_eq!(huge.status(), 200);
+        assert_eq!(huge.body_json(), "1E400");
+        let envelope: serde_json::Value =
+            serde_json::from_str(&format!(r#"{{"original_response":{}}}"#, huge.body())).unwrap();
+        assert_eq!(envelope["original_response"], "1E400");
+    }
 }

@@ -8,7 +8,7 @@ mod problem;
 mod query;
 
 pub use idem_core::Attempt;
-pub use key::{IDEMPOTENCY_KEY, read_key};
+pub use key::{IDEMPOTENCY_KEY, key_header, read_key};
 pub use layer::{
     DEFAULT_BODY_LIMIT, IDEMPOTENCY_REPLAYED, IdempotencyLayer, Idempotent, default_classify,
 };

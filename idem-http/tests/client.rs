@@ -60,9 +60,8 @@ async fn tool_server(latency: Duration, seen: Arc<Seen>) -> String {
         move |headers: HeaderMap, req: axum::extract::Request, next: axum::middleware::Next| {
             let seen = seen.clone();
             async move {
-                let key = headers
-                    .get("idempotency-key")
-                    .map(|v| v.to_str().unwrap().to_owned());
+                // The key as the layer reads it (the client sends a structured-field string).
+                let key = idem_http::read_key(&headers).map(|k| k.as_str().to_owned());
                 seen.keys.lock().unwrap().push(key.unwrap_or_default());
                 seen.arrivals.lock().unwrap().push(Instant::now());
                 next.run(req).await
@@ -273,4 +272,40 @@ async fn the_overall_deadline_stops_retries() {
         }
         other => panic!("expected DeadlineExceeded, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn every_valid_key_reaches_the_server_unchanged() {
+    // Found by fuzzing (fuzz target `http_key`): the client sent the key bare, and a bare value
+    // starting with '"' is a structured-field string to the server, so the key `"abc"` reached it
+    // as `abc` (another key: it replayed `abc`'s ticket) and `"a` was refused. The client now
+    // always sends a structured-field string.
+    let seen = Arc::new(Seen::default());
+    let base = tool_server(Duration::ZERO, seen.clone()).await;
+    let client = ToolClient::new(
+        format!("{base}/tools/create_ticket"),
+        RetryPolicy::default(),
+        None,
+    )
+    .unwrap();
+    let texts = ["abc", "\"abc\"", "\"a", "a\"b\\c", "\\"];
+    for text in texts {
+        let key = IdempotencyKey::new(text).unwrap();
+        let answer = client.call(&key, &args()).await.unwrap();
+        assert_eq!(answer.status, 201, "{text}");
+        assert!(!answer.replayed, "{text} replayed another key's ticket");
+    }
+    assert_eq!(
+        *seen.tickets.lock().unwrap(),
+        texts.len() as u32,
+        "one ticket per key"
+    );
+    assert_eq!(*seen.keys.lock().unwrap(), texts);
+    // And each one replays itself.
+    let answer = client
+        .call(&IdempotencyKey::new("\"abc\"").unwrap(), &args())
+        .await
+        .unwrap();
+    assert!(answer.replayed);
+    assert_eq!(*seen.tickets.lock().unwrap(), texts.len() as u32);
 }
