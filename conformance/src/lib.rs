@@ -52,6 +52,7 @@ use std::time::Duration;
 use idem_core::{IdempotencyKey, KeyStore, ManualClock, Scope, Timestamp};
 
 pub mod cases;
+pub mod failover;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

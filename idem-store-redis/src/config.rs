@@ -388,7 +388,8 @@ mod tests {
             judge(vec![n])[..],
             [ConfigWarning::AsyncReplicas { replicas: 1, .. }]
         ));
-        let info = Value::BulkString(b"# Replication\r\nrole:master\r\nconnected_slaves:2\r\n".to_vec());
+        let info =
+            Value::BulkString(b"# Replication\r\nrole:master\r\nconnected_slaves:2\r\n".to_vec());
         assert_eq!(connected_replicas(&info), Some(2));
     }
 

@@ -38,7 +38,8 @@ idem_rf_main() {
     redis-server --port "$port" --bind 127.0.0.1 --dir "$dir/$port" --daemonize yes \
       --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log" \
       --save "" --appendonly no --cluster-enabled yes \
-      --cluster-config-file "$dir/$port/nodes.conf" --cluster-node-timeout 2000 >/dev/null ||
+      --cluster-config-file "$dir/$port/nodes.conf" --cluster-node-timeout 2000 \
+      --repl-diskless-sync-delay 0 >/dev/null ||
       return 1
     # The test kills some of these with kill -9: shutdown may find nobody, which is fine.
     cleanup_cmds+=("redis-cli -h 127.0.0.1 -p $port shutdown nosave >/dev/null 2>&1")
