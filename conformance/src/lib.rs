@@ -142,6 +142,7 @@ use std::time::Duration;
 use idem_core::{IdempotencyKey, KeyStore, ManualClock, Scope, Timestamp};
 
 pub mod cases;
+pub mod failover;
 pub mod model;
 
 pub use model::{ModelConfig, ModelFailure, ModelStats, check_model, run_model};

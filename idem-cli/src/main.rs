@@ -103,6 +103,8 @@ enum Command {
     },
     /// Run the public conformance suite against a live store (in scopes of its own) and print
     /// pass/fail per case: does this PostgreSQL or Redis setup really give the guarantees?
+    /// First prints a `warning:` line for each server setting that can lose an acknowledged
+    /// claim (asynchronous replicas, synchronous_commit off, eviction, persistence off).
     Conformance {
         /// The store: sqlite://PATH, postgres://…, redis://…
         #[arg(long)]
@@ -272,6 +274,13 @@ async fn conformance(store: StoreUrl) -> Result<(), BoxError> {
     ops::open_store(&store)
         .await
         .map_err(|e| format!("cannot open the store {store}: {e}"))?;
+    // Settings the suite cannot see (it runs on one server) but that lose claims in production.
+    let warnings = ops::durability_warnings(&store)
+        .await
+        .map_err(|e| format!("cannot read the settings of {store}: {e}"))?;
+    for w in &warnings {
+        println!("warning: {w}");
+    }
     // The suite runs each case on a runtime of its own: off this one.
     let report = tokio::task::spawn_blocking(move || ops::conformance(store)).await?;
     println!("{report}");

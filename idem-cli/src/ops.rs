@@ -265,6 +265,32 @@ pub async fn purge(store: &dyn KeyStore, batch: usize, progress: bool) -> Result
     ))
 }
 
+/// The server settings that allow a lost claim, one line each naming the setting and the risk
+/// (`idem conformance` prints them before the suite). Redis is judged as a store without
+/// `with_wait_for_replicas`, which is what `--store` opens: an application that waits for its
+/// replicas should call `RedisStore::check_config` on its own store. SQLite has none to check.
+pub async fn durability_warnings(url: &StoreUrl) -> Result<Vec<String>, BoxError> {
+    Ok(match url {
+        StoreUrl::Sqlite(_) => Vec::new(),
+        StoreUrl::Postgres(url) => PostgresStore::connect(url)
+            .await?
+            .check_config()
+            .await?
+            .warnings
+            .iter()
+            .map(|w| format!("postgres: {w}"))
+            .collect(),
+        StoreUrl::Redis(url) => RedisStore::connect(url)
+            .await?
+            .check_config()
+            .await?
+            .warnings
+            .iter()
+            .map(|w| format!("redis {w}"))
+            .collect(),
+    })
+}
+
 /// `idem conformance --store URL`: the public suite against a live store, case by case.
 pub fn conformance(url: StoreUrl) -> idem_conformance::Report {
     let factory = move || {

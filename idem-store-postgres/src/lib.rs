@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod durability;
 mod error;
 mod row;
 mod schema;
@@ -18,6 +19,7 @@ use idem_core::{
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Postgres, Row};
 
+pub use durability::{DurabilityReport, DurabilityWarning, Replica, ServerConfig};
 pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use sqlx;

@@ -6,7 +6,9 @@
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p idem-store-redis --bench redis
 //! ```
 //!
-//! `IDEM_BENCH_ITERATIONS` (default 5000) sets the calls per measurement. Keys are unique per
+//! `IDEM_BENCH_ITERATIONS` (default 5000) sets the calls per measurement. With
+//! `IDEM_BENCH_WAIT_REPLICAS=N` (a server with N replicas) first executions and replays are
+//! measured again with `with_wait_for_replicas(N, 1 s)`. Keys are unique per
 //! run and expire within minutes; nothing is flushed.
 
 use std::time::{Duration, Instant};
@@ -124,6 +126,50 @@ async fn run(url: &str, n: usize) {
     println!("  first execution / EVALSHA {:5.2}x", first / evalsha);
     println!("  replay / SET NX           {:5.2}x", replay / set_nx);
     println!("  replay / EVALSHA          {:5.2}x", replay / evalsha);
+
+    // With `with_wait_for_replicas`: the same first executions and replays, each write confirmed
+    // by the replicas (the server needs that many replicas).
+    let Some(replicas) = std::env::var("IDEM_BENCH_WAIT_REPLICAS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    else {
+        return;
+    };
+    let waiting = store
+        .clone()
+        .with_wait_for_replicas(replicas, Duration::from_secs(1))
+        .unwrap();
+    let started = Instant::now();
+    for (i, key) in keys.iter().enumerate() {
+        let key = IdempotencyKey::new(format!("{}-w{i}", key.as_str())).unwrap();
+        let ClaimAnswer::Claimed { token, .. } =
+            waiting.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+        else {
+            panic!("fresh key")
+        };
+        waiting
+            .complete(&scope, &key, token, &outcome, &policy, now)
+            .await
+            .unwrap();
+    }
+    let first_wait = per_call(started.elapsed(), n);
+    let started = Instant::now();
+    for key in &keys {
+        let answer = waiting.claim(&scope, key, &fp, &policy, now).await.unwrap();
+        assert!(matches!(answer, ClaimAnswer::Replay(_)));
+    }
+    let replay_wait = per_call(started.elapsed(), n);
+    println!(
+        "  with WAIT {replicas} (each write confirmed by {replicas} replica(s)):"
+    );
+    println!(
+        "  idem first execution     {first_wait:8.1} µs/call  (claim + confirm + complete + confirm: 4 round trips), {:5.2}x without",
+        first_wait / first
+    );
+    println!(
+        "  idem replay              {replay_wait:8.1} µs/call  (no write, no WAIT), {:5.2}x without",
+        replay_wait / replay
+    );
 }
 
 fn redact(url: &str) -> String {

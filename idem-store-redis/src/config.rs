@@ -8,7 +8,7 @@ use redis::Value;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 
 use crate::error::{classify, is_transient};
-use crate::{Conn, RedisStore};
+use crate::{Conn, RedisStore, WaitForReplicas};
 
 /// The settings read from one server (one master of a cluster). A field is `None` when the
 /// server did not answer it.
@@ -27,6 +27,8 @@ pub struct NodeConfig {
     pub appendfsync: Option<String>,
     /// `save`: the snapshot schedule; empty when snapshots are off.
     pub save: Option<String>,
+    /// `connected_slaves` from `INFO replication`: the replicas streaming from this master.
+    pub connected_replicas: Option<u32>,
 }
 
 /// A setting that can turn a replay into a second execution.
@@ -56,6 +58,28 @@ pub enum ConfigWarning {
         /// The snapshot schedule.
         save: String,
     },
+    /// The master has replicas, which Redis feeds asynchronously, and the store does not wait
+    /// for them ([`RedisStore::with_wait_for_replicas`] is off): a failover can promote a replica
+    /// that never received an acknowledged claim, and the next retry runs the operation again.
+    AsyncReplicas {
+        /// The server.
+        node: String,
+        /// How many replicas it has.
+        replicas: u32,
+    },
+    /// The store waits for more replicas than the master has: every write answers
+    /// `Unavailable` until enough replicas are connected.
+    TooFewReplicas {
+        /// The server.
+        node: String,
+        /// How many replicas it has.
+        replicas: u32,
+        /// How many the store waits for.
+        required: u32,
+    },
+    /// [`RedisStore::with_wait_aof`] is on but the server has no `WAITAOF` (Redis before 7.2):
+    /// writes are confirmed as received by the replicas, not as written to their disks.
+    NoWaitAof,
     /// The settings could not be read (`CONFIG` renamed or denied, as on some managed services).
     Unreadable {
         /// The server, or `cluster` when the cluster's masters could not all be asked.
@@ -88,6 +112,26 @@ impl fmt::Display for ConfigWarning {
                 "{node}: only snapshots persist records (save {save:?}, appendonly no): a restart loses \
                  the records written since the last snapshot; set appendonly yes"
             ),
+            Self::AsyncReplicas { node, replicas } => write!(
+                f,
+                "{node}: {replicas} replica(s) replicate asynchronously and the store does not WAIT for them: \
+                 a failover can lose an acknowledged claim, and the retry runs the operation a second time; \
+                 configure the store to wait (with_wait_for_replicas) for every replica"
+            ),
+            Self::TooFewReplicas {
+                node,
+                replicas,
+                required,
+            } => write!(
+                f,
+                "{node}: the store waits for {required} replica(s) but only {replicas} are connected: \
+                 every write answers Unavailable until enough replicas are back"
+            ),
+            Self::NoWaitAof => write!(
+                f,
+                "the server has no WAITAOF (Redis before 7.2): writes are confirmed as received by the \
+                 replicas, not as written to their append-only files"
+            ),
             Self::Unreadable { node, reason } => write!(
                 f,
                 "{node}: the server's settings could not be read ({reason}); check maxmemory-policy and \
@@ -113,8 +157,24 @@ impl ConfigReport {
         self.warnings.is_empty()
     }
 
-    fn judge(&mut self) {
+    fn judge(&mut self, wait: Option<WaitForReplicas>) {
         for n in &self.nodes {
+            match (n.connected_replicas, wait) {
+                (Some(replicas), None) if replicas > 0 => {
+                    self.warnings.push(ConfigWarning::AsyncReplicas {
+                        node: n.node.clone(),
+                        replicas,
+                    })
+                }
+                (Some(replicas), Some(w)) if replicas < w.replicas() => {
+                    self.warnings.push(ConfigWarning::TooFewReplicas {
+                        node: n.node.clone(),
+                        replicas,
+                        required: w.replicas(),
+                    })
+                }
+                _ => {}
+            }
             if let Some(policy) = &n.maxmemory_policy
                 && policy != "noeviction"
             {
@@ -138,6 +198,9 @@ impl ConfigReport {
         }
     }
 }
+
+/// Not a `CONFIG` parameter: `INFO replication`, asked in the same loop.
+const REPLICATION: &str = "INFO replication";
 
 const PARAMETERS: [&str; 5] = [
     "maxmemory-policy",
@@ -172,6 +235,17 @@ fn config_value(reply: &Value, param: &str) -> Option<String> {
         .and_then(|(_, v)| v)
 }
 
+/// `connected_slaves` in an `INFO replication` reply.
+fn connected_replicas(info: &Value) -> Option<u32> {
+    let text = match info {
+        Value::VerbatimString { text, .. } => text.clone(),
+        other => self::text(other)?,
+    };
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("connected_slaves:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
 fn set(node: &mut NodeConfig, param: &str, value: Option<String>) {
     match param {
         "maxmemory-policy" => node.maxmemory_policy = value,
@@ -184,8 +258,9 @@ fn set(node: &mut NodeConfig, param: &str, value: Option<String>) {
 
 impl RedisStore {
     /// Reads the settings the store's guarantees depend on from the server (from every master of
-    /// a cluster) and reports what is unsafe: an eviction policy other than `noeviction`, and
-    /// persistence off or snapshot-only. [`RedisStore::migrate`] runs it and logs each warning.
+    /// a cluster) and reports what is unsafe: an eviction policy other than `noeviction`,
+    /// persistence off or snapshot-only, and replicas the store does not wait for (or fewer
+    /// replicas than it waits for). [`RedisStore::migrate`] runs it and logs each warning.
     ///
     /// A server that refuses `CONFIG GET` (renamed or denied) gives a report with a
     /// [`ConfigWarning::Unreadable`], not an error; an unreachable one gives
@@ -193,9 +268,17 @@ impl RedisStore {
     pub async fn check_config(&self) -> Result<ConfigReport, StoreError> {
         let mut nodes: BTreeMap<String, NodeConfig> = BTreeMap::new();
         let mut report = ConfigReport::default();
-        for param in PARAMETERS {
-            let mut cmd = redis::cmd("CONFIG");
-            cmd.arg("GET").arg(param);
+        for param in PARAMETERS.into_iter().chain([REPLICATION]) {
+            let mut cmd = if param == REPLICATION {
+                redis::cmd("INFO")
+            } else {
+                redis::cmd("CONFIG")
+            };
+            if param == REPLICATION {
+                cmd.arg("replication");
+            } else {
+                cmd.arg("GET").arg(param);
+            }
             let replies: Result<Vec<(String, Value)>, redis::RedisError> = match &self.conn {
                 Conn::Single(c) => {
                     let mut c = c.clone();
@@ -226,7 +309,7 @@ impl RedisStore {
                         } else {
                             self.endpoints.join(",")
                         },
-                        reason: format!("CONFIG GET {param}: {e}"),
+                        reason: format!("{param}: {e}"),
                     });
                     return Ok(report);
                 }
@@ -236,11 +319,18 @@ impl RedisStore {
                     node,
                     ..NodeConfig::default()
                 });
-                set(entry, param, config_value(&reply, param));
+                if param == REPLICATION {
+                    entry.connected_replicas = connected_replicas(&reply);
+                } else {
+                    set(entry, param, config_value(&reply, param));
+                }
             }
         }
         report.nodes = nodes.into_values().collect();
-        report.judge();
+        report.judge(self.wait);
+        if self.wait.is_some_and(|w| w.aof()) && !self.has_waitaof().await? {
+            report.warnings.push(ConfigWarning::NoWaitAof);
+        }
         Ok(report)
     }
 }
@@ -257,6 +347,7 @@ mod tests {
             appendonly: Some(aof),
             appendfsync: Some("everysec".into()),
             save: Some(save.into()),
+            connected_replicas: Some(0),
         }
     }
 
@@ -265,7 +356,7 @@ mod tests {
             nodes,
             warnings: vec![],
         };
-        r.judge();
+        r.judge(None);
         r.warnings
     }
 
@@ -287,6 +378,19 @@ mod tests {
                 ConfigWarning::SnapshotsOnly { .. }
             ]
         ));
+    }
+
+    #[test]
+    fn replicas_without_wait() {
+        let mut n = node("noeviction", true, "");
+        n.connected_replicas = Some(1);
+        assert!(matches!(
+            judge(vec![n])[..],
+            [ConfigWarning::AsyncReplicas { replicas: 1, .. }]
+        ));
+        let info =
+            Value::BulkString(b"# Replication\r\nrole:master\r\nconnected_slaves:2\r\n".to_vec());
+        assert_eq!(connected_replicas(&info), Some(2));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod config;
+mod durability;
 mod error;
 mod keys;
 mod record;
@@ -23,6 +24,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 pub use config::{ConfigReport, ConfigWarning, NodeConfig};
+pub use durability::{InvalidWait, WaitForReplicas};
 pub use keys::{BUCKETS, InvalidPrefix};
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use redis;
@@ -95,6 +97,8 @@ pub struct RedisStore {
     prefix: Arc<str>,
     gc_margin: Duration,
     endpoints: Arc<[String]>,
+    wait: Option<WaitForReplicas>,
+    waitaof: Arc<durability::WaitAofSupport>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -112,6 +116,7 @@ impl fmt::Debug for RedisStore {
             .field("endpoints", &self.endpoints)
             .field("prefix", &self.prefix)
             .field("gc_margin", &self.gc_margin)
+            .field("wait_for_replicas", &self.wait)
             .finish_non_exhaustive()
     }
 }
@@ -212,6 +217,8 @@ impl RedisStore {
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             gc_margin: Self::DEFAULT_GC_MARGIN,
             endpoints: endpoints.into(),
+            wait: None,
+            waitaof: durability::waitaof_cell(),
         }
     }
 
@@ -280,6 +287,40 @@ impl RedisStore {
 
     fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+}
+
+impl RedisStore {
+    async fn release_script(
+        &self,
+        keys: &RecordKeys,
+        token: Token,
+        now: Timestamp,
+        nonce: &str,
+    ) -> Result<String, StoreError> {
+        RELEASE_SCRIPT
+            .key(&keys.record)
+            .key(&keys.lease_index)
+            .arg(nonce)
+            .arg(now.as_millis())
+            .arg(token.seq)
+            .arg(token.id_hex())
+            .arg(&keys.member)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| classify("release", e))
+    }
+
+    /// Gives back a claim whose confirmation failed, without waiting for replicas: if this
+    /// release is lost too, the claim stays `processing` for its lease and reconciliation,
+    /// which is safe (the operation never ran).
+    async fn release_unconfirmed(
+        &self,
+        keys: &RecordKeys,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<String, StoreError> {
+        self.release_script(keys, token, now, &nonce()).await
     }
 }
 
@@ -379,7 +420,18 @@ impl KeyStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| classify("claim", e))?;
-        parse_claim(&reply, token_id)
+        let answer = parse_claim(&reply, token_id)?;
+        if let ClaimAnswer::Claimed { token, .. } = &answer
+            && let Err(e) = self
+                .confirm("claim", &keys.record, &format!("{token_id:032x}"))
+                .await
+        {
+            // Nothing ran on this claim: give it back (best effort, unconfirmed) so the next
+            // retry claims at once instead of waiting for the lease.
+            let _ = self.release_unconfirmed(&keys, *token, now).await;
+            return Err(e);
+        }
+        Ok(answer)
     }
 
     async fn complete(
@@ -394,11 +446,12 @@ impl KeyStore for RedisStore {
         machine::check_outcome_size(outcome, policy)?;
         let keys = RecordKeys::new(&self.prefix, scope, key);
         let state = machine::completed_state(outcome, policy);
+        let nonce = nonce();
         let reply: String = COMPLETE_SCRIPT
             .key(&keys.record)
             .key(&keys.expiry_index)
             .key(&keys.lease_index)
-            .arg(nonce())
+            .arg(&nonce)
             .arg(now.as_millis())
             .arg(token.seq)
             .arg(token.id_hex())
@@ -412,6 +465,9 @@ impl KeyStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| classify("complete", e))?;
+        if matches!(reply.as_str(), "completed" | "marked_retryable") {
+            self.confirm("complete", &keys.record, &nonce).await?;
+        }
         match reply.as_str() {
             "completed" => Ok(CompleteAnswer::Completed),
             "marked_retryable" => Ok(CompleteAnswer::MarkedRetryable),
@@ -430,17 +486,11 @@ impl KeyStore for RedisStore {
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
         let keys = RecordKeys::new(&self.prefix, scope, key);
-        let reply: String = RELEASE_SCRIPT
-            .key(&keys.record)
-            .key(&keys.lease_index)
-            .arg(nonce())
-            .arg(now.as_millis())
-            .arg(token.seq)
-            .arg(token.id_hex())
-            .arg(&keys.member)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| classify("release", e))?;
+        let nonce = nonce();
+        let reply = self.release_script(&keys, token, now, &nonce).await?;
+        if reply == "released" {
+            self.confirm("release", &keys.record, &nonce).await?;
+        }
         match reply.as_str() {
             "released" => Ok(ReleaseAnswer::Released),
             "fenced" => Ok(ReleaseAnswer::Fenced),
@@ -461,11 +511,12 @@ impl KeyStore for RedisStore {
         machine::check_lease(lease)?;
         let keys = RecordKeys::new(&self.prefix, scope, key);
         let lease_until = now + lease;
+        let nonce = nonce();
         let reply: Vec<String> = EXTEND_SCRIPT
             .key(&keys.record)
             .key(&keys.expiry_index)
             .key(&keys.lease_index)
-            .arg(nonce())
+            .arg(&nonce)
             .arg(now.as_millis())
             .arg(token.seq)
             .arg(token.id_hex())
@@ -475,6 +526,9 @@ impl KeyStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| classify("extend", e))?;
+        if reply.first().map(String::as_str) == Some("extended") {
+            self.confirm("extend", &keys.record, &nonce).await?;
+        }
         match reply.iter().map(String::as_str).collect::<Vec<_>>()[..] {
             ["extended", stored] => match stored.parse::<u64>() {
                 Ok(ms) => Ok(ExtendAnswer::Extended {

@@ -168,6 +168,19 @@ end
 return deleted
 "#;
 
+/// KEYS: record. ARGV: the nonce of the caller's last write.
+/// Run after a write when the store waits for replicas (`WAIT` follows in the same pipeline, on
+/// the same connection, on the node that owns the slot now). If the record still carries the
+/// nonce, writes it again (a no-op on the data that still advances this connection's replication
+/// offset past the original write, which replication keeps in order) and answers 1; otherwise 0:
+/// the write is gone (a failover lost it) or a later write replaced it, and it cannot be
+/// confirmed.
+const CONFIRM: &str = r#"
+if redis.call('HGET', KEYS[1], 'n') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'n', ARGV[1])
+return 1
+"#;
+
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}{body}"))
 }
@@ -177,10 +190,12 @@ pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CO
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RELEASE));
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(EXTEND));
 pub(crate) static PURGE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(PURGE));
+pub(crate) static CONFIRM_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CONFIRM));
 
 /// Every script, for preloading.
-pub(crate) fn all() -> [&'static Script; 5] {
+pub(crate) fn all() -> [&'static Script; 6] {
     [
+        &CONFIRM_SCRIPT,
         &CLAIM_SCRIPT,
         &COMPLETE_SCRIPT,
         &RELEASE_SCRIPT,

@@ -21,6 +21,19 @@ pub fn cluster_urls() -> Option<Vec<String>> {
     })
 }
 
+/// The 3-master, 3-replica cluster's node URLs from `IDEM_TEST_REDIS_FAILOVER_URLS`
+/// (`scripts/services/redis-failover.sh`); `None` (after saying why) when unset, a failure under
+/// `CI`. Only the failover test may use it: it kills masters.
+pub fn failover_urls() -> Option<Vec<String>> {
+    var("IDEM_TEST_REDIS_FAILOVER_URLS").map(|v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
 fn var(name: &str) -> Option<String> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => Some(v),
