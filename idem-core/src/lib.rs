@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod clock;
+pub mod contract;
 pub mod downstream;
 pub mod error;
 pub mod executor;
