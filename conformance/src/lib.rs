@@ -36,7 +36,7 @@
 //! - Cases run in parallel against the same storage; each isolates itself with scopes of its own
 //!   (`idem-conformance/<case>/<random run id>/…`), never by deleting data, so the storage may be
 //!   shared with other data and other runs.
-//! - Time comes from a [`ManualClock`](idem_core::ManualClock) passed as `now`: cases move it by
+//! - Time comes from a [`ManualClock`] passed as `now`: cases move it by
 //!   days, and the expiry, purge and reconciliation cases run it decades in the past (1975–2000) so
 //!   that their purges cannot touch other cases' records. A store must decide everything from the
 //!   `now` it is given, never from its own clock.
