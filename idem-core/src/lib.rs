@@ -9,6 +9,7 @@ macro_rules! transition {
 }
 
 pub mod clock;
+pub mod contract;
 pub mod downstream;
 pub mod error;
 pub mod executor;

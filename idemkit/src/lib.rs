@@ -1,7 +1,13 @@
-#![doc = include_str!("../README.md")]
+#![cfg_attr(not(doctest), doc = include_str!("../README.md"))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use idem_core::*;
+
+/// The README's PostgreSQL example, compiled (not run) as a doctest. `cargo test` enables
+/// `postgres` for this crate's own tests through its self dev-dependency.
+#[cfg(all(doctest, feature = "postgres"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 /// The embedded SQLite store.
 #[cfg(feature = "sqlite")]
@@ -24,14 +30,15 @@ pub mod redis {
     pub use idem_store_redis::*;
 }
 
-/// Idempotent tools for MCP servers on `rmcp`.
+/// Idempotent tools for MCP servers on `rmcp`, and the retrying caller.
 #[cfg(feature = "mcp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
 pub mod mcp {
     pub use idem_mcp::*;
 }
 
-/// The tower layer for HTTP tools.
+/// The tower layer for HTTP tools; with feature `client`, the agent-side `ToolClient` in
+/// `idemkit::http::client`.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http {

@@ -1,0 +1,2 @@
+//! The contract (rendered from `docs/contract.md`).
+#![doc = include_str!("../docs/contract.md")]
