@@ -965,7 +965,8 @@ impl World {
                     Ok(a) => a,
                     Err(e) => return self.store_error("extend", e),
                 };
-                let t = machine::extend(self.model.get(&at), mt, lease, now);
+                let t = machine::extend(self.model.get(&at), mt, lease, now)
+                    .expect("the model's leases are not zero");
                 if got != t.answer {
                     return self.fail(format!(
                         "extend {at}: the store answered {got:?}, the model {:?}",
@@ -1177,7 +1178,8 @@ impl World {
                 wrap(t.write, Acted::Release(t.answer))
             }
             Act::Extend(lease) => {
-                let t = machine::extend(found, token, EXTENDS[lease], now);
+                let t = machine::extend(found, token, EXTENDS[lease], now)
+                    .expect("the model's leases are not zero");
                 wrap(t.write, Acted::Extend(t.answer))
             }
         }
