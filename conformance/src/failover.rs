@@ -340,8 +340,8 @@ where
             HashSet::new()
         }
     };
-    for i in 0..run.keys {
-        let n = shared.effects[i].load(Ordering::SeqCst);
+    for (i, effects) in shared.effects.iter().enumerate() {
+        let n = effects.load(Ordering::SeqCst);
         report.executions += u64::from(n);
         if n >= 2 {
             report.double_effects += 1;

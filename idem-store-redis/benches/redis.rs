@@ -142,8 +142,10 @@ async fn run(url: &str, n: usize) {
     let started = Instant::now();
     for (i, key) in keys.iter().enumerate() {
         let key = IdempotencyKey::new(format!("{}-w{i}", key.as_str())).unwrap();
-        let ClaimAnswer::Claimed { token, .. } =
-            waiting.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+        let ClaimAnswer::Claimed { token, .. } = waiting
+            .claim(&scope, &key, &fp, &policy, now)
+            .await
+            .unwrap()
         else {
             panic!("fresh key")
         };
@@ -159,9 +161,7 @@ async fn run(url: &str, n: usize) {
         assert!(matches!(answer, ClaimAnswer::Replay(_)));
     }
     let replay_wait = per_call(started.elapsed(), n);
-    println!(
-        "  with WAIT {replicas} (each write confirmed by {replicas} replica(s)):"
-    );
+    println!("  with WAIT {replicas} (each write confirmed by {replicas} replica(s)):");
     println!(
         "  idem first execution     {first_wait:8.1} µs/call  (claim + confirm + complete + confirm: 4 round trips), {:5.2}x without",
         first_wait / first

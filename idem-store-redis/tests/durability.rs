@@ -50,7 +50,10 @@ async fn nonsense_settings_are_refused() {
         .with_wait_aof(true)
         .wait_for_replicas()
         .unwrap();
-    assert_eq!((w.replicas(), w.timeout(), w.aof()), (2, Duration::from_millis(300), true));
+    assert_eq!(
+        (w.replicas(), w.timeout(), w.aof()),
+        (2, Duration::from_millis(300), true)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,10 +68,14 @@ async fn an_unconfirmed_write_is_unavailable_and_the_claim_is_given_back() {
         .unwrap();
     let report = waiting.check_config().await.unwrap();
     assert!(
-        report
-            .warnings
-            .iter()
-            .any(|w| matches!(w, ConfigWarning::TooFewReplicas { replicas: 0, required: 1, .. })),
+        report.warnings.iter().any(|w| matches!(
+            w,
+            ConfigWarning::TooFewReplicas {
+                replicas: 0,
+                required: 1,
+                ..
+            }
+        )),
         "{:?}",
         report.warnings
     );
@@ -90,13 +97,18 @@ async fn an_unconfirmed_write_is_unavailable_and_the_claim_is_given_back() {
     assert_eq!(record.state, RecordState::FailedRetryable);
     // The next retry (without the option here) claims at once: nothing is stuck.
     assert!(matches!(
-        plain.claim(&scope, &key, &fingerprint(), &policy, now).await.unwrap(),
+        plain
+            .claim(&scope, &key, &fingerprint(), &policy, now)
+            .await
+            .unwrap(),
         ClaimAnswer::Claimed { attempt: 2, .. }
     ));
 
     // A completion, a release and an extension that write are unconfirmed too.
-    let ClaimAnswer::Claimed { token, .. } =
-        plain.claim(&scope, &done, &fingerprint(), &policy, now).await.unwrap()
+    let ClaimAnswer::Claimed { token, .. } = plain
+        .claim(&scope, &done, &fingerprint(), &policy, now)
+        .await
+        .unwrap()
     else {
         panic!("fresh key")
     };
@@ -117,7 +129,10 @@ async fn an_unconfirmed_write_is_unavailable_and_the_claim_is_given_back() {
     );
     // A replay writes nothing and is not waited for.
     assert!(matches!(
-        waiting.claim(&scope, &done, &fingerprint(), &policy, now).await.unwrap(),
+        waiting
+            .claim(&scope, &done, &fingerprint(), &policy, now)
+            .await
+            .unwrap(),
         ClaimAnswer::Replay(_)
     ));
     // A fenced release writes nothing either: its answer stands.
