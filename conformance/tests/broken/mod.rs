@@ -241,8 +241,9 @@ impl KeyStore for Broken {
     ) -> Result<ExtendAnswer, StoreError> {
         let found = self.for_holder(self.found(scope, key), token, now);
         if self.defect == Defect::ExtendSetsTheLease {
-            let held = found
-                .filter(|r| r.token == token && r.state == RecordState::Processing && !r.is_expired(now));
+            let held = found.filter(|r| {
+                r.token == token && r.state == RecordState::Processing && !r.is_expired(now)
+            });
             let Some(mut r) = held else {
                 return Ok(ExtendAnswer::Fenced);
             };
