@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn every_key_round_trips_through_key_header() {
-        // Found by fuzzing (fuzz target `http_key`): the client sent keys bare, so a key
+        // Found with the fuzz target `http_key` (its round-trip property): the client sent keys bare, so a key
         // starting with '"' was read as a quoted string: `"abc"` became `abc` (another key,
         // another record) and `"a` was refused.
         for text in ["\"abc\"", "\"a", "a\"b", "\\", "\"\\\"", "plain-key", "~"] {
