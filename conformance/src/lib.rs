@@ -1,5 +1,5 @@
-//! The conformance suite every idem [`KeyStore`] runs: each guarantee of SPEC §3 and each row of
-//! the SPEC §2 table as its own named case.
+//! The conformance suite every idem [`KeyStore`] runs: each guarantee of [contract §3](idem_core::contract#guarantees) and each row of
+//! the [contract §2](idem_core::contract#states) table as its own named case.
 //!
 //! # Running it against your store
 //!
@@ -71,7 +71,7 @@
 //! Case names start with their group, so a failure says where to look. Cases check the records a
 //! store leaves, not only its answers, and the executor cases count effects at the sink.
 //!
-//! - **`claim_`** (SPEC §2, the claim table): each row of the table, answer and write. An absent
+//! - **`claim_`** ([contract §2](idem_core::contract#states), the claim table): each row of the table, answer and write. An absent
 //!   key is `Claimed` as attempt 1 and written `processing` with the fingerprint, token, lease
 //!   and expiry; a running lease is `InFlight` (with the time left, never 0) and writes nothing;
 //!   an elapsed lease is `InFlight { stale: true }` under `Reconcile` and a takeover (next token,
@@ -79,7 +79,7 @@
 //!   other request for the key is `FingerprintMismatch` in every state; tokens are unique across
 //!   keys. To fix a failure: run the decision of [`idem_core::machine::claim`] on the record as
 //!   stored, and write its record.
-//! - **`fencing_`** (SPEC §2 complete / release / extend, §3.3): only the holder of the current
+//! - **`fencing_`** ([contract §2](idem_core::contract#states) complete / release / extend, §3.3): only the holder of the current
 //!   token acts, and only on a `processing` record. A definitive outcome completes (expiry renewed
 //!   to now + ttl); a retryable one is `failed_retryable` under `DefinitiveOnly` and `completed`
 //!   under `CacheAll`; a second complete, a stale token after a takeover, an unknown key are
@@ -89,7 +89,7 @@
 //!   `extend` never shortens a lease (the later deadline, and the expiry that goes with it, is
 //!   kept and answered) and refuses a lease of zero whole milliseconds with
 //!   [`StoreError::ZeroLease`](idem_core::StoreError::ZeroLease), writing nothing.
-//! - **`scope_`** (SPEC §1 scope, §3.4): records are addressed by (scope, key) compared byte for
+//! - **`scope_`** ([contract §1](idem_core::contract#words) scope, §3.4): records are addressed by (scope, key) compared byte for
 //!   byte. Two addresses that differ only in letter case, in accents or Unicode normalisation
 //!   (NFC vs NFD), in trailing spaces, in where a separator falls between scope and key
 //!   (`("a:b", "c")` vs `("a", "b:c")`, `/` too), or in the last byte of a 255-byte key or a
@@ -98,18 +98,18 @@
 //!   values kept apart (a composite primary key, or a length-prefixed or escaped encoding) in a
 //!   binary collation (`COLLATE "C"` or `bytea` in PostgreSQL, `BINARY` in SQLite), never by
 //!   a plain concatenation, a lower-cased value, a `CHAR(n)` column or a prefix index.
-//! - **`outcome_`** (SPEC §3.5): status, class and body replay byte for byte (key order, white
+//! - **`outcome_`** ([contract §3.5](idem_core::contract#guarantee-5)): status, class and body replay byte for byte (key order, white
 //!   space, number spelling, Unicode, escapes, a NUL); a body of exactly the limit is stored; one
 //!   byte over is refused with `OutcomeTooLarge` before anything is written.
-//! - **`expiry_`** (SPEC §2, §3.6): a record with `expires_at <= now` is absent to `get`, to
+//! - **`expiry_`** ([contract §2](idem_core::contract#states), §3.6): a record with `expires_at <= now` is absent to `get`, to
 //!   `claim` (replaced as attempt 1, token continuing upward) and to its holder; `now + 1 ms` is
 //!   live. `purge_expired(now, limit)` deletes expired records only, at most `limit` per call, and
 //!   returns exactly how many it deleted (a store that reports fewer makes `purge_expired_all`
 //!   stop early); a token is never reused after a purge (random token ids).
-//! - **`inspect_`** (SPEC §3.7): `get` returns the record as stored; `list_in_flight` the stale
+//! - **`inspect_`** ([contract §3.7](idem_core::contract#guarantee-7)): `get` returns the record as stored; `list_in_flight` the stale
 //!   `processing` records, earliest lease first, at most `limit`, never an expired one; `list`
 //!   filters by state, scope and age, least recently written first.
-//! - **`concurrency_`** (SPEC §3.1): claims from separate handles released together by a
+//! - **`concurrency_`** ([contract §3.1](idem_core::contract#guarantee-1)): claims from separate handles released together by a
 //!   barrier, over several rounds: exactly one wins, for an absent record, an expired one, a
 //!   `failed_retryable` one (by outcome and by release) and a stale one under `Takeover`, and
 //!   while the holder completes (no claim wins) or releases (exactly one does); every loser sees
@@ -118,7 +118,7 @@
 //!   record, not only for an absent key (one transaction that locks the row — `SELECT … FOR
 //!   UPDATE`, `BEGIN IMMEDIATE` — or a compare-and-set on the token, or a server-side script).
 //!   The executor cases count the operation at the sink: it runs exactly once.
-//! - **`executor_`** (SPEC §2 through [`idem_core::Executor`]): the same key twice is one effect;
+//! - **`executor_`** ([contract §2](idem_core::contract#states) through [`idem_core::Executor`]): the same key twice is one effect;
 //!   a mismatch, an in-flight repeat and a fenced late holder run or store nothing; an expired
 //!   record and a retry after a retryable failure run exactly once more; a slow operation that
 //!   outlived its lease, with nobody taking over, is recorded and replays.

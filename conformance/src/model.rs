@@ -1,4 +1,4 @@
-//! The model-based test (SPEC §3.9): random sequences of every operation and clock moves, run
+//! The model-based test ([contract §3.9](idem_core::contract#guarantee-9)): random sequences of every operation and clock moves, run
 //! against the pure rules of [`idem_core::machine`] over a map (the model) and against the store
 //! under test, comparing every answer and every record.
 //!

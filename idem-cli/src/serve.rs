@@ -83,7 +83,7 @@ impl ServeOptions {
         self.tool_latency + Duration::from_secs(1)
     }
 
-    /// The minimum client retry deadline: processing window + store write (SPEC §5). Also the
+    /// The minimum client retry deadline: processing window + store write ([contract §5](idem_core::contract#http)). Also the
     /// lease of a claim.
     pub fn min_client_deadline(&self) -> Duration {
         self.processing_window() + STORE_WRITE_BUDGET

@@ -1,4 +1,4 @@
-//! Keys for the downstream provider's own idempotency contract (SPEC §6).
+//! Keys for the downstream provider's own idempotency contract ([contract §6](crate::contract#beyond-one-call)).
 
 use sha2::{Digest, Sha256};
 

@@ -147,7 +147,7 @@ impl Attempt {
     }
 
     /// Tells the executor that the operation has completed the record itself, in the same
-    /// committed transaction as its effect (SPEC §6, transactional completion: e.g.
+    /// committed transaction as its effect ([contract §6](crate::contract#transactional-completion), transactional completion: e.g.
     /// `SqliteStore`'s or `PostgresStore`'s completion on the caller's transaction), so the
     /// executor must not complete it again. Call it only after that transaction committed. Clones
     /// of the attempt share the mark.
@@ -222,7 +222,7 @@ impl Drop for ReleaseOnDrop {
 /// # });
 /// ```
 ///
-/// # Cancellation (SPEC §2)
+/// # Cancellation ([contract §2](crate::contract#states))
 ///
 /// With a spawner ([`Executor::with_spawner`]), the claim and the completion run as background
 /// tasks, so dropping the caller's future cannot lose them: a claim won after the caller went
@@ -605,7 +605,7 @@ pub(crate) struct Completion {
 }
 
 /// Completes the record with `outcome`; if `outcome` is over the policy's limit, completes it
-/// with [`Outcome::not_kept`] instead (SPEC §2: a record is never left `processing` because its
+/// with [`Outcome::not_kept`] instead ([contract §2](crate::contract#states): a record is never left `processing` because its
 /// outcome could not be kept). The replacement is small and bounded; it is stored under the same
 /// policy with the limit raised to its size if the limit is smaller still, so it always fits.
 pub(crate) async fn complete_or_not_kept(

@@ -22,7 +22,7 @@ pub enum FingerprintError {
 /// not change it.
 ///
 /// The canonical form hashed is the JCS text of `{"arguments": <args>, "operation": <name>}`,
-/// with one deliberate departure from RFC 8785 for numbers (SPEC §1):
+/// with one deliberate departure from RFC 8785 for numbers ([contract §1](crate::contract#words)):
 ///
 /// - JCS reads every number as an IEEE-754 double, so two 64-bit integers that differ only
 ///   beyond ±2^53 (ids sent as JSON numbers) would round to the same double and the second

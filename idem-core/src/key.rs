@@ -4,13 +4,13 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The longest key accepted, in bytes (SPEC §4).
+/// The longest key accepted, in bytes ([contract §4](crate::contract#refusals)).
 pub const MAX_KEY_BYTES: usize = 255;
 
 /// The longest scope accepted, in bytes.
 pub const MAX_SCOPE_BYTES: usize = 512;
 
-/// Why a key was refused (SPEC §4). Each variant names the rule it broke.
+/// Why a key was refused ([contract §4](crate::contract#refusals)). Each variant names the rule it broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
@@ -52,7 +52,7 @@ pub enum KeyError {
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
-    /// Validates `key` per SPEC §4.
+    /// Validates `key` per [contract §4](crate::contract#refusals).
     pub fn new(key: impl Into<String>) -> Result<Self, KeyError> {
         let key = key.into();
         if key.is_empty() {
@@ -200,7 +200,7 @@ pub enum ScopeError {
     },
 }
 
-/// Who owns a key: the tenant or principal plus the tool (SPEC §1).
+/// Who owns a key: the tenant or principal plus the tool ([contract §1](crate::contract#words)).
 ///
 /// Records are addressed by (scope, key); the same key in two scopes is two records. Build one
 /// from its parts with [`Scope::from_parts`], which escapes each part so that no two different

@@ -1,6 +1,6 @@
 #![doc = include_str!("../README.md")]
 
-/// One `tracing` event per transition (SPEC §8): the event's name is the transition's, and the
+/// One `tracing` event per transition ([contract §8](crate::contract#observability)): the event's name is the transition's, and the
 /// same name is in the structured field `idem.event`, so every formatter prints it.
 macro_rules! transition {
     ($level:ident, $name:literal $(, $($rest:tt)*)?) => {

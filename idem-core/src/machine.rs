@@ -1,4 +1,4 @@
-//! The transition rules of SPEC §2: the one place they live.
+//! The transition rules of [contract §2](crate::contract#states): the one place they live.
 //!
 //! Each function looks at the record a store found for (scope, key) — `None` when there is none —
 //! and returns the answer for the caller and, where the rules say so, the record to write. The
@@ -41,7 +41,7 @@
 //! [`ZeroLease`].
 //!
 //! The executor never leaves a record `processing` because its outcome was too large: it
-//! completes it with [`Outcome::not_kept`] instead (SPEC §2), through the same `complete`.
+//! completes it with [`Outcome::not_kept`] instead ([contract §2](crate::contract#states)), through the same `complete`.
 
 use std::time::Duration;
 
@@ -64,7 +64,7 @@ pub enum ClaimKind {
     TakenOver,
 }
 
-/// The answer to a claim (SPEC §2).
+/// The answer to a claim ([contract §2](crate::contract#states)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimAnswer {
     /// The caller holds the claim and must now run the operation, then complete or release.
@@ -89,7 +89,7 @@ pub enum ClaimAnswer {
     FingerprintMismatch,
 }
 
-/// The answer to `complete` (SPEC §2).
+/// The answer to `complete` ([contract §2](crate::contract#states)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CompleteAnswer {
     /// The record is `completed` with the outcome.
@@ -100,7 +100,7 @@ pub enum CompleteAnswer {
     Fenced,
 }
 
-/// The answer to `release` (SPEC §2).
+/// The answer to `release` ([contract §2](crate::contract#states)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReleaseAnswer {
     /// The record is now `failed_retryable`.
@@ -109,7 +109,7 @@ pub enum ReleaseAnswer {
     Fenced,
 }
 
-/// The answer to `extend` (SPEC §2).
+/// The answer to `extend` ([contract §2](crate::contract#states)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExtendAnswer {
     /// The lease now runs until this instant: the later of the deadline it had and

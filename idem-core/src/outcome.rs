@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Whether an outcome settles the operation (SPEC §1).
+/// Whether an outcome settles the operation ([contract §1](crate::contract#words)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeClass {
@@ -40,7 +40,7 @@ pub const OUTCOME_NOT_KEPT: &str = "urn:idem:problem:outcome-not-kept";
 ///
 /// The body is kept as the exact JSON text it was given, so a replay returns it byte for byte
 /// (key order, white space, escapes and all). Its `Debug` shows the status, the class and the
-/// body's size, never the body: stored bodies are never logged (SPEC §8).
+/// body's size, never the body: stored bodies are never logged ([contract §8](crate::contract#observability)).
 ///
 /// ```
 /// use idem_core::{Outcome, OutcomeClass};
@@ -126,7 +126,7 @@ impl Outcome {
     }
 
     /// The small outcome stored in place of `original` when `original` is over the size limit
-    /// `limit` (SPEC §2): the operation ran, its response was not kept.
+    /// `limit` ([contract §2](crate::contract#states)): the operation ran, its response was not kept.
     ///
     /// It keeps `original`'s status and class, so a retry learns what the operation answered
     /// (a success stays a success: a caller must not mistake it for a failure and run the

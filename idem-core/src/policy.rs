@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Which outcomes become the permanent answer (SPEC §2, `complete`).
+/// Which outcomes become the permanent answer ([contract §2](crate::contract#complete), `complete`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CachePolicy {
@@ -17,7 +17,7 @@ pub enum CachePolicy {
     CacheAll,
 }
 
-/// What a claim does when it finds a `processing` record whose lease has elapsed (SPEC §2).
+/// What a claim does when it finds a `processing` record whose lease has elapsed ([contract §2](crate::contract#states)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StalePolicy {
@@ -53,7 +53,7 @@ pub enum PolicyError {
     ZeroOutcomeLimit,
 }
 
-/// The knobs of SPEC §1–§2. Always valid: build one with [`Policy::builder`] or take
+/// The knobs of contract [§1](crate::contract#words)–[§2](crate::contract#states). Always valid: build one with [`Policy::builder`] or take
 /// [`Policy::default`].
 ///
 /// ```

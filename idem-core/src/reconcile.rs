@@ -1,4 +1,4 @@
-//! Reconciliation and purge: the way out for records stuck in `processing` (SPEC §6), and the
+//! Reconciliation and purge: the way out for records stuck in `processing` ([contract §6](crate::contract#beyond-one-call)), and the
 //! garbage collection of expired ones.
 //!
 //! The seed's third case: the tool succeeded, the response write failed, the key says

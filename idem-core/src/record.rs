@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Fingerprint, IdempotencyKey, Outcome, Scope, Timestamp, Token};
 
-/// The state of a record (SPEC §2).
+/// The state of a record ([contract §2](crate::contract#states)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RecordState {
@@ -43,7 +43,7 @@ impl std::fmt::Display for RecordState {
     }
 }
 
-/// What a store keeps for (scope, key) (SPEC §1).
+/// What a store keeps for (scope, key) ([contract §1](crate::contract#words)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// Who owns the key.

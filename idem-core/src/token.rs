@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The fencing value of one claim (SPEC §1).
+/// The fencing value of one claim ([contract §1](crate::contract#words)).
 ///
 /// Each successful claim gets a new token; only the holder of the current token may complete,
 /// release or extend. A token has two parts:

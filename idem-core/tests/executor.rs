@@ -1,4 +1,4 @@
-//! The executor's own behaviour: cancellation (SPEC §2), errors before and after the operation,
+//! The executor's own behaviour: cancellation ([contract §2](idem_core::contract#states)), errors before and after the operation,
 //! heartbeats. Store-independent behaviour is in the conformance suite.
 
 use std::sync::Arc;
@@ -342,7 +342,7 @@ async fn store_down_at_completion_reports_the_outcome_and_leaves_processing() {
     assert_eq!(s.effects.load(Ordering::SeqCst), 1);
 }
 
-/// SPEC §2: an outcome too large to keep does not leave the key stuck in `processing` (every
+/// [contract §2](idem_core::contract#states): an outcome too large to keep does not leave the key stuck in `processing` (every
 /// retry a 409 until an operator acts): the record completes with a small "ran, not kept"
 /// outcome, the first caller gets the real answer, and a retry gets the final answer without
 /// running the operation again.

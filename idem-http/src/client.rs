@@ -1,4 +1,4 @@
-//! The agent side: a tool client that reuses one key on every attempt (SPEC §6, client side).
+//! The agent side: a tool client that reuses one key on every attempt ([contract §6](idem_core::contract#client-side), client side).
 
 use std::time::Duration;
 

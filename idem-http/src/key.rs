@@ -5,11 +5,11 @@ use idem_core::IdempotencyKey;
 
 use crate::Problem;
 
-/// The header that carries the key (SPEC §5; IETF draft "The Idempotency-Key HTTP Header Field").
+/// The header that carries the key ([contract §5](idem_core::contract#http); IETF draft "The Idempotency-Key HTTP Header Field").
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// Reads the key from `headers`: the IETF draft's structured-field string (`"abc"`, with `\"` and
-/// `\\` escapes) or a bare token (`abc`), then validates it (SPEC §4).
+/// `\\` escapes) or a bare token (`abc`), then validates it ([contract §4](idem_core::contract#refusals)).
 ///
 /// ```
 /// use http::HeaderMap;

@@ -17,7 +17,7 @@ use tower_service::Service;
 
 use crate::{Problem, read_key};
 
-/// The header set on a replayed response (SPEC §5).
+/// The header set on a replayed response ([contract §5](idem_core::contract#http)).
 pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
 
 /// The default request body limit: 1 MiB.
@@ -41,7 +41,7 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
     }
 }
 
-/// Makes the routes it wraps exactly-once per `Idempotency-Key` (SPEC §4–§5).
+/// Makes the routes it wraps exactly-once per `Idempotency-Key` (contract [§4](idem_core::contract#refusals)–[§5](idem_core::contract#http)).
 ///
 /// For each request: reads and validates the key (400 `key-required` / `invalid-key`), derives
 /// the scope from the principal the extractor returns plus the request path, reads the body
@@ -355,7 +355,7 @@ fn internal_failure() -> Outcome {
     .expect("a constant JSON text")
 }
 
-/// The SPEC §5 envelope around a stored outcome; the tool's body is inserted byte for byte.
+/// The [contract §5](idem_core::contract#http) envelope around a stored outcome; the tool's body is inserted byte for byte.
 fn wrap<B: From<Bytes>>(outcome: &Outcome, replay: bool) -> Response<B> {
     let status =
         StatusCode::from_u16(outcome.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

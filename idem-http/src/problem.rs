@@ -1,4 +1,4 @@
-//! RFC 9457 problem responses, one stable `type` per refusal (SPEC §4).
+//! RFC 9457 problem responses, one stable `type` per refusal ([contract §4](idem_core::contract#refusals)).
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};

@@ -1,4 +1,4 @@
-//! The query string as the fingerprint sees it (SPEC §1: "method, path and the query string, its
+//! The query string as the fingerprint sees it ([contract §1](idem_core::contract#words): "method, path and the query string, its
 //! parameters sorted").
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_decode, percent_encode};

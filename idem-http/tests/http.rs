@@ -1,4 +1,4 @@
-//! The layer over real HTTP on loopback, counting tickets where they land (SPEC §4–§5).
+//! The layer over real HTTP on loopback, counting tickets where they land (contract [§4](idem_core::contract#refusals)–[§5](idem_core::contract#http)).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -218,7 +218,7 @@ async fn same_key_other_body_is_422_and_no_ticket() {
     assert_eq!(s.tickets(), 1);
 }
 
-/// The query string is part of the request (SPEC §1): `?amount=5` and `?amount=500` with one key
+/// The query string is part of the request ([contract §1](idem_core::contract#words)): `?amount=5` and `?amount=500` with one key
 /// and one body are two requests, so the second is refused and the tool runs once; the same
 /// parameters in another order, or spelled with other escapes, are the same request.
 #[tokio::test]

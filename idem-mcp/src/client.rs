@@ -1,5 +1,5 @@
 //! The agent side: call a side-effecting tool of an rmcp client's peer with one key on every
-//! attempt (SPEC §6, client side).
+//! attempt ([contract §6](idem_core::contract#client-side), client side).
 
 use std::time::Duration;
 

@@ -20,18 +20,18 @@ use serde_json::{Value, json};
 
 use crate::key::{self, KeyRefusal};
 
-/// JSON-RPC error code: the key was already used with other arguments (SPEC §4,
+/// JSON-RPC error code: the key was already used with other arguments ([contract §4](idem_core::contract#refusals),
 /// `FingerprintMismatch`). In the implementation-defined server-error range.
 pub const FINGERPRINT_MISMATCH: ErrorCode = ErrorCode(-32090);
 /// JSON-RPC error code: another call with this key is still running; `data.retryAfterMs` says
-/// when to ask again (SPEC §4, `InFlight`).
+/// when to ask again ([contract §4](idem_core::contract#refusals), `InFlight`).
 pub const IN_FLIGHT: ErrorCode = ErrorCode(-32091);
 /// JSON-RPC error code: the idempotency store is unavailable; nothing ran, retry later
-/// (SPEC §4, `StoreUnavailable`).
+/// ([contract §4](idem_core::contract#refusals), `StoreUnavailable`).
 pub const STORE_UNAVAILABLE: ErrorCode = ErrorCode(-32092);
 /// JSON-RPC error code: a side-effecting tool was called without a principal and the server has
 /// not opted into one shared scope ([`IdempotentTools::allow_anonymous`]); nothing was claimed and
-/// the tool did not run (SPEC §1, scope).
+/// the tool did not run ([contract §1](idem_core::contract#words), scope).
 pub const UNAUTHENTICATED: ErrorCode = ErrorCode(-32093);
 
 /// The `_meta` entry of a result that says whether it is a replay: `"io.idem/replayed"`.
@@ -50,7 +50,7 @@ pub const CAPABILITY: &str = "tools.idempotency";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Refuse with `-32602` (SPEC §4 `KeyRequired`); the tool does not run. The default.
+    /// Refuse with `-32602` ([contract §4](idem_core::contract#refusals) `KeyRequired`); the tool does not run. The default.
     #[default]
     Refuse,
     /// Run the tool without protection and log a warning: a retry may repeat the effect.
@@ -256,7 +256,7 @@ impl IdempotentTools {
         self.tools.get(tool)
     }
 
-    /// The minimum client retry deadline of `tool`: processing window + store write (SPEC §5).
+    /// The minimum client retry deadline of `tool`: processing window + store write ([contract §5](idem_core::contract#http)).
     pub fn min_client_deadline(&self, tool: &str) -> Option<Duration> {
         self.settings(tool)
             .map(|s| s.processing_window + self.store_write)
@@ -460,7 +460,7 @@ fn with_hints(
     annotations
 }
 
-/// The SPEC §4 `KeyRequired` refusal.
+/// The [contract §4](idem_core::contract#refusals) `KeyRequired` refusal.
 fn key_required(tool: &str) -> ErrorData {
     ErrorData::invalid_params(
         format!(
@@ -471,7 +471,7 @@ fn key_required(tool: &str) -> ErrorData {
     )
 }
 
-/// The refusal of a call without a principal (SPEC §1, scope).
+/// The refusal of a call without a principal ([contract §1](idem_core::contract#words), scope).
 fn unauthenticated(tool: &str) -> ErrorData {
     ErrorData::new(
         UNAUTHENTICATED,
@@ -482,7 +482,7 @@ fn unauthenticated(tool: &str) -> ErrorData {
     )
 }
 
-/// The SPEC §4 `InvalidKey` refusal.
+/// The [contract §4](idem_core::contract#refusals) `InvalidKey` refusal.
 fn invalid_key(refusal: &KeyRefusal) -> ErrorData {
     ErrorData::invalid_params(
         refusal.to_string(),
@@ -567,7 +567,7 @@ fn from_outcome(outcome: &Outcome) -> Result<CallToolResponse, ErrorData> {
     }
 }
 
-/// The replay of a call whose result was too large to keep (SPEC §2): the tool ran and this is
+/// The replay of a call whose result was too large to keep ([contract §2](idem_core::contract#states)): the tool ran and this is
 /// the final answer. A result (`isError` as the original's) whose text says so, with the
 /// problem document under `_meta["io.idem/outcomeNotKept"]`; an error the tool returned stays an
 /// error, with the problem as its `data`.

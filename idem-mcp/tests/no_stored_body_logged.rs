@@ -1,4 +1,4 @@
-//! SPEC §8: keys and scopes are logged, stored bodies never. One process runs the executor, the
+//! [contract §8](idem_core::contract#observability): keys and scopes are logged, stored bodies never. One process runs the executor, the
 //! reconciler, the HTTP layer and an MCP server with every `tracing` event of idem's crates
 //! captured (down to TRACE), including what an application logs of the values idem hands it
 //! (`?execution`, `?report`, `?record`); no stored body text may appear. Every transition event

@@ -74,7 +74,7 @@ where
 /// - A claim is one round trip in the common cases: one statement inserts the record if the key is
 ///   new (`INSERT … ON CONFLICT DO NOTHING`, writing nothing on conflict) and reads the record that
 ///   was there. When that statement's snapshot predates a conflicting row (it waited on a
-///   concurrent inserter that then committed, SPEC §7), a separate `SELECT` reads it. The rules of
+///   concurrent inserter that then committed, [contract §7](idem_core::contract#traps)), a separate `SELECT` reads it. The rules of
 ///   [`idem_core::machine`] decide; a write they call for (expired record, retry, takeover) is a
 ///   compare-and-set `UPDATE` that re-reads and retries if the record changed meanwhile. Replays
 ///   only read.
@@ -357,7 +357,7 @@ impl PostgresStore {
         } else {
             // A conflict, yet no row in the statement's snapshot: the insert waited on a
             // concurrent inserter that committed after the snapshot was taken. A separate
-            // statement takes a new snapshot and sees the row (SPEC §7).
+            // statement takes a new snapshot and sees the row (idem_core::contract §7).
             self.read(req.scope, req.key).await?
         };
         let Some(found) = found else {

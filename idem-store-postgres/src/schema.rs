@@ -81,7 +81,7 @@ impl Statements {
         // on conflict), and in the same statement read the record that was already there. Always
         // one row: `inserted` = 1 when the insert won. The read uses the statement's snapshot, so
         // when the insert waited on a concurrent inserter that then committed, it sees no record
-        // (SPEC §7); the caller then reads again with a separate statement.
+        // (idem_core::contract §7); the caller then reads again with a separate statement.
         let r_columns = COLUMNS
             .split(", ")
             .map(|c| format!("r.{c}"))

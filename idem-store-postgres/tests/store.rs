@@ -187,7 +187,7 @@ async fn transactional_completion_rolls_back_with_the_effect() {
     tx.rollback().await.unwrap();
 }
 
-/// SPEC §7: a claim whose INSERT waits on another transaction's uncommitted insert of the same
+/// [contract §7](idem_core::contract#traps): a claim whose INSERT waits on another transaction's uncommitted insert of the same
 /// key must answer from that row once it commits (not "no row", not a second claim), and must
 /// win if it rolls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -371,7 +371,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::backend("sqlite: connection pool closed", e))?;
         let inner = self.inner.clone();
         // If the caller's future is dropped, the blocking call still finishes (and commits): a
-        // claim made that way is left to its lease, as SPEC §2 says of cancellation.
+        // claim made that way is left to its lease, as idem_core::contract §2 says of cancellation.
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let mut conn = inner.take_connection()?;

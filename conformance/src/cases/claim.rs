@@ -1,4 +1,4 @@
-//! SPEC §2, `claim`: one case per row of the table.
+//! [contract §2](idem_core::contract#claim), `claim`: one case per row of the table.
 
 use idem_core::{ClaimAnswer, ClaimKind, RecordState};
 

@@ -1,4 +1,4 @@
-//! SPEC §3.1: concurrent claims from separate handles: exactly one winner, for every record a
+//! [contract §3.1](idem_core::contract#guarantee-1): concurrent claims from separate handles: exactly one winner, for every record a
 //! claim can rewrite (absent, expired, `failed_retryable`, stale under takeover) and while the
 //! holder completes or releases.
 

@@ -1,4 +1,4 @@
-//! SPEC §2 `complete` / `release` / `extend` and SPEC §3.3: only the current token acts.
+//! [contract §2](idem_core::contract#complete) `complete` / `release` / `extend` and [contract §3.3](idem_core::contract#guarantee-3): only the current token acts.
 
 use idem_core::{
     CachePolicy, ClaimAnswer, CompleteAnswer, ExtendAnswer, RecordState, ReleaseAnswer,
@@ -266,7 +266,7 @@ pub async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
     );
 }
 
-/// The fingerprint stored at claim is the one on the completed record (SPEC §3.3).
+/// The fingerprint stored at claim is the one on the completed record ([contract §3.3](idem_core::contract#guarantee-3)).
 pub async fn fencing_fingerprint_kept_on_completion(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
@@ -287,7 +287,7 @@ pub async fn fencing_fingerprint_kept_on_completion(h: Harness) {
 
 /// A holder whose lease elapsed, with nobody taking over (even under `Takeover`, a takeover
 /// happens only on a claim), still holds the current token: its `complete` succeeds and the
-/// outcome replays (SPEC §2: leases end claims only by a takeover).
+/// outcome replays ([contract §2](idem_core::contract#states): leases end claims only by a takeover).
 pub async fn fencing_holder_completes_after_its_lease_elapsed(h: Harness) {
     for (name, policy) in [("reconcile", policy()), ("takeover", takeover())] {
         let (store, scope, key) = (h.store().await, h.scope(name), h.key("slow"));

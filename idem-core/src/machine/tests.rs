@@ -503,7 +503,7 @@ fn policies() -> impl Strategy<Value = Policy> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// Drives random sequences against one record and checks the invariants of SPEC §2–§3:
+    /// Drives random sequences against one record and checks the invariants of contract [§2](crate::contract#states)–[§3](crate::contract#guarantees):
     /// at most one live holder, tokens strictly increase (and are never reused, even across a
     /// purge), a completed outcome never changes while the record lives, a mismatched fingerprint
     /// changes nothing.
