@@ -101,14 +101,28 @@ pub async fn concurrency_200_keys_one_winner_each(h: Harness) {
 /// 16 executors on separate handles run the same call at once: the operation runs exactly once
 /// (counted at the sink), and every other caller is told it is in flight or gets the replay.
 pub async fn concurrency_executor_runs_once(h: Harness) {
-    const CALLERS: usize = 16;
     let stores = handles(&h).await;
     let (scope, key) = (h.scope("race"), h.key("wf-9:step-1:charge"));
+    executors_race_once(&h, &stores, &scope, &key, "CH-1", "the effect").await;
+}
+
+/// Starts 16 executors on the given handles at once, each running the same call whose effect
+/// answers `ticket`: the effect happens exactly once (counted at the sink), one caller executes
+/// it, and every other is told it is in flight or gets the replay of `ticket`.
+async fn executors_race_once(
+    h: &Harness,
+    stores: &[Arc<dyn KeyStore>],
+    scope: &idem_core::Scope,
+    key: &idem_core::IdempotencyKey,
+    ticket: &'static str,
+    what: &str,
+) {
+    const CALLERS: usize = 16;
     let effects = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(Barrier::new(CALLERS));
     let mut tasks = Vec::new();
     for i in 0..CALLERS {
-        let executor = Executor::from_arc(stores[i % HANDLES].clone())
+        let executor = Executor::from_arc(stores[i % stores.len()].clone())
             .with_policy(policy())
             .with_clock(h.clock().clone());
         let (scope, key, effects, gate) =
@@ -118,7 +132,7 @@ pub async fn concurrency_executor_runs_once(h: Harness) {
             executor
                 .run(&scope, &key, &fp("charge"), |_| async move {
                     effects.fetch_add(1, Ordering::SeqCst);
-                    ok("CH-1")
+                    ok(ticket)
                 })
                 .await
         }));
@@ -128,7 +142,7 @@ pub async fn concurrency_executor_runs_once(h: Harness) {
         match task.await.unwrap() {
             Ok(e) if !e.is_replay() => executed += 1,
             Ok(e) => {
-                assert_eq!(e.outcome(), &ok("CH-1"));
+                assert_eq!(e.outcome(), &ok(ticket));
                 replayed += 1;
             }
             Err(idem_core::Error::InFlight { .. }) => in_flight += 1,
@@ -138,7 +152,7 @@ pub async fn concurrency_executor_runs_once(h: Harness) {
     assert_eq!(
         effects.load(Ordering::SeqCst),
         1,
-        "the effect happened exactly once"
+        "{what} happened exactly once"
     );
     assert_eq!(executed, 1);
     assert_eq!(executed + replayed + in_flight, CALLERS);
@@ -488,55 +502,16 @@ pub async fn concurrency_claims_racing_a_release_one_winner(h: Harness) {
 /// the same call at once: the operation runs exactly once more (counted at the sink), and every
 /// other caller is told it is in flight or gets the replay.
 pub async fn concurrency_executor_retry_runs_once(h: Harness) {
-    const CALLERS: usize = 16;
     let stores = handles(&h).await;
     let (scope, key) = (h.scope("race"), h.key("wf-9:step-2:charge"));
-    let executor = |store: Arc<dyn KeyStore>| {
-        Executor::from_arc(store)
-            .with_policy(policy())
-            .with_clock(h.clock().clone())
-    };
-    let first = executor(stores[0].clone())
+    let first = Executor::from_arc(stores[0].clone())
+        .with_policy(policy())
+        .with_clock(h.clock().clone())
         .run(&scope, &key, &fp("charge"), |_| async { retryable() })
         .await;
     assert!(
         matches!(&first, Ok(e) if !e.is_replay()),
         "the first attempt runs: {first:?}"
     );
-    let effects = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(Barrier::new(CALLERS));
-    let mut tasks = Vec::new();
-    for i in 0..CALLERS {
-        let executor = executor(stores[i % HANDLES].clone());
-        let (scope, key, effects, gate) =
-            (scope.clone(), key.clone(), effects.clone(), gate.clone());
-        tasks.push(tokio::spawn(async move {
-            gate.wait().await;
-            executor
-                .run(&scope, &key, &fp("charge"), |_| async move {
-                    effects.fetch_add(1, Ordering::SeqCst);
-                    ok("CH-2")
-                })
-                .await
-        }));
-    }
-    let (mut executed, mut replayed, mut in_flight) = (0, 0, 0);
-    for task in tasks {
-        match task.await.unwrap() {
-            Ok(e) if !e.is_replay() => executed += 1,
-            Ok(e) => {
-                assert_eq!(e.outcome(), &ok("CH-2"));
-                replayed += 1;
-            }
-            Err(idem_core::Error::InFlight { .. }) => in_flight += 1,
-            Err(e) => panic!("unexpected error: {e}"),
-        }
-    }
-    assert_eq!(
-        effects.load(Ordering::SeqCst),
-        1,
-        "the retry's effect happened exactly once"
-    );
-    assert_eq!(executed, 1);
-    assert_eq!(executed + replayed + in_flight, CALLERS);
+    executors_race_once(&h, &stores, &scope, &key, "CH-2", "the retry's effect").await;
 }
