@@ -502,17 +502,19 @@ impl KeyStore for PostgresStore {
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
         machine::check_lease(lease)?;
-        // One fenced UPDATE that keeps the later deadline and returns the one stored.
-        let row = sqlx::query(&self.sql.extend)
-            .bind(scope.as_str())
-            .bind(key.as_str())
-            .bind(big(token.seq))
-            .bind(token.id_hex())
-            .bind(ts(now))
-            .bind(ts(now + lease))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| classify("extend", e))?;
+        // One fenced UPDATE that keeps the later deadline and returns the one stored; run again
+        // on a serialization failure or deadlock, as every write is.
+        let row = retry_conflicts("extend", || {
+            sqlx::query(&self.sql.extend)
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .bind(big(token.seq))
+                .bind(token.id_hex())
+                .bind(ts(now))
+                .bind(ts(now + lease))
+                .fetch_optional(&self.pool)
+        })
+        .await?;
         Ok(match row {
             Some(row) => ExtendAnswer::Extended {
                 lease_until: timestamp(&row, "lease_until")?,
