@@ -53,6 +53,7 @@ where
             Ok(value) => return Ok(value),
             Err(e) if is_transient_conflict(&e) => {
                 tracing::debug!(op, round, error = %e, "serialization conflict; running the statement again");
+                conflict_backoff(round).await;
             }
             Err(e) => return Err(classify(op, e)),
         }
@@ -67,6 +68,15 @@ where
         ),
         source: None,
     })
+}
+
+/// Waits a random 0..=min(2^round, 50) ms before running a conflicting statement again: under
+/// SERIALIZABLE, conflicts also come from neighbouring rows (predicate locks on index pages), and
+/// statements that collided collide again if they all retry at once.
+async fn conflict_backoff(round: usize) {
+    let cap = 1u64 << round.min(6);
+    let ms = rand::random_range(0..=cap.min(50));
+    tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
 /// A [`KeyStore`] keeping records in one PostgreSQL table.
@@ -440,11 +450,11 @@ impl KeyStore for PostgresStore {
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
         let req = ClaimRequest::new(scope, key, fingerprint);
-        for _ in 0..MAX_CLAIM_ROUNDS {
+        for round in 1..=MAX_CLAIM_ROUNDS {
             match self.claim_round(req, policy, now).await {
                 Ok(Some(answer)) => return Ok(answer),
                 Ok(None) => continue,
-                Err(e) if is_transient_conflict(&e) => continue,
+                Err(e) if is_transient_conflict(&e) => conflict_backoff(round).await,
                 Err(e) => return Err(claim_error(e)),
             }
         }
