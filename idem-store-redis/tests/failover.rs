@@ -263,18 +263,31 @@ fn one_at_a_time(wait: bool) -> Option<FailoverReport> {
         .block_on(run(wait))
 }
 
+/// Runs of the scenario with WAIT before giving up on seeing callers meet the failover.
+const WAIT_RUNS: usize = 3;
+
 #[test]
 fn failover_with_wait_loses_no_claim() {
-    let Some(r) = one_at_a_time(true) else { return };
-    assert_eq!(r.double_effects, 0, "{r}");
-    assert!(r.all_accounted_for(), "{r}");
-    assert_eq!(
-        r.completed + r.retryable + r.for_reconciliation,
-        r.keys,
-        "{r}"
-    );
-    assert!(r.unavailable > 0, "callers never saw Unavailable: {r}");
-    assert!(r.succeeded_after_fault > 0, "callers did not recover: {r}");
+    // Safety holds on every run. Whether a caller's write lands on the failing shard inside the
+    // fault's window depends on scheduling (on a loaded 2-core machine the callers can be done
+    // with that shard before it fails), so the scenario runs again, up to WAIT_RUNS times, until
+    // callers have met the failover: seen Unavailable, then recovered.
+    for run in 1..=WAIT_RUNS {
+        let Some(r) = one_at_a_time(true) else { return };
+        assert_eq!(r.double_effects, 0, "{r}");
+        assert!(r.all_accounted_for(), "{r}");
+        assert_eq!(
+            r.completed + r.retryable + r.for_reconciliation,
+            r.keys,
+            "{r}"
+        );
+        if r.unavailable > 0 {
+            assert!(r.succeeded_after_fault > 0, "callers did not recover: {r}");
+            return;
+        }
+        eprintln!("run {run}: callers never met the failover; running the scenario again");
+    }
+    panic!("in {WAIT_RUNS} runs, callers never saw Unavailable during the failover");
 }
 
 #[test]
