@@ -12,10 +12,12 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{Error, Execution, Executor, Fingerprint, Outcome, OutcomeClass, Scope};
+use serde_json::Value;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::{Problem, read_key};
+use crate::replay::{self, Replay};
+use crate::{IDEMPOTENCY_KEY, Problem, read_key};
 
 /// The header set on a replayed response ([contract §5](idem_core::contract#http)).
 pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
@@ -25,6 +27,7 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 type PrincipalFn = dyn Fn(&Parts) -> Result<String, Problem> + Send + Sync;
 type ClassifyFn = dyn Fn(StatusCode) -> OutcomeClass + Send + Sync;
+type FingerprintFn = dyn Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The default classification of a tool's answer: 2xx and 4xx other than 408 and 429 are
@@ -49,7 +52,8 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 /// (parameters sorted, see [`canonical_query`](crate::canonical_query)) + canonical JSON body, and
 /// runs the inner service through the [`Executor`]: once per (scope, key). The answer is the
 /// tool's status with `{"ok", "idempotent_replay", "original_response"}`; a repeat gets the same
-/// status and body with `"idempotent_replay": true` and `Idempotency-Replayed: true`; same key
+/// status and body with `"idempotent_replay": true` and `Idempotency-Replayed: true` (or, in
+/// [`Replay::Verbatim`] mode, the tool's own response: see [`replay`](Self::replay)); same key
 /// with another body is 422, a repeat while the first runs is 409 with `Retry-After`, a store
 /// that is down is 503 — each an `application/problem+json` body.
 ///
@@ -58,12 +62,19 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 /// [`idem_core::Attempt`] is put in the request's extensions, so a handler can complete the
 /// record in the same transaction as its effect and call
 /// [`Attempt::mark_recorded`](idem_core::Attempt::mark_recorded).
+///
+/// Per layer: [`key_optional`](Self::key_optional) lets requests without a key through
+/// unprotected, and [`fingerprint_with`](Self::fingerprint_with) chooses the part of the body
+/// that identifies a request.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     executor: Executor,
     principal: Arc<PrincipalFn>,
     classify: Arc<ClassifyFn>,
     body_limit: usize,
+    replay: Replay,
+    key_optional: bool,
+    fingerprint: Option<Arc<FingerprintFn>>,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -71,6 +82,9 @@ impl fmt::Debug for IdempotencyLayer {
         f.debug_struct("IdempotencyLayer")
             .field("executor", &self.executor)
             .field("body_limit", &self.body_limit)
+            .field("replay", &self.replay)
+            .field("key_optional", &self.key_optional)
+            .field("fingerprint_with", &self.fingerprint.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -88,7 +102,64 @@ impl IdempotencyLayer {
             principal: Arc::new(principal),
             classify: Arc::new(default_classify),
             body_limit: DEFAULT_BODY_LIMIT,
+            replay: Replay::Envelope,
+            key_optional: false,
+            fingerprint: None,
         }
+    }
+
+    /// Chooses how answers look: [`Replay::Envelope`] (the default) or [`Replay::Verbatim`]
+    /// (the tool's own response; a repeat gets its status, the listed headers and the body byte
+    /// for byte, plus `Idempotency-Replayed: true`). Refusals are `application/problem+json` in
+    /// both modes.
+    ///
+    /// A record keeps the shape it was stored in: switching modes on a live store is safe, but a
+    /// record stored in envelope mode replays in verbatim mode as its JSON body with
+    /// `Content-Type: application/json` (no headers were kept), and one stored verbatim replays
+    /// in envelope mode with its body as `original_response`.
+    pub fn replay(mut self, replay: Replay) -> Self {
+        self.replay = replay;
+        self
+    }
+
+    /// Makes the key optional on the routes this layer wraps: a request without an
+    /// `Idempotency-Key` header passes straight through to the tool, unprotected (it runs every
+    /// time; no body limit, principal or record), and is counted in the metric
+    /// `idem_unprotected_total{transport="http"}`. A request with a key is handled as always,
+    /// and an invalid key is still refused (400). Apply a layer with an optional key to the
+    /// routes that allow it and one without to the others.
+    pub fn key_optional(mut self) -> Self {
+        self.key_optional = true;
+        self
+    }
+
+    /// Chooses what of the JSON body identifies a request: the fingerprint covers the method,
+    /// the path, the [`canonical_query`](crate::canonical_query) and the value `choose` returns
+    /// instead of the whole body. Two requests with one key whose chosen values are equal (as
+    /// canonical JSON) get the replay; otherwise 422. An `Err` refuses the request (nothing is
+    /// recorded, the tool does not run). The request still has to be JSON.
+    ///
+    /// Identify a payment by its account and amount, not by a free-text note (what AWS Lambda
+    /// Powertools calls `payload_validation_jmespath="[account, payment.amount]"`; the key itself
+    /// still comes from the `Idempotency-Key` header):
+    ///
+    /// ```
+    /// # use idem_core::{Executor, MemoryStore};
+    /// use idem_http::{IdempotencyLayer, Problem};
+    /// use serde_json::json;
+    /// # let executor = Executor::new(MemoryStore::new());
+    /// let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".into()))
+    ///     .fingerprint_with(|_parts, body| {
+    ///         // A missing field is `null`: say so if that is not the same request to you.
+    ///         Ok(json!([body.pointer("/account"), body.pointer("/payment/amount")]))
+    ///     });
+    /// ```
+    pub fn fingerprint_with(
+        mut self,
+        choose: impl Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync + 'static,
+    ) -> Self {
+        self.fingerprint = Some(Arc::new(choose));
+        self
     }
 
     /// Replaces [`default_classify`].
@@ -175,6 +246,13 @@ where
     ResB::Error: Into<BoxError>,
 {
     let (parts, body) = request.into_parts();
+    if layer.key_optional && !parts.headers.contains_key(IDEMPOTENCY_KEY) {
+        metrics::counter!("idem_unprotected_total", "transport" => "http").increment(1);
+        tracing::debug!(method = %parts.method, path = parts.uri.path(), "no Idempotency-Key on a route where it is optional: passed through unprotected");
+        let mut inner = inner;
+        poll_fn(|cx| inner.poll_ready(cx)).await?;
+        return inner.call(Request::from_parts(parts, body)).await;
+    }
     let prepared = match prepare(&layer, &parts, body).await {
         Ok(prepared) => prepared,
         Err(problem) => return Ok(problem.to_response()),
@@ -188,7 +266,11 @@ where
     let request = Request::from_parts(parts, ReqB::from(body));
     let failure: Arc<Mutex<Option<S::Error>>> = Arc::new(Mutex::new(None));
     let slot = failure.clone();
+    // Verbatim mode: the tool's whole response, for the caller whose request ran it.
+    let original: Arc<Mutex<Option<Response<Bytes>>>> = Arc::new(Mutex::new(None));
+    let original_slot = original.clone();
     let classify = layer.classify.clone();
+    let replay_mode = layer.replay.clone();
     let executor = layer.executor.clone();
     // Detached, so a caller that goes away cannot cancel the tool halfway.
     let task = tokio::spawn(async move {
@@ -202,7 +284,15 @@ where
                     Err(e) => Err(e),
                 };
                 match answer {
-                    Ok(response) => to_outcome(response, &*classify).await,
+                    Ok(response) => match replay_mode {
+                        Replay::Verbatim { headers } => {
+                            let (outcome, response) =
+                                to_verbatim_outcome(response, &headers, &*classify).await;
+                            *original_slot.lock().unwrap_or_else(|p| p.into_inner()) = response;
+                            outcome
+                        }
+                        _ => to_outcome(response, &*classify).await,
+                    },
                     Err(e) => {
                         *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                         internal_failure()
@@ -219,9 +309,14 @@ where
     if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
     }
+    let original = original.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let answer = |outcome: &Outcome| match original {
+        Some(response) => response.map(ResB::from),
+        None => respond(&layer.replay, outcome, false),
+    };
     Ok(match result {
-        Ok(Execution::Executed { outcome, .. }) => wrap(&outcome, false),
-        Ok(Execution::Replayed { outcome }) => wrap(&outcome, true),
+        Ok(Execution::Executed { outcome, .. }) => answer(&outcome),
+        Ok(Execution::Replayed { outcome }) => respond(&layer.replay, &outcome, true),
         Err(Error::InFlight { retry_after, stale }) => Problem::InFlight {
             retry_after_secs: retry_after.as_secs_f64().ceil().max(1.0) as u64,
             stale,
@@ -240,7 +335,7 @@ where
         // gets it (the effect happened); the record is left to the lease and reconciliation.
         Err(Error::Fenced { outcome })
         | Err(Error::OutcomeTooLarge { outcome, .. })
-        | Err(Error::NotRecorded { outcome, .. }) => wrap(&outcome, false),
+        | Err(Error::NotRecorded { outcome, .. }) => answer(&outcome),
         Err(other) => {
             tracing::error!(error = %other, "unexpected executor error");
             Problem::StoreError.to_response()
@@ -291,8 +386,11 @@ where
     };
     let json: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| Problem::InvalidBody(format!("the body is not JSON: {e}")))?;
-    let fingerprint = Fingerprint::of(&operation(parts), &json)
-        .map_err(|e| Problem::InvalidBody(e.to_string()))?;
+    let fingerprint = match &layer.fingerprint {
+        Some(choose) => Fingerprint::of(&operation(parts), &choose(parts, &json)?),
+        None => Fingerprint::of(&operation(parts), &json),
+    }
+    .map_err(|e| Problem::InvalidBody(e.to_string()))?;
     Ok(Prepared {
         scope,
         key,
@@ -323,27 +421,66 @@ where
 {
     let status = response.status();
     let class = classify(status);
-    let bytes = match response.into_body().collect().await {
-        Ok(collected) => collected.to_bytes(),
+    let Some(bytes) = collect(response.into_body()).await else {
+        return internal_failure();
+    };
+    Outcome::from_json_text(status.as_u16(), json_text(&bytes), class)
+        .unwrap_or_else(|_| internal_failure())
+}
+
+/// The tool's response in verbatim mode: the outcome to store (status, the `listed` headers and
+/// the body bytes) and the whole response for the caller whose request ran the tool.
+async fn to_verbatim_outcome<B>(
+    response: Response<B>,
+    listed: &[http::HeaderName],
+    classify: &ClassifyFn,
+) -> (Outcome, Option<Response<Bytes>>)
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = response.into_parts();
+    let class = classify(parts.status);
+    let Some(bytes) = collect(body).await else {
+        return (internal_failure(), None);
+    };
+    let text = replay::encode(listed, &parts.headers, &bytes);
+    match Outcome::from_json_text(parts.status.as_u16(), text, class) {
+        Ok(outcome) => (outcome, Some(Response::from_parts(parts, bytes))),
+        Err(_) => (internal_failure(), None),
+    }
+}
+
+async fn collect<B>(body: B) -> Option<Bytes>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    match body.collect().await {
+        Ok(collected) => Some(collected.to_bytes()),
         Err(e) => {
             let e: BoxError = e.into();
             tracing::error!(error = %e, "the tool's response body failed");
-            return internal_failure();
+            None
         }
-    };
-    let text = if bytes.is_empty() {
+    }
+}
+
+/// A body as the JSON text the envelope holds: JSON kept byte for byte; an empty body becomes
+/// `null`, any other non-JSON body a JSON string.
+fn json_text(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
         "null".to_owned()
     } else {
-        match std::str::from_utf8(&bytes) {
+        match std::str::from_utf8(bytes) {
             // Read as a value: JSON a reader cannot hold (`1E400`) is kept as a string too.
             Ok(s) if serde_json::from_str::<serde_json::Value>(s).is_ok() => s.to_owned(),
             Ok(s) => serde_json::Value::String(s.to_owned()).to_string(),
             Err(_) => {
-                serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned()).to_string()
+                serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()).to_string()
             }
         }
-    };
-    Outcome::from_json_text(status.as_u16(), text, class).unwrap_or_else(|_| internal_failure())
+    }
 }
 
 fn internal_failure() -> Outcome {
@@ -355,15 +492,65 @@ fn internal_failure() -> Outcome {
     .expect("a constant JSON text")
 }
 
+/// The answer for a stored outcome in the layer's mode.
+fn respond<B: From<Bytes>>(mode: &Replay, outcome: &Outcome, replay: bool) -> Response<B> {
+    match mode {
+        Replay::Verbatim { headers } => verbatim(headers, outcome, replay),
+        _ => wrap(outcome, replay),
+    }
+}
+
+/// A stored outcome in verbatim mode: its status, the kept headers still `listed`, its body
+/// bytes. An outcome without a kept response (stored in envelope mode, or stored by the executor
+/// in place of the tool's answer) is its JSON body.
+fn verbatim<B: From<Bytes>>(
+    listed: &[http::HeaderName],
+    outcome: &Outcome,
+    replay: bool,
+) -> Response<B> {
+    let mut response = match replay::decode(outcome) {
+        Some(kept) => {
+            let mut response = Response::new(B::from(kept.body));
+            for (name, value) in kept.headers {
+                if listed.contains(&name) {
+                    response.headers_mut().append(name, value);
+                }
+            }
+            response
+        }
+        None => {
+            let mut response = Response::new(B::from(Bytes::from(outcome.body().to_owned())));
+            let content_type = if outcome.is_not_kept() {
+                "application/problem+json"
+            } else {
+                "application/json"
+            };
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            response
+        }
+    };
+    *response.status_mut() = replay::status_of(outcome);
+    if replay {
+        response
+            .headers_mut()
+            .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
+    }
+    response
+}
+
 /// The [contract §5](idem_core::contract#http) envelope around a stored outcome; the tool's body is inserted byte for byte.
 fn wrap<B: From<Bytes>>(outcome: &Outcome, replay: bool) -> Response<B> {
-    let status =
-        StatusCode::from_u16(outcome.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let status = replay::status_of(outcome);
+    // A response kept in verbatim mode (the layer's mode changed): its body, as envelope mode
+    // would have kept it.
+    let kept = replay::decode(outcome).map(|kept| json_text(&kept.body));
     let body = format!(
         r#"{{"ok":{},"idempotent_replay":{},"original_response":{}}}"#,
         status.is_success(),
         replay,
-        outcome.body()
+        kept.as_deref().unwrap_or(outcome.body())
     );
     let mut response = Response::new(B::from(Bytes::from(body)));
     *response.status_mut() = status;

@@ -6,6 +6,7 @@ mod key;
 mod layer;
 mod problem;
 mod query;
+mod replay;
 
 pub use idem_core::Attempt;
 pub use key::{IDEMPOTENCY_KEY, key_header, read_key};
@@ -14,3 +15,4 @@ pub use layer::{
 };
 pub use problem::Problem;
 pub use query::canonical_query;
+pub use replay::Replay;
