@@ -21,7 +21,10 @@ pub enum Replay {
     /// No envelope, for APIs that cannot change their response shape: the first request gets the
     /// tool's response untouched; a repeat gets the original status, the listed headers (every
     /// value, in order) and the body byte for byte (any content type, binary included), plus
-    /// `Idempotency-Replayed: true`. Headers not listed are not kept.
+    /// `Idempotency-Replayed: true`. Headers not listed are not kept, nor are hop-by-hop headers
+    /// (`Connection`, `Transfer-Encoding`, `Keep-Alive`, `TE`, `Trailer`, `Upgrade`,
+    /// `Proxy-Authenticate`) even if listed. A listed header is stored with the record: list
+    /// `Set-Cookie` or other secrets only if the store may hold them.
     Verbatim {
         /// The response headers kept and replayed.
         headers: Vec<HeaderName>,
@@ -103,11 +106,27 @@ pub(crate) struct VerbatimResponse {
     pub(crate) body: Bytes,
 }
 
+/// Headers that describe one connection, not the response (RFC 9110 §7.6.1): never kept, even
+/// if listed; a replay that repeated them (`Transfer-Encoding: chunked` over a whole body) would
+/// be malformed.
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+];
+
+fn hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name) || name.as_str() == "keep-alive"
+}
+
 /// The JSON text stored for a verbatim response: the values of the `listed` headers in
-/// `headers`, in order, and the body.
+/// `headers`, in order (hop-by-hop headers left out), and the body.
 pub(crate) fn encode(listed: &[HeaderName], headers: &HeaderMap, body: &[u8]) -> String {
     let mut kept = Vec::new();
-    for name in listed {
+    for name in listed.iter().filter(|n| !hop_by_hop(n)) {
         for value in headers.get_all(name) {
             kept.push((name.as_str().to_owned(), StoredBytes::of(value.as_bytes())));
         }
@@ -151,7 +170,12 @@ mod tests {
 
     fn round_trip(headers: &HeaderMap, body: &[u8]) -> VerbatimResponse {
         let text = encode(
-            &[header::CONTENT_TYPE, header::LOCATION, header::SET_COOKIE],
+            &[
+                header::CONTENT_TYPE,
+                header::LOCATION,
+                header::SET_COOKIE,
+                header::TRANSFER_ENCODING,
+            ],
             headers,
             body,
         );
@@ -169,6 +193,7 @@ mod tests {
         h.append(header::SET_COOKIE, "a=1".parse().unwrap());
         h.append(header::SET_COOKIE, "b=2".parse().unwrap());
         h.insert(header::ETAG, "\"not-listed\"".parse().unwrap());
+        h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
         h.insert(
             header::LOCATION,
             HeaderValue::from_bytes(b"/caf\xe9").unwrap(),
@@ -176,6 +201,7 @@ mod tests {
         let binary: Vec<u8> = (0..=255u8).collect();
         let back = round_trip(&h, &binary);
         assert_eq!(back.body.as_ref(), binary.as_slice());
+        // ETag is not listed; Transfer-Encoding is listed but hop-by-hop.
         let names: Vec<_> = back.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,

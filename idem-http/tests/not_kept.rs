@@ -86,3 +86,52 @@ async fn a_response_too_large_to_keep_runs_once_and_retries_get_a_final_answer()
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
 }
+
+#[tokio::test]
+async fn in_verbatim_mode_too_large_the_first_caller_gets_the_response_and_retries_a_problem() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let executor = Executor::new(MemoryStore::new())
+        .with_policy(
+            Policy::builder()
+                .lease(Duration::from_secs(10))
+                .max_outcome_bytes(1024)
+                .build()
+                .unwrap(),
+        )
+        .with_spawner(|task| {
+            tokio::spawn(task);
+        });
+    let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned()))
+        .replay(idem_http::Replay::verbatim());
+    let app = Router::new()
+        .route("/tools/export", post(export))
+        .route_layer(layer)
+        .with_state(runs.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/tools/export", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = reqwest::Client::new();
+    let post = || {
+        client
+            .post(&url)
+            .header("idempotency-key", "wf-1:step-1:export")
+            .json(&json!({"month": "2026-11"}))
+            .send()
+    };
+    let first = post().await.unwrap();
+    assert_eq!(first.status(), 201);
+    let body: Value = first.json().await.unwrap();
+    assert_eq!(
+        body["report"],
+        MARKER.repeat(200),
+        "the tool's own response"
+    );
+    let again = post().await.unwrap();
+    assert_eq!(again.status(), 201, "the tool's status, not 409");
+    assert_eq!(again.headers()["idempotency-replayed"], "true");
+    assert_eq!(again.headers()["content-type"], "application/problem+json");
+    let problem: Value = again.json().await.unwrap();
+    assert_eq!(problem["type"], OUTCOME_NOT_KEPT);
+    assert_eq!(problem["original_status"], 201);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
+}
