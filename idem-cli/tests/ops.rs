@@ -405,6 +405,8 @@ fn bench_prints_ratios(url: &str) {
 fn conformance_and_bench_run_against_every_live_store() {
     for backend in ["sqlite", "postgres", "redis"] {
         if let Some((url, dir)) = store_url(backend) {
+            let migrated = idem(&["migrate", "--store", &url]);
+            assert!(migrated.status.success(), "{:?}", text(&migrated));
             conformance_passes(&url);
             bench_prints_ratios(&url);
             if let Some(dir) = dir {
