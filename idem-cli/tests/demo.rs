@@ -106,11 +106,14 @@ fn the_binary_prints_the_table_and_exits_zero() {
         .unwrap();
     let _ = std::fs::remove_dir_all(dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // stderr is a pipe here: progress as plain lines, never a bar redrawn with '\r'.
     assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        !stderr.contains('\r') && !stdout.contains('\r'),
+        "{stderr:?}"
     );
+    assert!(stderr.contains("16/16 operations"), "{stderr}");
     let double = stdout
         .lines()
         .find(|l| l.starts_with("double effects"))
