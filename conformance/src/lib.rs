@@ -337,18 +337,58 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
         .unwrap_or_else(|| "panicked".into())
 }
 
+/// One finished case, as [`run_streaming`] hands it over.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CaseResult {
+    /// The case's name.
+    pub name: &'static str,
+    /// What it checks, in a line.
+    pub group: &'static str,
+    /// `None` when it passed; else why it failed.
+    pub failure: Option<String>,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+impl CaseResult {
+    /// Whether the case passed.
+    pub fn passed(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
 /// Runs the cases whose names satisfy `filter`, each on its own runtime, and reports every
 /// failure.
 pub fn run_matching(factory: impl StoreFactory, filter: impl Fn(&str) -> bool) -> Report {
+    run_streaming(factory, filter, |_| {})
+}
+
+/// [`run_matching`], calling `on_case` as each case finishes (in order), so a runner can show
+/// results while the suite is still running.
+pub fn run_streaming(
+    factory: impl StoreFactory,
+    filter: impl Fn(&str) -> bool,
+    mut on_case: impl FnMut(&CaseResult),
+) -> Report {
     let factory: Arc<dyn StoreFactory> = Arc::new(factory);
     let mut report = Report::default();
     for case in cases::ALL.iter().filter(|c| filter(c.name)) {
         let f = factory.clone();
-        match catch_unwind(AssertUnwindSafe(|| run_case_shared(case.name, f, case.run))) {
-            Ok(()) => report.passed.push(case.name),
-            Err(payload) => report
-                .failed
-                .push((case.name, panic_message(payload.as_ref()))),
+        let started = std::time::Instant::now();
+        let failure = catch_unwind(AssertUnwindSafe(|| run_case_shared(case.name, f, case.run)))
+            .err()
+            .map(|payload| panic_message(payload.as_ref()));
+        let result = CaseResult {
+            name: case.name,
+            group: case.group,
+            failure,
+            elapsed: started.elapsed(),
+        };
+        on_case(&result);
+        match result.failure {
+            None => report.passed.push(case.name),
+            Some(why) => report.failed.push((case.name, why)),
         }
     }
     report

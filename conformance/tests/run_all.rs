@@ -22,3 +22,23 @@ fn run_all_reports_every_case_passing_on_memory_store() {
         "case names are unique"
     );
 }
+
+#[test]
+fn run_streaming_reports_each_case_as_it_finishes() {
+    let shared = MemoryStore::new();
+    let mut seen = Vec::new();
+    let report = idem_conformance::run_streaming(
+        move || {
+            let store = shared.clone();
+            async move { store }
+        },
+        |name| name.starts_with("claim") || name.starts_with("fencing"),
+        |case| {
+            assert!(case.passed(), "{case:?}");
+            seen.push(case.name);
+        },
+    );
+    assert!(!seen.is_empty());
+    assert_eq!(seen, report.passed, "one call per case, in order");
+    assert!(report.failed.is_empty());
+}

@@ -1,7 +1,6 @@
 //! `idem demo`: simulated agents retrying a real tool under injected faults, effects counted at
 //! the sink.
 
-use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,7 +13,7 @@ use tokio::sync::Semaphore;
 use crate::serve::{
     Backend, BoxError, DEMO_FAULT_HEADER, ServeOptions, TENANT_HEADER, router, router_without_idem,
 };
-use crate::store_url::StoreUrl;
+use idemkit::StoreUrl;
 
 /// How the demo runs.
 #[derive(Debug, Clone)]
@@ -169,6 +168,7 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
         hasty.with_header(TENANT_HEADER, &tenant),
     );
 
+    let progress = Progress::new(options.progress, options.operations);
     let counters = Arc::new(Counters::default());
     let slots = Arc::new(Semaphore::new(options.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
@@ -196,18 +196,12 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
             }
             counters.done.fetch_add(1, Ordering::Relaxed);
         });
-        if options.progress {
-            progress(counters.done.load(Ordering::Relaxed), options.operations);
-        }
+        progress.show(counters.done.load(Ordering::Relaxed));
     }
     while tasks.join_next().await.is_some() {
-        if options.progress {
-            progress(counters.done.load(Ordering::Relaxed), options.operations);
-        }
+        progress.show(counters.done.load(Ordering::Relaxed));
     }
-    if options.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        eprintln!();
-    }
+    progress.finish();
     server.abort();
     Ok(DemoReport {
         operations: options.operations,
@@ -221,27 +215,52 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
     })
 }
 
-fn progress(done: usize, total: usize) {
-    use std::io::IsTerminal;
-    static SHOWN: AtomicUsize = AtomicUsize::new(usize::MAX);
-    // Only when the count moved; on a terminal redraw one line, elsewhere a line per 10%.
-    if SHOWN.swap(done, Ordering::Relaxed) == done {
-        return;
-    }
-    if !std::io::stderr().is_terminal() {
-        if done.is_multiple_of((total / 10).max(1)) || done == total {
-            eprintln!("  {done}/{total} operations");
+/// Progress on stderr: an `indicatif` bar on a terminal; elsewhere (a pipe, a log file) a plain
+/// line per 10%, never a carriage return.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    lines: bool,
+    total: usize,
+    shown: AtomicUsize,
+}
+
+impl Progress {
+    fn new(on: bool, total: usize) -> Self {
+        use std::io::IsTerminal;
+        let terminal = on && std::io::stderr().is_terminal();
+        let bar = terminal.then(|| {
+            let bar = indicatif::ProgressBar::new(total as u64);
+            if let Ok(style) =
+                indicatif::ProgressStyle::with_template("  [{bar:30}] {pos}/{len} operations")
+            {
+                bar.set_style(style.progress_chars("#> "));
+            }
+            bar
+        });
+        Self {
+            bar,
+            lines: on && !terminal,
+            total,
+            shown: AtomicUsize::new(usize::MAX),
         }
-        return;
     }
-    let width = 30;
-    let filled = done * width / total.max(1);
-    eprint!(
-        "\r  [{}{}] {done}/{total} operations",
-        "#".repeat(filled),
-        " ".repeat(width - filled)
-    );
-    let _ = std::io::stderr().flush();
+
+    fn show(&self, done: usize) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(done as u64);
+        } else if self.lines
+            && self.shown.swap(done, Ordering::Relaxed) != done
+            && (done.is_multiple_of((self.total / 10).max(1)) || done == self.total)
+        {
+            eprintln!("  {done}/{} operations", self.total);
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
 }
 
 /// The closing table; a second column when the run without idem is given.

@@ -1,7 +1,7 @@
 //! The `idem` binary's library: the reference tool server and store URLs, usable from tests.
 
 pub mod demo;
+pub mod exit;
 pub mod ops;
 pub mod serve;
-pub mod store_url;
 pub mod tokens;

@@ -7,18 +7,36 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use idem_cli::demo::{self, DemoOptions};
+use idem_cli::exit::{EXIT_CODES, Failure};
 use idem_cli::ops;
-use idem_cli::serve::{Backend, BoxError, ServeOptions, router};
-use idem_cli::store_url::StoreUrl;
+use idem_cli::serve::{Backend, ServeOptions, router};
 use idem_core::{IdempotencyKey, Scope};
+use idemkit::StoreUrl;
+use serde_json::json;
+
+/// The store when neither `--store` nor `IDEM_STORE` names one.
+const DEFAULT_STORE: &str = "sqlite://idem.db";
 
 #[derive(Parser)]
 #[command(
     name = "idem",
     version,
-    about = "Exactly-once side effects for retried agent tool calls"
+    about = "Exactly-once side effects for retried agent tool calls",
+    after_help = EXIT_CODES
 )]
 struct Cli {
+    /// The store, for every command: sqlite://PATH, postgres://…, redis://…, rediss://…,
+    /// redis+cluster://HOST:PORT?node=HOST:PORT. Accepted before or after the
+    /// command. A text without a scheme is refused (write sqlite://idem.db for a file).
+    /// Default: sqlite://idem.db (demo: a fresh SQLite file in a temp directory).
+    #[arg(
+        long,
+        global = true,
+        env = "IDEM_STORE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    store: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -27,16 +45,16 @@ struct Cli {
 enum Command {
     /// Serve the reference tool `POST /tools/create_ticket` behind the idempotency layer.
     ///
+    /// Creates or upgrades its tables on start (the records and `tickets`).
+    ///
     /// WHO IS ASKING: without --tokens the tenant (whose records a request reads and writes) is
     /// the X-Tenant-Id header AS SENT, UNAUTHENTICATED: anyone who reaches the server can act as
     /// any tenant and replay its answers. Run it that way only behind an authenticating proxy
     /// that sets X-Tenant-Id itself (and strips the client's), or on loopback. To run it
     /// exposed, give --tokens FILE: then every tool request needs `Authorization: Bearer TOKEN`
     /// (401 otherwise) and X-Tenant-Id is ignored.
+    #[command(after_help = EXIT_CODES)]
     Serve {
-        /// Where records and tickets live: sqlite://PATH (default), postgres://…, redis://…
-        #[arg(long, env = "IDEM_STORE", default_value = "sqlite://idem.db")]
-        store: StoreUrl,
         /// The address to listen on.
         #[arg(long, default_value = "127.0.0.1:8787")]
         addr: SocketAddr,
@@ -53,14 +71,13 @@ enum Command {
     },
     /// Simulated agents retry a real tool under injected faults; effects counted at the sink.
     ///
-    /// Starts the reference tool server on a loopback port (an embedded SQLite file by default)
-    /// and sends every operation through the retrying client, with per-attempt deadlines shorter
-    /// than the tool, duplicate concurrent sends, a repeat after success, and holders that crash
-    /// mid-flight. Exits non-zero if any operation produced two tickets.
+    /// Starts the reference tool server on a loopback port (a fresh SQLite file in a temp
+    /// directory unless --store or IDEM_STORE names a store) and sends every operation through
+    /// the retrying client, with per-attempt deadlines shorter than the tool, duplicate
+    /// concurrent sends, a repeat after success, and holders that crash mid-flight. Exits 6 if
+    /// any operation produced two tickets.
+    #[command(after_help = EXIT_CODES)]
     Demo {
-        /// Where records and tickets live (default: a fresh SQLite file in a temp directory).
-        #[arg(long)]
-        store: Option<StoreUrl>,
         /// How many operations.
         #[arg(long, default_value_t = 200)]
         operations: usize,
@@ -74,41 +91,52 @@ enum Command {
         #[arg(long)]
         without_idem: bool,
     },
-    /// Inspect and settle keys.
+    /// Create or upgrade the store's schema (the only command besides `serve` that changes
+    /// it; needs a role allowed to). On Redis: load the scripts and check the settings.
+    #[command(after_help = EXIT_CODES)]
+    Migrate {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect and settle keys. `ls` and `show` only read; none of them changes the schema.
+    #[command(after_help = EXIT_CODES)]
     Keys {
-        /// The store: sqlite://PATH, postgres://…, redis://…
-        #[arg(long, env = "IDEM_STORE", default_value = "sqlite://idem.db")]
-        store: StoreUrl,
         #[command(subcommand)]
         command: KeysCommand,
     },
     /// Delete expired records in bounded batches until none are left.
+    #[command(after_help = EXIT_CODES)]
     Purge {
-        /// The store: sqlite://PATH, postgres://…, redis://…
-        #[arg(long, env = "IDEM_STORE", default_value = "sqlite://idem.db")]
-        store: StoreUrl,
         /// Records per batch.
         #[arg(long, default_value_t = 1000)]
         batch: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Measure idem's first execution and replay against the bare engine operations on the same
-    /// store (insert-if-absent + update, and a read), as ratios.
+    /// store (insert-if-absent + update, and a read), as ratios. Creates a scratch table
+    /// `idem_bench_raw` on SQL stores.
+    #[command(after_help = EXIT_CODES)]
     Bench {
-        /// The store: sqlite://PATH, postgres://…, redis://…
-        #[arg(long)]
-        store: StoreUrl,
         /// Operations of each kind.
         #[arg(long, default_value_t = 1000)]
         operations: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Run the public conformance suite against a live store (in scopes of its own) and print
-    /// pass/fail per case: does this PostgreSQL or Redis setup really give the guarantees?
-    /// First prints a `warning:` line for each server setting that can lose an acknowledged
-    /// claim (asynchronous replicas, synchronous_commit off, eviction, persistence off).
+    /// pass/fail per case as each finishes: does this PostgreSQL or Redis setup really give the
+    /// guarantees? First prints a `warning:` line for each server setting that can lose an
+    /// acknowledged claim (asynchronous replicas, synchronous_commit off, eviction, persistence
+    /// off). Exits 6 if a case fails.
+    #[command(after_help = EXIT_CODES)]
     Conformance {
-        /// The store: sqlite://PATH, postgres://…, redis://…
+        /// Print JSON Lines: {"type":"warning"|"case"|"summary", …}, one per line as it happens.
         #[arg(long)]
-        store: StoreUrl,
+        json: bool,
     },
 }
 
@@ -143,7 +171,8 @@ enum KeysCommand {
         json: bool,
     },
     /// Settle a stuck key by hand: complete it with the outcome in FILE
-    /// (`{"status": 201, "body": {...}}`). Refuses a completed record and a running lease.
+    /// (`{"status": 201, "body": {...}}`). Refuses a completed record, and a running lease
+    /// unless --force. The holder is fenced: its late completion is refused.
     Resolve {
         /// The scope.
         scope: Scope,
@@ -152,14 +181,30 @@ enum KeysCommand {
         /// A JSON file `{"status": …, "body": …}`.
         #[arg(long)]
         outcome: PathBuf,
+        /// Settle it although its holder's lease still runs: you know the holder is dead. The
+        /// holder's token is fenced, so should it be alive after all, its completion is
+        /// refused. The record's timestamps count from the end of the overridden lease.
+        #[arg(long)]
+        force: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Give a stuck key back so that the next retry runs the operation. Refuses a completed
-    /// record and a running lease.
+    /// record, and a running lease unless --force. The holder is fenced.
     Release {
         /// The scope.
         scope: Scope,
         /// The key.
         key: IdempotencyKey,
+        /// Release it although its holder's lease still runs: you know the holder is dead. The
+        /// holder's token is fenced, so should it be alive after all, its completion is
+        /// refused. The record's timestamps count from the end of the overridden lease.
+        #[arg(long)]
+        force: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -179,57 +224,95 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let result = match cli.command {
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem: {e}");
+            e.exit.into()
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let store = match (&cli.command, cli.store.as_deref()) {
+        (Command::Demo { .. }, None) => None,
+        (_, given) => Some(given.unwrap_or(DEFAULT_STORE).parse::<StoreUrl>()?),
+    };
+    let store_or_default = || store.clone().expect("every command but demo has a store");
+    match cli.command {
         Command::Serve {
-            store,
             addr,
             tool_latency_ms,
             tokens,
-        } => serve(store, addr, tool_latency_ms, tokens).await,
+        } => serve(store_or_default(), addr, tool_latency_ms, tokens).await,
         Command::Demo {
-            store,
             operations,
             concurrency,
             tool_latency_ms,
             without_idem,
         } => {
-            let options = DemoOptions {
-                store: store.unwrap_or_else(|| StoreUrl::Sqlite(PathBuf::new())),
+            let options = |store| DemoOptions {
+                store,
                 operations,
                 concurrency,
                 tool_latency: Duration::from_millis(tool_latency_ms),
                 progress: true,
             };
-            run_demo(options, without_idem).await
+            run_demo(store, options, without_idem).await
         }
-        Command::Keys { store, command } => keys(store, command).await,
-        Command::Purge { store, batch } => match ops::open_store(&store).await {
-            Ok(s) => ops::purge(&*s, batch, true).await.map(|m| println!("{m}")),
-            Err(e) => Err(format!("cannot open the store {store}: {e}").into()),
-        },
-        Command::Conformance { store } => conformance(store).await,
-        Command::Bench { store, operations } => match ops::bench(&store, operations).await {
-            Ok(report) => {
+        Command::Migrate { json } => {
+            let store = store_or_default();
+            let warnings = ops::migrate(&store).await?;
+            if json {
+                println!(
+                    "{}",
+                    json!({"store": store.to_string(), "migrated": true, "warnings": warnings})
+                );
+            } else {
+                for w in &warnings {
+                    println!("warning: {w}");
+                }
+                println!("migrated {store}: the schema is ready");
+            }
+            Ok(())
+        }
+        Command::Keys { command } => keys(store_or_default(), command).await,
+        Command::Purge { batch, json } => {
+            let store = store_or_default();
+            let s = ops::open_store(&store).await?;
+            let report = ops::purge(&*s, batch, !json).await?;
+            if json {
+                println!(
+                    "{}",
+                    json!({"deleted": report.deleted, "batches": report.batches})
+                );
+            } else {
+                println!(
+                    "purged {} expired records in {} batches",
+                    report.deleted, report.batches
+                );
+            }
+            Ok(())
+        }
+        Command::Conformance { json } => conformance(store_or_default(), json).await,
+        Command::Bench { operations, json } => {
+            let store = store_or_default();
+            let report = ops::bench(&store, operations)
+                .await
+                .map_err(|e| e.context(format!("bench on {store}")))?;
+            if json {
+                println!("{}", report.to_json());
+            } else {
                 println!("idem bench on {store}");
                 print!("{report}");
-                Ok(())
             }
-            Err(e) => Err(format!("bench on {store}: {e}").into()),
-        },
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("idem: {e}");
-            ExitCode::FAILURE
+            Ok(())
         }
     }
 }
 
-async fn keys(store: StoreUrl, command: KeysCommand) -> Result<(), BoxError> {
-    let s = ops::open_store(&store)
-        .await
-        .map_err(|e| format!("cannot open the store {store}: {e}"))?;
+async fn keys(store: StoreUrl, command: KeysCommand) -> Result<(), Failure> {
+    let s = ops::open_store(&store).await?;
     let out = match command {
         KeysCommand::Ls {
             state,
@@ -250,14 +333,21 @@ async fn keys(store: StoreUrl, command: KeysCommand) -> Result<(), BoxError> {
             scope,
             key,
             outcome,
+            force,
+            json,
         } => {
             let text = std::fs::read_to_string(&outcome)
-                .map_err(|e| format!("cannot read {}: {e}", outcome.display()))?;
+                .map_err(|e| Failure::usage(format!("cannot read {}: {e}", outcome.display())))?;
             let value = serde_json::from_str(&text)
-                .map_err(|e| format!("{} is not JSON: {e}", outcome.display()))?;
-            ops::resolve(&*s, &scope, &key, &value).await?
+                .map_err(|e| Failure::usage(format!("{} is not JSON: {e}", outcome.display())))?;
+            ops::resolve(&*s, &scope, &key, &value, force, json).await?
         }
-        KeysCommand::Release { scope, key } => ops::release(&*s, &scope, &key).await?,
+        KeysCommand::Release {
+            scope,
+            key,
+            force,
+            json,
+        } => ops::release(&*s, &scope, &key, force, json).await?,
     };
     println!("{}", out.trim_end());
     Ok(())
@@ -269,36 +359,78 @@ fn parse_state(s: &str) -> Result<idem_core::RecordState, String> {
     })
 }
 
-async fn conformance(store: StoreUrl) -> Result<(), BoxError> {
-    // Fail early and clearly if the store cannot be opened at all.
-    ops::open_store(&store)
-        .await
-        .map_err(|e| format!("cannot open the store {store}: {e}"))?;
+async fn conformance(store: StoreUrl, as_json: bool) -> Result<(), Failure> {
+    // Fail early and clearly if the store cannot be opened at all (or has no schema).
+    let opened = ops::open(&store).await?;
     // Settings the suite cannot see (it runs on one server) but that lose claims in production.
-    let warnings = ops::durability_warnings(&store)
-        .await
-        .map_err(|e| format!("cannot read the settings of {store}: {e}"))?;
-    for w in &warnings {
-        println!("warning: {w}");
+    for w in ops::durability_warnings(&opened).await? {
+        if as_json {
+            println!("{}", json!({"type": "warning", "message": w}));
+        } else {
+            println!("warning: {w}");
+        }
     }
-    // The suite runs each case on a runtime of its own: off this one.
-    let report = tokio::task::spawn_blocking(move || ops::conformance(store)).await?;
-    println!("{report}");
-    if report.failed.is_empty() {
+    drop(opened);
+    // The suite runs each case on a runtime of its own: off this one. Each case is printed as
+    // it finishes (stdout is line-buffered, so each line reaches a pipe at once).
+    let report = tokio::task::spawn_blocking(move || {
+        ops::conformance(store, |case| {
+            if as_json {
+                println!(
+                    "{}",
+                    json!({
+                        "type": "case",
+                        "case": case.name,
+                        "group": case.group,
+                        "passed": case.passed(),
+                        "message": case.failure,
+                        "ms": case.elapsed.as_millis() as u64,
+                    })
+                );
+            } else {
+                match &case.failure {
+                    None => println!("pass  {}", case.name),
+                    Some(why) => println!("FAIL  {}: {why}", case.name),
+                }
+            }
+        })
+    })
+    .await
+    .map_err(Failure::other)?;
+    let (passed, failed) = (report.passed.len(), report.failed.len());
+    if as_json {
+        println!(
+            "{}",
+            json!({"type": "summary", "passed": passed, "failed": failed})
+        );
+    } else {
+        println!("{passed} passed, {failed} failed");
+    }
+    if failed == 0 {
         Ok(())
     } else {
-        Err(format!("{} conformance cases failed", report.failed.len()).into())
+        Err(Failure::suite_failed(format!(
+            "{failed} conformance cases failed"
+        )))
     }
 }
 
-async fn run_demo(mut options: DemoOptions, without_idem: bool) -> Result<(), BoxError> {
+async fn run_demo(
+    store: Option<StoreUrl>,
+    options: impl FnOnce(StoreUrl) -> DemoOptions,
+    without_idem: bool,
+) -> Result<(), Failure> {
     let _temp;
-    if options.store == StoreUrl::Sqlite(PathBuf::new()) {
-        let dir = std::env::temp_dir().join(format!("idem-demo-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        _temp = RemoveOnDrop(dir.clone());
-        options.store = StoreUrl::Sqlite(dir.join("demo.db"));
-    }
+    let store = match store {
+        Some(store) => store,
+        None => {
+            let dir = std::env::temp_dir().join(format!("idem-demo-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(Failure::other)?;
+            _temp = RemoveOnDrop(dir.clone());
+            format!("sqlite://{}", dir.join("demo.db").display()).parse()?
+        }
+    };
+    let options = options(store);
     println!(
         "idem demo: {} operations, {} at a time, tool latency {} ms, store {}",
         options.operations,
@@ -309,17 +441,20 @@ async fn run_demo(mut options: DemoOptions, without_idem: bool) -> Result<(), Bo
     println!(
         "faults: attempt deadlines shorter than the tool, duplicate concurrent sends, a repeat after success, holders that crash mid-flight"
     );
-    let with = demo::run(&options, true).await?;
+    let with = demo::run(&options, true).await.map_err(demo_failure)?;
     let without = if without_idem {
         eprintln!("the same traffic without idem:");
-        Some(demo::run(&options, false).await?)
+        Some(demo::run(&options, false).await.map_err(demo_failure)?)
     } else {
         None
     };
     println!();
     print!("{}", demo::table(&with, without.as_ref()));
     if with.double_effects > 0 {
-        return Err(format!("{} operations produced two tickets", with.double_effects).into());
+        return Err(Failure::suite_failed(format!(
+            "{} operations produced two tickets",
+            with.double_effects
+        )));
     }
     if let Some(w) = without {
         println!(
@@ -329,6 +464,14 @@ async fn run_demo(mut options: DemoOptions, without_idem: bool) -> Result<(), Bo
         );
     }
     Ok(())
+}
+
+/// A store that cannot be opened keeps its exit code (usage or store unavailable).
+fn demo_failure(e: idem_cli::serve::BoxError) -> Failure {
+    match e.downcast::<idemkit::OpenError>() {
+        Ok(e) => Failure::from(*e),
+        Err(e) => Failure::other(e),
+    }
 }
 
 /// Removes a directory when dropped.
@@ -345,10 +488,10 @@ async fn serve(
     addr: SocketAddr,
     latency_ms: u64,
     tokens: Option<PathBuf>,
-) -> Result<(), BoxError> {
+) -> Result<(), Failure> {
     let tokens = match tokens {
         Some(path) => {
-            let tokens = idem_cli::tokens::Tokens::load(&path)?;
+            let tokens = idem_cli::tokens::Tokens::load(&path).map_err(Failure::usage)?;
             tracing::info!(
                 tokens = tokens.len(),
                 file = %path.display(),
@@ -363,9 +506,13 @@ async fn serve(
             None
         }
     };
-    let backend = Backend::open(&store)
-        .await
-        .map_err(|e| format!("cannot open the store {store}: {e}"))?;
+    let backend =
+        Backend::open(&store)
+            .await
+            .map_err(|e| match e.downcast::<idemkit::OpenError>() {
+                Ok(e) => Failure::from(*e),
+                Err(e) => Failure::store(format!("cannot set up the store {store}: {e}")),
+            })?;
     let options = ServeOptions {
         tool_latency: Duration::from_millis(latency_ms),
         tokens,
@@ -374,13 +521,14 @@ async fn serve(
     let app = router(backend, options);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let addr = listener.local_addr()?;
+        .map_err(|e| Failure::other(format!("cannot listen on {addr}: {e}")))?;
+    let addr = listener.local_addr().map_err(Failure::other)?;
     eprintln!("idem: serving POST http://{addr}/tools/create_ticket and GET /tools on {store}");
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
-        .await?;
+        .await
+        .map_err(Failure::other)?;
     Ok(())
 }

@@ -1,4 +1,7 @@
 //! Operator commands: inspect a key, settle a stuck one by hand, purge, check a store.
+//!
+//! Every store is opened through [`idemkit::open`]; only `idem migrate` (and the reference
+//! server) change the schema.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,38 +9,34 @@ use std::time::Duration;
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
 use idem_core::{
     Clock, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Record, RecordState, Scope,
-    StalePolicy, SystemClock, purge_expired_all,
+    StalePolicy, SystemClock, Timestamp, purge_expired_all,
 };
-use idem_store_postgres::PostgresStore;
-use idem_store_redis::RedisStore;
-use idem_store_sqlite::SqliteStore;
+use idemkit::postgres::{PostgresStore, sqlx};
+use idemkit::redis::{RedisStore, redis};
+use idemkit::sqlite::SqliteStore;
+use idemkit::{OpenOptions, Opened, StoreUrl};
 use serde_json::{Value, json};
 
-use crate::serve::BoxError;
-use crate::store_url::StoreUrl;
+use crate::exit::Failure;
 
-/// Opens the record store named by `url` (migrating it), without the reference server's tickets.
-pub async fn open_store(url: &StoreUrl) -> Result<Arc<dyn KeyStore>, BoxError> {
-    Ok(match url {
-        StoreUrl::Sqlite(path) => {
-            if !path.exists() {
-                return Err(format!("no SQLite file at {}", path.display()).into());
-            }
-            let store = SqliteStore::open(path)?;
-            store.migrate()?;
-            Arc::new(store)
-        }
-        StoreUrl::Postgres(url) => {
-            let store = PostgresStore::connect(url).await?;
-            store.migrate().await?;
-            Arc::new(store)
-        }
-        StoreUrl::Redis(url) => {
-            let store = RedisStore::connect(url).await?;
-            store.migrate().await?;
-            Arc::new(store)
-        }
-    })
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Opens the record store named by `url`, reading only: a missing or older schema is refused
+/// with a message naming `idem migrate`, and nothing is created.
+pub async fn open_store(url: &StoreUrl) -> Result<Arc<dyn KeyStore>, Failure> {
+    Ok(open(url).await?.into_store())
+}
+
+/// [`open_store`], keeping the engine's own store.
+pub async fn open(url: &StoreUrl) -> Result<Opened, Failure> {
+    Ok(OpenOptions::new().open(url).await?)
+}
+
+/// `idem migrate`: creates or upgrades the schema (on Redis: loads the scripts and checks the
+/// settings), then reports the durability warnings.
+pub async fn migrate(url: &StoreUrl) -> Result<Vec<String>, Failure> {
+    let opened = OpenOptions::new().migrate(true).open(url).await?;
+    durability_warnings(&opened).await
 }
 
 /// A record as JSON, the outcome body parsed for reading.
@@ -66,22 +65,31 @@ fn rfc3339(t: idem_core::Timestamp) -> String {
         .to_string()
 }
 
+/// The record of (`scope`, `key`), or [`Exit::NotFound`](crate::exit::Exit::NotFound).
+async fn record(
+    store: &dyn KeyStore,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    now: Timestamp,
+) -> Result<Record, Failure> {
+    store.get(scope, key, now).await?.ok_or_else(|| {
+        Failure::not_found(format!(
+            "no record for scope {scope:?} key {key:?} (never claimed, or expired)"
+        ))
+    })
+}
+
 /// `idem keys show SCOPE KEY`: the record, as a table or JSON.
 pub async fn show(
     store: &dyn KeyStore,
     scope: &Scope,
     key: &IdempotencyKey,
     as_json: bool,
-) -> Result<String, BoxError> {
-    let record = store
-        .get(scope, key, SystemClock.now())
-        .await?
-        .ok_or_else(|| {
-            format!("no record for scope {scope:?} key {key:?} (never claimed, or expired)")
-        })?;
+) -> Result<String, Failure> {
+    let record = record(store, scope, key, SystemClock.now()).await?;
     let v = record_json(&record);
     if as_json {
-        return Ok(serde_json::to_string_pretty(&v)?);
+        return Ok(pretty(&v));
     }
     let mut out = String::new();
     for field in [
@@ -110,15 +118,15 @@ pub async fn show(
                 o.status(),
                 o.class().as_str()
             ));
-            out.push_str(&format!(
-                "{:<12}\n{}\n",
-                "body",
-                serde_json::to_string_pretty(&o.body_json())?
-            ));
+            out.push_str(&format!("{:<12}\n{}\n", "body", pretty(&o.body_json())));
         }
         None => out.push_str(&format!("{:<12} none\n", "outcome")),
     }
     Ok(out)
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
 }
 
 /// `idem keys ls`: the records the filter selects, as a table or JSON.
@@ -127,11 +135,11 @@ pub async fn ls(
     filter: &idem_core::ListFilter,
     limit: usize,
     as_json: bool,
-) -> Result<String, BoxError> {
+) -> Result<String, Failure> {
     let records = store.list(filter, SystemClock.now(), limit).await?;
     if as_json {
         let all: Vec<Value> = records.iter().map(record_json).collect();
-        return Ok(serde_json::to_string_pretty(&all)?);
+        return Ok(pretty(&Value::Array(all)));
     }
     let mut out = format!(
         "{:<17} {:>7} {:<24} {:<24} {}\n",
@@ -152,27 +160,40 @@ pub async fn ls(
     Ok(out)
 }
 
-/// Takes a stuck record over for the operator: refuses a completed record, or one whose holder's
-/// lease still runs.
+/// Takes a stuck record over for the operator, with a fresh token (so its holder, should it
+/// still be alive, is fenced: its `complete`, `release` and `extend` are refused). Refuses a
+/// completed record; refuses one whose holder's lease still runs unless `force`.
+///
+/// `--force` is expressed through the [`KeyStore`] trait as it is: the takeover claim is made
+/// at the instant the holder's lease ends (`max(now, lease_until)`), which is exactly when the
+/// contract lets a takeover happen; the store then issues a new token as for any takeover. The
+/// record's `updated_at` (and its lease and expiry) are therefore reckoned from the end of the
+/// overridden lease. Returns the token and the instant the operator's writes use.
 async fn take_over(
     store: &dyn KeyStore,
     scope: &Scope,
     key: &IdempotencyKey,
-) -> Result<idem_core::Token, BoxError> {
+    force: bool,
+) -> Result<(idem_core::Token, Timestamp), Failure> {
     let now = SystemClock.now();
-    let record = store.get(scope, key, now).await?.ok_or_else(|| {
-        format!("no record for scope {scope:?} key {key:?} (never claimed, or expired)")
-    })?;
+    let record = record(store, scope, key, now).await?;
+    let mut at = now;
     match record.state {
         RecordState::Completed => {
-            return Err(format!("the record is completed (status {}); it is the answer for good and cannot be changed", record.outcome.map_or(0, |o| o.status())).into());
+            return Err(Failure::refused(format!(
+                "the record is completed (status {}); it is the answer for good and cannot be changed",
+                record.outcome.map_or(0, |o| o.status())
+            )));
         }
         RecordState::Processing if !record.lease_elapsed(now) => {
-            return Err(format!(
-                "its holder's lease runs until {}; settle it only after the lease has elapsed",
-                rfc3339(record.lease_until)
-            )
-            .into());
+            if !force {
+                return Err(Failure::refused(format!(
+                    "its holder's lease runs until {}; settle it after the lease has elapsed, or pass --force if you know the holder is dead (it is fenced either way)",
+                    rfc3339(record.lease_until)
+                )));
+            }
+            // The first instant at which the lease has elapsed (`lease_until <= now`).
+            at = record.lease_until;
         }
         _ => {}
     }
@@ -181,16 +202,19 @@ async fn take_over(
         .ttl(
             record
                 .expires_at
-                .saturating_since(now)
+                .saturating_since(at)
                 .max(Duration::from_secs(3600)),
         )
-        .build()?;
+        .build()
+        .map_err(Failure::other)?;
     match store
-        .claim(scope, key, &record.fingerprint, &takeover, now)
+        .claim(scope, key, &record.fingerprint, &takeover, at)
         .await?
     {
-        ClaimAnswer::Claimed { token, .. } => Ok(token),
-        other => Err(format!("the record changed meanwhile ({other:?}); look again").into()),
+        ClaimAnswer::Claimed { token, .. } => Ok((token, at)),
+        other => Err(Failure::refused(format!(
+            "the record changed meanwhile ({other:?}); look again"
+        ))),
     }
 }
 
@@ -201,32 +225,30 @@ pub async fn resolve(
     scope: &Scope,
     key: &IdempotencyKey,
     outcome: &Value,
-) -> Result<String, BoxError> {
+    force: bool,
+    as_json: bool,
+) -> Result<String, Failure> {
     let status = outcome["status"]
         .as_u64()
         .and_then(|s| u16::try_from(s).ok())
-        .ok_or("the outcome file needs a numeric \"status\"")?;
+        .ok_or_else(|| Failure::usage("the outcome file needs a numeric \"status\""))?;
     let body = outcome
         .get("body")
-        .ok_or("the outcome file needs a \"body\"")?;
-    let outcome = Outcome::new(status, body, OutcomeClass::Definitive)?;
-    let token = take_over(store, scope, key).await?;
+        .ok_or_else(|| Failure::usage("the outcome file needs a \"body\""))?;
+    let outcome = Outcome::new(status, body, OutcomeClass::Definitive).map_err(Failure::usage)?;
+    let (token, at) = take_over(store, scope, key, force).await?;
     match store
-        .complete(
-            scope,
-            key,
-            token,
-            &outcome,
-            &Policy::default(),
-            SystemClock.now(),
-        )
+        .complete(scope, key, token, &outcome, &Policy::default(), at)
         .await?
     {
-        CompleteAnswer::Completed => Ok(format!("completed {scope} {key} with status {status}")),
-        other => Err(format!(
+        CompleteAnswer::Completed => Ok(if as_json {
+            json!({"scope": scope.as_str(), "key": key.as_str(), "result": "completed", "status": status}).to_string()
+        } else {
+            format!("completed {scope} {key} with status {status}")
+        }),
+        other => Err(Failure::refused(format!(
             "not completed ({other:?}): another attempt took the record meanwhile"
-        )
-        .into()),
+        ))),
     }
 }
 
@@ -236,111 +258,133 @@ pub async fn release(
     store: &dyn KeyStore,
     scope: &Scope,
     key: &IdempotencyKey,
-) -> Result<String, BoxError> {
-    let token = take_over(store, scope, key).await?;
-    match store.release(scope, key, token, SystemClock.now()).await? {
-        ReleaseAnswer::Released => Ok(format!(
-            "released {scope} {key}: the next retry runs the operation"
+    force: bool,
+    as_json: bool,
+) -> Result<String, Failure> {
+    let (token, at) = take_over(store, scope, key, force).await?;
+    match store.release(scope, key, token, at).await? {
+        ReleaseAnswer::Released => Ok(if as_json {
+            json!({"scope": scope.as_str(), "key": key.as_str(), "result": "released"}).to_string()
+        } else {
+            format!("released {scope} {key}: the next retry runs the operation")
+        }),
+        ReleaseAnswer::Fenced => Err(Failure::refused(
+            "not released: another attempt took the record meanwhile",
         )),
-        ReleaseAnswer::Fenced => {
-            Err("not released: another attempt took the record meanwhile".into())
-        }
     }
 }
 
-/// `idem purge`: deletes expired records in batches, with progress.
-pub async fn purge(store: &dyn KeyStore, batch: usize, progress: bool) -> Result<String, BoxError> {
+/// What `idem purge` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Records deleted.
+    pub deleted: u64,
+    /// Batches run.
+    pub batches: u64,
+}
+
+/// `idem purge`: deletes expired records in batches of `batch`, showing a progress spinner on
+/// stderr only when stderr is a terminal (`progress`).
+pub async fn purge(
+    store: &dyn KeyStore,
+    batch: usize,
+    progress: bool,
+) -> Result<PurgeReport, Failure> {
+    use std::io::IsTerminal;
+    let bar = if progress && std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let report = purge_expired_all(store, &SystemClock, batch, None, |r| {
-        if progress {
-            eprint!("\r  purged {} records in {} batches", r.deleted, r.batches);
-        }
+        bar.set_message(format!(
+            "purged {} records in {} batches",
+            r.deleted, r.batches
+        ));
     })
-    .await?;
-    if progress {
-        eprintln!();
-    }
-    Ok(format!(
-        "purged {} expired records in {} batches",
-        report.deleted, report.batches
-    ))
+    .await;
+    bar.finish_and_clear();
+    let report = report?;
+    Ok(PurgeReport {
+        deleted: report.deleted as u64,
+        batches: report.batches as u64,
+    })
 }
 
 /// The server settings that allow a lost claim, one line each naming the setting and the risk
-/// (`idem conformance` prints them before the suite). Redis is judged as a store without
-/// `with_wait_for_replicas`, which is what `--store` opens: an application that waits for its
+/// (`idem conformance` and `idem migrate` print them). Redis is judged as a store without
+/// `with_wait_for_replicas`, which is what a URL opens: an application that waits for its
 /// replicas should call `RedisStore::check_config` on its own store. SQLite has none to check.
-pub async fn durability_warnings(url: &StoreUrl) -> Result<Vec<String>, BoxError> {
-    Ok(match url {
-        StoreUrl::Sqlite(_) => Vec::new(),
-        StoreUrl::Postgres(url) => PostgresStore::connect(url)
-            .await?
-            .check_config()
-            .await?
+pub async fn durability_warnings(opened: &Opened) -> Result<Vec<String>, Failure> {
+    let context = |e| Failure::from(e).context("cannot read the server's settings");
+    if let Some(pg) = opened.engine::<PostgresStore>() {
+        let report = pg.check_config().await.map_err(context)?;
+        return Ok(report
             .warnings
             .iter()
             .map(|w| format!("postgres: {w}"))
-            .collect(),
-        StoreUrl::Redis(url) => RedisStore::connect(url)
-            .await?
-            .check_config()
-            .await?
+            .collect());
+    }
+    if let Some(redis) = opened.engine::<RedisStore>() {
+        let report = redis.check_config().await.map_err(context)?;
+        return Ok(report
             .warnings
             .iter()
             .map(|w| format!("redis {w}"))
-            .collect(),
-    })
+            .collect());
+    }
+    Ok(Vec::new())
 }
 
-/// `idem conformance --store URL`: the public suite against a live store, case by case.
-pub fn conformance(url: StoreUrl) -> idem_conformance::Report {
+/// `idem conformance --store URL`: the public suite against a live store, case by case;
+/// `on_case` sees each case as it finishes. Each case opens the store again (reading only).
+pub fn conformance(
+    url: StoreUrl,
+    on_case: impl FnMut(&idem_conformance::CaseResult),
+) -> idem_conformance::Report {
     let factory = move || {
         let url = url.clone();
         async move { open_store(&url).await.expect("the store opens") }
     };
-    idem_conformance::run_all(factory)
+    idem_conformance::run_streaming(factory, |_| true, on_case)
 }
 
 /// The bare engine operations idem's are measured against, on the same store.
 enum Raw {
     Sqlite(SqliteStore),
     Postgres(PostgresStore),
-    Redis(idem_store_redis::redis::aio::ConnectionManager),
+    Redis(redis::aio::ConnectionManager),
 }
 
 impl Raw {
-    async fn open(url: &StoreUrl) -> Result<(Arc<dyn KeyStore>, Raw), BoxError> {
-        Ok(match url {
-            StoreUrl::Sqlite(path) => {
-                let store = SqliteStore::open(path)?;
-                store.migrate()?;
-                store
-                    .with_connection(|c| {
-                        c.execute_batch(
-                            "CREATE TABLE IF NOT EXISTS idem_bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
-                        )
-                    })
-                    .await??;
-                (Arc::new(store.clone()), Raw::Sqlite(store))
-            }
-            StoreUrl::Postgres(url) => {
-                let store = PostgresStore::connect(url).await?;
-                store.migrate().await?;
-                idem_store_postgres::sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS idem_bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
-                )
-                .execute(store.pool())
+    /// The engine's bare connection behind `opened`, with its scratch table
+    /// `idem_bench_raw` created (the only schema change `idem bench` makes).
+    async fn open(opened: &Opened) -> Result<Raw, BoxError> {
+        const TABLE: &str =
+            "CREATE TABLE IF NOT EXISTS idem_bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)";
+        if let Some(store) = opened.engine::<SqliteStore>() {
+            store.with_connection(|c| c.execute_batch(TABLE)).await??;
+            return Ok(Raw::Sqlite(store.clone()));
+        }
+        if let Some(store) = opened.engine::<PostgresStore>() {
+            sqlx::query(TABLE).execute(store.pool()).await?;
+            return Ok(Raw::Postgres(store.clone()));
+        }
+        if let Some(store) = opened.engine::<RedisStore>()
+            && !store.is_cluster()
+        {
+            let conn = redis::Client::open(opened.url().expose_secret())?
+                .get_connection_manager()
                 .await?;
-                (Arc::new(store.clone()), Raw::Postgres(store))
-            }
-            StoreUrl::Redis(url) => {
-                let store = RedisStore::connect(url).await?;
-                store.migrate().await?;
-                let conn = idem_store_redis::redis::Client::open(url.as_str())?
-                    .get_connection_manager()
-                    .await?;
-                (Arc::new(store), Raw::Redis(conn))
-            }
-        })
+            return Ok(Raw::Redis(conn));
+        }
+        Err(format!(
+            "idem bench compares with the bare operations of SQLite, PostgreSQL and standalone Redis, not of {}",
+            opened.url()
+        )
+        .into())
     }
 
     /// The bare form of a first execution: insert the key if absent, then write its answer.
@@ -358,7 +402,6 @@ impl Raw {
                 .await??;
             }
             Raw::Postgres(s) => {
-                use idem_store_postgres::sqlx;
                 sqlx::query(
                     "INSERT INTO idem_bench_raw (k, v) VALUES ($1, 'p') ON CONFLICT DO NOTHING",
                 )
@@ -371,7 +414,6 @@ impl Raw {
                     .await?;
             }
             Raw::Redis(conn) => {
-                use idem_store_redis::redis;
                 let mut conn = conn.clone();
                 let _: Option<String> = redis::cmd("SET")
                     .arg(key)
@@ -405,7 +447,7 @@ impl Raw {
                 .await??;
             }
             Raw::Postgres(s) => {
-                idem_store_postgres::sqlx::query("DELETE FROM idem_bench_raw WHERE k LIKE $1")
+                sqlx::query("DELETE FROM idem_bench_raw WHERE k LIKE $1")
                     .bind(pattern)
                     .execute(s.pool())
                     .await?;
@@ -428,19 +470,14 @@ impl Raw {
                 .await??;
             }
             Raw::Postgres(s) => {
-                let _: String = idem_store_postgres::sqlx::query_scalar(
-                    "SELECT v FROM idem_bench_raw WHERE k = $1",
-                )
-                .bind(key)
-                .fetch_one(s.pool())
-                .await?;
+                let _: String = sqlx::query_scalar("SELECT v FROM idem_bench_raw WHERE k = $1")
+                    .bind(key)
+                    .fetch_one(s.pool())
+                    .await?;
             }
             Raw::Redis(conn) => {
                 let mut conn = conn.clone();
-                let _: Option<String> = idem_store_redis::redis::cmd("GET")
-                    .arg(key)
-                    .query_async(&mut conn)
-                    .await?;
+                let _: Option<String> = redis::cmd("GET").arg(key).query_async(&mut conn).await?;
             }
         }
         Ok(())
@@ -460,6 +497,17 @@ pub struct BenchReport {
     pub idem_replay: f64,
     /// The raw read.
     pub raw_replay: f64,
+}
+
+impl BenchReport {
+    /// The report as JSON: microseconds per operation and the ratios.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "operations": self.operations,
+            "first_execution": {"idem_us": self.idem_first, "raw_us": self.raw_first, "ratio": self.idem_first / self.raw_first},
+            "replay": {"idem_us": self.idem_replay, "raw_us": self.raw_replay, "ratio": self.idem_replay / self.raw_replay},
+        })
+    }
 }
 
 impl std::fmt::Display for BenchReport {
@@ -486,9 +534,20 @@ impl std::fmt::Display for BenchReport {
 
 /// `idem bench --store URL`: idem's first execution and replay against the bare engine
 /// operations on the same store, as ratios.
-pub async fn bench(url: &StoreUrl, operations: usize) -> Result<BenchReport, BoxError> {
+pub async fn bench(url: &StoreUrl, operations: usize) -> Result<BenchReport, Failure> {
+    let opened = open(url).await?;
+    let raw = Raw::open(&opened).await.map_err(Failure::store)?;
+    run_bench(opened.store(), &raw, operations)
+        .await
+        .map_err(Failure::store)
+}
+
+async fn run_bench(
+    store: Arc<dyn KeyStore>,
+    raw: &Raw,
+    operations: usize,
+) -> Result<BenchReport, BoxError> {
     use std::time::Instant;
-    let (store, raw) = Raw::open(url).await?;
     let run = format!("{:016x}", rand::random::<u64>());
     let scope = Scope::new(format!("idem-bench/{run}"))?;
     let fp = idem_core::Fingerprint::of("bench", &json!({}))?;

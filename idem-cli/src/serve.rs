@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::tokens::Tokens;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
@@ -28,16 +29,13 @@ use idem_core::{
 };
 use idem_core::{Finding, Probe, Reconciler};
 use idem_http::{IdempotencyLayer, Problem};
-use idem_store_postgres::PostgresStore;
-use idem_store_redis::RedisStore;
-use idem_store_redis::redis::AsyncCommands;
-use idem_store_redis::redis::aio::ConnectionManager;
-use idem_store_sqlite::SqliteStore;
-use idem_store_sqlite::rusqlite::{self, TransactionBehavior};
+use idemkit::postgres::{PostgresStore, sqlx};
+use idemkit::redis::RedisStore;
+use idemkit::redis::redis::{self, AsyncCommands, aio::ConnectionManager};
+use idemkit::sqlite::SqliteStore;
+use idemkit::sqlite::rusqlite::{self, TransactionBehavior};
+use idemkit::{OpenOptions, StoreUrl};
 use serde_json::{Value, json};
-
-use crate::store_url::StoreUrl;
-use crate::tokens::Tokens;
 
 /// A boxed error for the binary's setup paths.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -90,41 +88,316 @@ impl ServeOptions {
     }
 }
 
-/// The database the records and the tickets share.
+/// The database the records and the tickets share: the record store, opened by URL through
+/// [`idemkit::open`], and the tickets kept next to it by the engine's [`Tickets`].
 #[derive(Clone)]
-pub enum Backend {
-    /// An SQLite file.
-    Sqlite(SqliteStore),
-    /// A PostgreSQL database.
-    Postgres(PostgresStore),
-    /// A Redis server. Tickets cannot share a transaction with the record here: the ticket is
-    /// written, then the layer completes the record; a holder that dies in between leaves a
-    /// `processing` record that the reconciler settles by looking the ticket up.
-    Redis {
-        /// The record store.
-        store: RedisStore,
-        /// A connection for the tickets.
-        tickets: ConnectionManager,
-    },
+pub struct Backend {
+    store: Arc<dyn KeyStore>,
+    tickets: Arc<dyn Tickets>,
 }
 
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Sqlite(s) => s.fmt(f),
-            Self::Postgres(s) => s.fmt(f),
-            Self::Redis { store, .. } => store.fmt(f),
-        }
+        self.store.fmt(f)
     }
 }
 
-enum Created {
+/// A ticket the tool creates, before it has an id.
+pub struct NewTicket {
+    tenant: String,
+    title: String,
+    account_id: String,
+    created_at: String,
+}
+
+impl NewTicket {
+    fn outcome(&self, id: i64) -> Outcome {
+        let body = json!({"ticket_id": format!("T-{id:06}"), "created_at": self.created_at});
+        Outcome::new(201, &body, OutcomeClass::Definitive).expect("a JSON object")
+    }
+}
+
+/// What [`Tickets::create`] did.
+pub enum Created {
     /// The ticket exists; `recorded` says whether its record was completed with it.
     Ticket {
+        /// The tool's answer.
         outcome: Outcome,
+        /// Whether the record was completed in the ticket's own transaction.
         recorded: bool,
     },
+    /// The attempt lost its claim: no ticket was created.
     Fenced,
+}
+
+/// Where the reference server keeps its tickets, next to the records: one implementation per
+/// engine. A new backend needs one only to run `idem serve` and `idem demo`.
+#[idem_core::async_trait]
+pub trait Tickets: Send + Sync + 'static {
+    /// Creates the tickets table if it is missing.
+    async fn create_table(&self) -> Result<(), BoxError>;
+    /// How many tickets `tenant` has.
+    async fn count(&self, tenant: &str) -> Result<i64, BoxError>;
+    /// Keys of `tenant` with more than one ticket.
+    async fn double_effects(&self, tenant: &str) -> Result<i64, BoxError>;
+    /// Inserts a ticket with no record at all (the tool without idem); returns its id.
+    async fn insert(&self, key: &str, ticket: &NewTicket) -> Result<i64, BoxError>;
+    /// Inserts the ticket for `attempt` and, where the engine allows, completes the record in
+    /// the same transaction.
+    async fn create(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+        policy: Policy,
+        now: Timestamp,
+    ) -> Result<Created, StoreError>;
+    /// Where a ticket does not commit with its record, the probe that finds it for the
+    /// reconciler (records left `processing` are then reconciled, never taken over); `None`
+    /// where they commit together.
+    fn probe(&self) -> Option<Box<dyn Probe>>;
+}
+
+impl Backend {
+    /// Opens the store at `url` (migrating its records table: the server sets up what it
+    /// needs) and creates the tickets table.
+    pub async fn open(url: &StoreUrl) -> Result<Self, BoxError> {
+        let opened = OpenOptions::new().migrate(true).open(url).await?;
+        let tickets: Arc<dyn Tickets> = if let Some(s) = opened.engine::<SqliteStore>() {
+            Arc::new(SqliteTickets(s.clone()))
+        } else if let Some(s) = opened.engine::<PostgresStore>() {
+            Arc::new(PostgresTickets(s.clone()))
+        } else if let Some(s) = opened.engine::<RedisStore>()
+            && !s.is_cluster()
+        {
+            let conn = idemkit::redis::redis::Client::open(url.expose_secret())?
+                .get_connection_manager()
+                .await?;
+            Arc::new(RedisTickets(conn))
+        } else {
+            return Err(format!(
+                "the reference server keeps its tickets in an SQLite, PostgreSQL or standalone Redis store, not in {url}"
+            )
+            .into());
+        };
+        tickets.create_table().await?;
+        Ok(Self {
+            store: opened.into_store(),
+            tickets,
+        })
+    }
+
+    /// The record store.
+    pub fn store(&self) -> Arc<dyn KeyStore> {
+        self.store.clone()
+    }
+
+    /// How many tickets `tenant` has: the effects, counted where they land.
+    pub async fn ticket_count(&self, tenant: &str) -> Result<i64, BoxError> {
+        self.tickets.count(tenant).await
+    }
+
+    /// Keys of `tenant` with more than one ticket: double effects, counted at the sink.
+    pub async fn double_effects(&self, tenant: &str) -> Result<i64, BoxError> {
+        self.tickets.double_effects(tenant).await
+    }
+}
+
+const CREATE_TICKETS: &str = "CREATE TABLE IF NOT EXISTS tickets (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    title TEXT NOT NULL,
+    account_id TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    created_at TEXT NOT NULL)";
+const DOUBLE_EFFECTS: &str = "SELECT COUNT(*) FROM (SELECT idempotency_key FROM tickets WHERE tenant = $1 GROUP BY idempotency_key HAVING COUNT(*) > 1) AS d";
+
+/// Tickets in the SQLite file, inserted in the transaction that completes the record.
+struct SqliteTickets(SqliteStore);
+
+#[idem_core::async_trait]
+impl Tickets for SqliteTickets {
+    async fn create_table(&self) -> Result<(), BoxError> {
+        self.0
+            .with_connection(|c| c.execute_batch(CREATE_TICKETS))
+            .await??;
+        Ok(())
+    }
+
+    async fn count(&self, tenant: &str) -> Result<i64, BoxError> {
+        let tenant = tenant.to_owned();
+        Ok(self
+            .0
+            .with_connection(move |c| {
+                c.query_row(
+                    "SELECT COUNT(*) FROM tickets WHERE tenant = ?1",
+                    [tenant],
+                    |r| r.get(0),
+                )
+            })
+            .await??)
+    }
+
+    async fn double_effects(&self, tenant: &str) -> Result<i64, BoxError> {
+        let tenant = tenant.to_owned();
+        Ok(self
+            .0
+            .with_connection(move |c| {
+                c.query_row(&DOUBLE_EFFECTS.replace("$1", "?1"), [tenant], |r| r.get(0))
+            })
+            .await??)
+    }
+
+    async fn insert(&self, key: &str, ticket: &NewTicket) -> Result<i64, BoxError> {
+        let fields = [
+            ticket.tenant.clone(),
+            ticket.title.clone(),
+            ticket.account_id.clone(),
+            key.to_owned(),
+            ticket.created_at.clone(),
+        ];
+        Ok(self
+            .0
+            .with_connection(move |c| {
+                c.execute(
+                    "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    fields,
+                )?;
+                Ok::<_, rusqlite::Error>(c.last_insert_rowid())
+            })
+            .await??)
+    }
+
+    async fn create(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+        policy: Policy,
+        now: Timestamp,
+    ) -> Result<Created, StoreError> {
+        let (scope, key, token) = (
+            attempt.scope().clone(),
+            attempt.key().clone(),
+            attempt.token(),
+        );
+        let store = self.0.clone();
+        self.0
+            .with_connection(move |conn| {
+                let db = |e: rusqlite::Error| StoreError::backend("sqlite: tickets", e);
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(db)?;
+                tx.execute(
+                    "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    [&ticket.tenant, &ticket.title, &ticket.account_id, key.as_str(), &ticket.created_at],
+                )
+                .map_err(db)?;
+                let outcome = ticket.outcome(tx.last_insert_rowid());
+                match store.complete_in(&tx, &scope, &key, token, &outcome, &policy, now)? {
+                    CompleteAnswer::Fenced => Ok(Created::Fenced), // dropped: rolled back
+                    _ => {
+                        tx.commit().map_err(db)?;
+                        Ok(Created::Ticket {
+                            outcome,
+                            recorded: true,
+                        })
+                    }
+                }
+            })
+            .await?
+    }
+
+    fn probe(&self) -> Option<Box<dyn Probe>> {
+        None
+    }
+}
+
+/// Tickets in the PostgreSQL database, inserted in the transaction that completes the record.
+struct PostgresTickets(PostgresStore);
+
+#[idem_core::async_trait]
+impl Tickets for PostgresTickets {
+    async fn create_table(&self) -> Result<(), BoxError> {
+        sqlx::query(
+            &CREATE_TICKETS.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY"),
+        )
+        .execute(self.0.pool())
+        .await?;
+        Ok(())
+    }
+
+    async fn count(&self, tenant: &str) -> Result<i64, BoxError> {
+        Ok(
+            sqlx::query_scalar("SELECT COUNT(*) FROM tickets WHERE tenant = $1")
+                .bind(tenant)
+                .fetch_one(self.0.pool())
+                .await?,
+        )
+    }
+
+    async fn double_effects(&self, tenant: &str) -> Result<i64, BoxError> {
+        Ok(sqlx::query_scalar(DOUBLE_EFFECTS)
+            .bind(tenant)
+            .fetch_one(self.0.pool())
+            .await?)
+    }
+
+    async fn insert(&self, key: &str, ticket: &NewTicket) -> Result<i64, BoxError> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+        )
+        .bind(&ticket.tenant)
+        .bind(&ticket.title)
+        .bind(&ticket.account_id)
+        .bind(key)
+        .bind(&ticket.created_at)
+        .fetch_one(self.0.pool())
+        .await?)
+    }
+
+    async fn create(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+        policy: Policy,
+        now: Timestamp,
+    ) -> Result<Created, StoreError> {
+        let (scope, key, token) = (attempt.scope(), attempt.key(), attempt.token());
+        let db = |e: sqlx::Error| StoreError::backend("postgres: tickets", e);
+        let mut tx = self.0.pool().begin().await.map_err(db)?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+        )
+        .bind(&ticket.tenant)
+        .bind(&ticket.title)
+        .bind(&ticket.account_id)
+        .bind(key.as_str())
+        .bind(&ticket.created_at)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+        let outcome = ticket.outcome(id);
+        match self
+            .0
+            .complete_with_conn(&mut tx, scope, key, token, &outcome, &policy, now)
+            .await?
+        {
+            CompleteAnswer::Fenced => {
+                tx.rollback().await.map_err(db)?;
+                Ok(Created::Fenced)
+            }
+            _ => {
+                tx.commit().await.map_err(db)?;
+                Ok(Created::Ticket {
+                    outcome,
+                    recorded: true,
+                })
+            }
+        }
+    }
+
+    fn probe(&self) -> Option<Box<dyn Probe>> {
+        None
+    }
 }
 
 /// Where a Redis backend keeps tickets: per tenant, the list of the keys of its tickets (one
@@ -137,6 +410,85 @@ const REDIS_TICKET_OF: &str = "idem-demo:ticket-of";
 
 fn redis_ticket_field(scope: &idem_core::Scope, key: &str) -> String {
     format!("{}\n{key}", scope.as_str())
+}
+
+/// Tickets on a standalone Redis server. They cannot share a transaction with the record: the
+/// ticket is written, then the layer completes the record; a holder that dies in between
+/// leaves a `processing` record that the reconciler settles by looking the ticket up.
+struct RedisTickets(ConnectionManager);
+
+#[idem_core::async_trait]
+impl Tickets for RedisTickets {
+    async fn create_table(&self) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    async fn count(&self, tenant: &str) -> Result<i64, BoxError> {
+        Ok(self.0.clone().llen(redis_tickets_key(tenant)).await?)
+    }
+
+    async fn double_effects(&self, tenant: &str) -> Result<i64, BoxError> {
+        let keys: Vec<String> = self
+            .0
+            .clone()
+            .lrange(redis_tickets_key(tenant), 0, -1)
+            .await?;
+        let mut counts = std::collections::HashMap::new();
+        for key in keys {
+            *counts.entry(key).or_insert(0) += 1;
+        }
+        Ok(counts.values().filter(|n| **n > 1).count() as i64)
+    }
+
+    async fn insert(&self, key: &str, ticket: &NewTicket) -> Result<i64, BoxError> {
+        let mut conn = self.0.clone();
+        let id: i64 = conn.incr("idem-demo:ticket-seq", 1).await?;
+        let _: () = conn.rpush(redis_tickets_key(&ticket.tenant), key).await?;
+        Ok(id)
+    }
+
+    async fn create(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+        _policy: Policy,
+        _now: Timestamp,
+    ) -> Result<Created, StoreError> {
+        let db = |e: redis::RedisError| StoreError::unavailable("redis: tickets", e);
+        let mut conn = self.0.clone();
+        let id: i64 = conn.incr("idem-demo:ticket-seq", 1).await.map_err(db)?;
+        let outcome = ticket.outcome(id);
+        let _: () = redis::pipe()
+            .atomic()
+            .rpush(redis_tickets_key(&ticket.tenant), attempt.key().as_str())
+            .hset(
+                REDIS_TICKET_OF,
+                redis_ticket_field(attempt.scope(), attempt.key().as_str()),
+                outcome.body(),
+            )
+            .query_async(&mut conn)
+            .await
+            .map_err(db)?;
+        // Not recorded: the layer completes the record after this answer.
+        Ok(Created::Ticket {
+            outcome,
+            recorded: false,
+        })
+    }
+
+    fn probe(&self) -> Option<Box<dyn Probe>> {
+        Some(Box::new(RedisTicketProbe(self.0.clone())))
+    }
+}
+
+/// A [`Tickets::probe`], as the reconciler takes it.
+struct BoxedProbe(Box<dyn Probe>);
+
+#[idem_core::async_trait]
+impl Probe for BoxedProbe {
+    async fn probe(&self, record: &idem_core::Record) -> Finding {
+        self.0.probe(record).await
+    }
 }
 
 /// The reconciler's probe on a Redis backend: is there a ticket for this (scope, key)?
@@ -158,294 +510,6 @@ impl Probe for RedisTicketProbe {
             Ok(None) => Finding::NotHappened,
             Err(_) => Finding::Unknown,
         }
-    }
-}
-
-impl Backend {
-    /// Opens the store at `url`, migrates the records table and creates `tickets`.
-    pub async fn open(url: &StoreUrl) -> Result<Self, BoxError> {
-        let backend = match url {
-            StoreUrl::Sqlite(path) => {
-                let store = SqliteStore::open(path)?;
-                store.migrate()?;
-                Self::Sqlite(store)
-            }
-            StoreUrl::Postgres(url) => {
-                let store = PostgresStore::connect(url).await?;
-                store.migrate().await?;
-                Self::Postgres(store)
-            }
-            StoreUrl::Redis(url) => {
-                let store = RedisStore::connect(url).await?;
-                let report = store.migrate().await?;
-                for warning in &report.warnings {
-                    tracing::warn!(%warning, "redis configuration");
-                }
-                let tickets = idem_store_redis::redis::Client::open(url.as_str())?
-                    .get_connection_manager()
-                    .await?;
-                Self::Redis { store, tickets }
-            }
-        };
-        backend.create_tickets_table().await?;
-        Ok(backend)
-    }
-
-    /// The record store.
-    pub fn store(&self) -> Arc<dyn KeyStore> {
-        match self {
-            Self::Sqlite(s) => Arc::new(s.clone()),
-            Self::Postgres(s) => Arc::new(s.clone()),
-            Self::Redis { store, .. } => Arc::new(store.clone()),
-        }
-    }
-
-    async fn create_tickets_table(&self) -> Result<(), BoxError> {
-        match self {
-            Self::Sqlite(s) => {
-                s.with_connection(|c| {
-                    c.execute_batch(
-                        "CREATE TABLE IF NOT EXISTS tickets (
-                            id INTEGER PRIMARY KEY AUTOINCREMENT,
-                            tenant TEXT NOT NULL,
-                            title TEXT NOT NULL,
-                            account_id TEXT NOT NULL,
-                            idempotency_key TEXT NOT NULL,
-                            created_at TEXT NOT NULL)",
-                    )
-                })
-                .await??
-            }
-            Self::Postgres(s) => {
-                idem_store_postgres::sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS tickets (
-                        id BIGSERIAL PRIMARY KEY,
-                        tenant TEXT NOT NULL,
-                        title TEXT NOT NULL,
-                        account_id TEXT NOT NULL,
-                        idempotency_key TEXT NOT NULL,
-                        created_at TEXT NOT NULL)",
-                )
-                .execute(s.pool())
-                .await?;
-            }
-            Self::Redis { .. } => {}
-        }
-        Ok(())
-    }
-
-    /// How many tickets `tenant` has: the effects, counted where they land.
-    pub async fn ticket_count(&self, tenant: &str) -> Result<i64, BoxError> {
-        Ok(match self {
-            Self::Sqlite(s) => {
-                let tenant = tenant.to_owned();
-                s.with_connection(move |c| {
-                    c.query_row(
-                        "SELECT COUNT(*) FROM tickets WHERE tenant = ?1",
-                        [tenant],
-                        |r| r.get(0),
-                    )
-                })
-                .await??
-            }
-            Self::Postgres(s) => {
-                idem_store_postgres::sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM tickets WHERE tenant = $1",
-                )
-                .bind(tenant)
-                .fetch_one(s.pool())
-                .await?
-            }
-            Self::Redis { tickets, .. } => {
-                let n: i64 = tickets.clone().llen(redis_tickets_key(tenant)).await?;
-                n
-            }
-        })
-    }
-
-    /// Inserts a ticket with no record at all (the tool without idem).
-    async fn insert_ticket(&self, key: &str, ticket: &NewTicket) -> Result<i64, BoxError> {
-        const SQLITE: &str = "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES (?1, ?2, ?3, ?4, ?5)";
-        const POSTGRES: &str = "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id";
-        let fields = [
-            ticket.tenant.clone(),
-            ticket.title.clone(),
-            ticket.account_id.clone(),
-            key.to_owned(),
-            ticket.created_at.clone(),
-        ];
-        Ok(match self {
-            Self::Sqlite(s) => {
-                s.with_connection(move |c| {
-                    c.execute(SQLITE, fields)?;
-                    Ok::<_, rusqlite::Error>(c.last_insert_rowid())
-                })
-                .await??
-            }
-            Self::Redis { tickets, .. } => {
-                let mut conn = tickets.clone();
-                let id: i64 = conn.incr("idem-demo:ticket-seq", 1).await?;
-                let _: () = conn.rpush(redis_tickets_key(&ticket.tenant), key).await?;
-                id
-            }
-            Self::Postgres(s) => {
-                let [a, b, c, d, e] = fields;
-                idem_store_postgres::sqlx::query_scalar(POSTGRES)
-                    .bind(a)
-                    .bind(b)
-                    .bind(c)
-                    .bind(d)
-                    .bind(e)
-                    .fetch_one(s.pool())
-                    .await?
-            }
-        })
-    }
-
-    /// Keys of `tenant` with more than one ticket: double effects, counted at the sink.
-    pub async fn double_effects(&self, tenant: &str) -> Result<i64, BoxError> {
-        const SQL: &str = "SELECT COUNT(*) FROM (SELECT idempotency_key FROM tickets WHERE tenant = $1 GROUP BY idempotency_key HAVING COUNT(*) > 1) AS d";
-        Ok(match self {
-            Self::Sqlite(s) => {
-                let tenant = tenant.to_owned();
-                s.with_connection(move |c| {
-                    c.query_row(&SQL.replace("$1", "?1"), [tenant], |r| r.get(0))
-                })
-                .await??
-            }
-            Self::Postgres(s) => {
-                idem_store_postgres::sqlx::query_scalar(SQL)
-                    .bind(tenant)
-                    .fetch_one(s.pool())
-                    .await?
-            }
-            Self::Redis { tickets, .. } => {
-                let keys: Vec<String> = tickets
-                    .clone()
-                    .lrange(redis_tickets_key(tenant), 0, -1)
-                    .await?;
-                let mut counts = std::collections::HashMap::new();
-                for key in keys {
-                    *counts.entry(key).or_insert(0) += 1;
-                }
-                counts.values().filter(|n| **n > 1).count() as i64
-            }
-        })
-    }
-
-    /// Inserts the ticket and completes the record in one transaction.
-    async fn create_ticket(
-        &self,
-        attempt: &Attempt,
-        ticket: NewTicket,
-        policy: Policy,
-        now: Timestamp,
-    ) -> Result<Created, StoreError> {
-        let (scope, key, token) = (
-            attempt.scope().clone(),
-            attempt.key().clone(),
-            attempt.token(),
-        );
-        match self {
-            Self::Sqlite(store) => {
-                let store2 = store.clone();
-                store
-                    .with_connection(move |conn| {
-                        let db = |e: rusqlite::Error| StoreError::backend("sqlite: tickets", e);
-                        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
-                        tx.execute(
-                            "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                            [&ticket.tenant, &ticket.title, &ticket.account_id, key.as_str(), &ticket.created_at],
-                        )
-                        .map_err(db)?;
-                        let outcome = ticket.outcome(tx.last_insert_rowid());
-                        match store2.complete_in(&tx, &scope, &key, token, &outcome, &policy, now)? {
-                            CompleteAnswer::Fenced => Ok(Created::Fenced), // dropped: rolled back
-                            _ => {
-                                tx.commit().map_err(db)?;
-                                Ok(Created::Ticket {
-                                    outcome,
-                                    recorded: true,
-                                })
-                            }
-                        }
-                    })
-                    .await?
-            }
-            Self::Postgres(store) => {
-                let db = |e: idem_store_postgres::sqlx::Error| {
-                    StoreError::backend("postgres: tickets", e)
-                };
-                let mut tx = store.pool().begin().await.map_err(db)?;
-                let id: i64 = idem_store_postgres::sqlx::query_scalar(
-                    "INSERT INTO tickets (tenant, title, account_id, idempotency_key, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id",
-                )
-                .bind(&ticket.tenant)
-                .bind(&ticket.title)
-                .bind(&ticket.account_id)
-                .bind(key.as_str())
-                .bind(&ticket.created_at)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db)?;
-                let outcome = ticket.outcome(id);
-                match store
-                    .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
-                    .await?
-                {
-                    CompleteAnswer::Fenced => {
-                        tx.rollback().await.map_err(db)?;
-                        Ok(Created::Fenced)
-                    }
-                    _ => {
-                        tx.commit().await.map_err(db)?;
-                        Ok(Created::Ticket {
-                            outcome,
-                            recorded: true,
-                        })
-                    }
-                }
-            }
-            Self::Redis { tickets, .. } => {
-                let db = |e: idem_store_redis::redis::RedisError| {
-                    StoreError::unavailable("redis: tickets", e)
-                };
-                let mut conn = tickets.clone();
-                let id: i64 = conn.incr("idem-demo:ticket-seq", 1).await.map_err(db)?;
-                let outcome = ticket.outcome(id);
-                let _: () = idem_store_redis::redis::pipe()
-                    .atomic()
-                    .rpush(redis_tickets_key(&ticket.tenant), key.as_str())
-                    .hset(
-                        REDIS_TICKET_OF,
-                        redis_ticket_field(&scope, key.as_str()),
-                        outcome.body(),
-                    )
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(db)?;
-                // Not recorded: the layer completes the record after this answer.
-                let _ = (token, policy, now);
-                Ok(Created::Ticket {
-                    outcome,
-                    recorded: false,
-                })
-            }
-        }
-    }
-}
-
-struct NewTicket {
-    tenant: String,
-    title: String,
-    account_id: String,
-    created_at: String,
-}
-
-impl NewTicket {
-    fn outcome(&self, id: i64) -> Outcome {
-        let body = json!({"ticket_id": format!("T-{id:06}"), "created_at": self.created_at});
-        Outcome::new(201, &body, OutcomeClass::Definitive).expect("a JSON object")
     }
 }
 
@@ -490,21 +554,22 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
     // no ticket exists, and a late holder is fenced inside its own transaction (which then rolls
     // back). On Redis the ticket is written before the record is completed, so a stale record
     // is left to the reconciler, which looks the ticket up.
-    let stale = match backend {
-        Backend::Redis { .. } => idem_core::StalePolicy::Reconcile,
-        _ => idem_core::StalePolicy::Takeover,
+    let probe = backend.tickets.probe();
+    let stale = match probe {
+        Some(_) => idem_core::StalePolicy::Reconcile,
+        None => idem_core::StalePolicy::Takeover,
     };
     let policy = Policy::builder()
         .lease(options.min_client_deadline())
         .stale(stale)
         .build()
         .expect("a lease under the default ttl");
-    if let Backend::Redis { tickets, .. } = &backend {
+    if let Some(probe) = probe {
         let reconciler = Reconciler::new(
             backend.store(),
             options.clock.clone(),
             policy,
-            RedisTicketProbe(tickets.clone()),
+            BoxedProbe(probe),
         );
         let every = policy.lease() / 2;
         tokio::spawn(async move { reconciler.run_periodically(every, tokio::time::sleep).await });
@@ -629,7 +694,7 @@ async fn create_ticket_unprotected(
             account_id: account_id.to_owned(),
             created_at: rfc3339(app.options.clock.now()),
         };
-        match app.backend.insert_ticket(&key_of(&headers), &ticket).await {
+        match app.backend.tickets.insert(&key_of(&headers), &ticket).await {
             Ok(id) => (StatusCode::CREATED, ticket.outcome(id).body().to_owned()),
             Err(e) => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -704,7 +769,8 @@ async fn create_ticket(
     };
     match app
         .backend
-        .create_ticket(&attempt, ticket, app.policy, now)
+        .tickets
+        .create(&attempt, ticket, app.policy, now)
         .await
     {
         Ok(Created::Ticket { outcome, recorded }) => {

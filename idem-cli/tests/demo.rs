@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use idem_cli::demo::{self, DemoOptions};
-use idem_cli::store_url::StoreUrl;
+use idemkit::StoreUrl;
 
 fn options(store: StoreUrl) -> DemoOptions {
     DemoOptions {
@@ -44,7 +44,12 @@ fn temp_sqlite() -> (StoreUrl, std::path::PathBuf) {
         rand_suffix()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    (StoreUrl::Sqlite(dir.join("demo.db")), dir)
+    (
+        format!("sqlite://{}", dir.join("demo.db").display())
+            .parse()
+            .unwrap(),
+        dir,
+    )
 }
 
 fn rand_suffix() -> u128 {
@@ -64,7 +69,7 @@ async fn demo_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn demo_on_postgres() {
     match std::env::var("IDEM_TEST_POSTGRES_URL") {
-        Ok(url) => check(StoreUrl::Postgres(url)).await,
+        Ok(url) => check(url.parse().unwrap()).await,
         Err(_) if std::env::var_os("CI").is_some() => {
             panic!("IDEM_TEST_POSTGRES_URL is not set under CI: run scripts/test")
         }
@@ -75,7 +80,7 @@ async fn demo_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn demo_on_redis() {
     match std::env::var("IDEM_TEST_REDIS_URL") {
-        Ok(url) => check(StoreUrl::Redis(url)).await,
+        Ok(url) => check(url.parse().unwrap()).await,
         Err(_) if std::env::var_os("CI").is_some() => {
             panic!("IDEM_TEST_REDIS_URL is not set under CI: run scripts/test")
         }
@@ -101,11 +106,14 @@ fn the_binary_prints_the_table_and_exits_zero() {
         .unwrap();
     let _ = std::fs::remove_dir_all(dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // stderr is a pipe here: progress as plain lines, never a bar redrawn with '\r'.
     assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        !stderr.contains('\r') && !stdout.contains('\r'),
+        "{stderr:?}"
     );
+    assert!(stderr.contains("16/16 operations"), "{stderr}");
     let double = stdout
         .lines()
         .find(|l| l.starts_with("double effects"))

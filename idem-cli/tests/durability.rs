@@ -248,6 +248,8 @@ fn conformance_warns_about_postgres_synchronous_commit_off_and_asynchronous_repl
         String::from_utf8_lossy(&out.stdout).trim() == "1"
     });
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let migrated = idem(&["migrate", "--store", &url]);
+    assert!(migrated.status.success(), "{migrated:?}");
     let out = idem(&["conformance", "--store", &url]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -5,12 +5,11 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_cli::ops::open_store;
-use idem_cli::store_url::StoreUrl;
 use idem_core::machine::ClaimAnswer;
 use idem_core::{
     Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp,
 };
+use idemkit::OpenOptions;
 use serde_json::{Value, json};
 
 struct Fixture {
@@ -56,12 +55,8 @@ fn store_url(backend: &str) -> Option<(String, Option<std::path::PathBuf>)> {
     if backend == "sqlite" {
         let dir = std::env::temp_dir().join(unique("idem-ops"));
         std::fs::create_dir_all(&dir).unwrap();
-        // The file must exist for operator commands: create it through the store.
+        // The fixture migrates it (operator commands never do).
         let path = dir.join("ops.db");
-        idem_store_sqlite::SqliteStore::open(&path)
-            .unwrap()
-            .migrate()
-            .unwrap();
         return Some((format!("sqlite://{}", path.display()), Some(dir)));
     }
     let var = match backend {
@@ -82,7 +77,12 @@ fn store_url(backend: &str) -> Option<(String, Option<std::path::PathBuf>)> {
 /// `running` (lease runs for an hour), `done` (completed), and 3 expired ones.
 async fn fixture(backend: &str) -> Option<Fixture> {
     let (url, dir) = store_url(backend)?;
-    let store = open_store(&url.parse::<StoreUrl>().unwrap()).await.unwrap();
+    let store = OpenOptions::new()
+        .migrate(true)
+        .open(&url)
+        .await
+        .unwrap()
+        .into_store();
     let scope = Scope::from_parts([unique("ops").as_str(), "/tools/create_ticket"]).unwrap();
     let fp = Fingerprint::of("t", &json!({})).unwrap();
     let now = Timestamp::now();
@@ -354,7 +354,7 @@ fn bad_urls_and_unreachable_stores_are_one_clear_line() {
                 "s",
                 "k",
             ],
-            "cannot open the store",
+            "no SQLite file at /no/such/dir/x.db",
         ),
         (
             vec!["purge", "--store", "postgres://nobody@127.0.0.1:1/none"],
@@ -405,6 +405,8 @@ fn bench_prints_ratios(url: &str) {
 fn conformance_and_bench_run_against_every_live_store() {
     for backend in ["sqlite", "postgres", "redis"] {
         if let Some((url, dir)) = store_url(backend) {
+            let migrated = idem(&["migrate", "--store", &url]);
+            assert!(migrated.status.success(), "{:?}", text(&migrated));
             conformance_passes(&url);
             bench_prints_ratios(&url);
             if let Some(dir) = dir {

@@ -6,13 +6,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_cli::ops::open_store;
-use idem_cli::store_url::StoreUrl;
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
     Clock, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Probe,
     Reconciler, Record, RecordState, Scope, Timestamp, async_trait, downstream_key,
 };
+use idemkit::OpenOptions;
 use serde_json::json;
 
 /// The downstream helpdesk: tickets by their downstream key; `None` while it is unreachable.
@@ -49,10 +48,6 @@ async fn store(backend: &str) -> Option<(Arc<dyn KeyStore>, Option<std::path::Pa
             let dir = std::env::temp_dir().join(unique("idem-reconcile"));
             std::fs::create_dir_all(&dir).unwrap();
             let path = dir.join("r.db");
-            idem_store_sqlite::SqliteStore::open(&path)
-                .unwrap()
-                .migrate()
-                .unwrap();
             (format!("sqlite://{}", path.display()), Some(dir))
         }
         _ => {
@@ -72,7 +67,12 @@ async fn store(backend: &str) -> Option<(Arc<dyn KeyStore>, Option<std::path::Pa
         }
     };
     Some((
-        open_store(&url.parse::<StoreUrl>().unwrap()).await.unwrap(),
+        OpenOptions::new()
+            .migrate(true)
+            .open(&url)
+            .await
+            .unwrap()
+            .into_store(),
         dir,
     ))
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_cli::serve::{Backend, ServeOptions, router};
-use idem_cli::store_url::StoreUrl;
 use idem_core::ManualClock;
+use idemkit::StoreUrl;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
@@ -46,7 +46,12 @@ async fn start(backend: &str, latency: Duration) -> Option<Server> {
         "sqlite" => {
             let dir = std::env::temp_dir().join(unique("idem-serve"));
             std::fs::create_dir_all(&dir).unwrap();
-            (StoreUrl::Sqlite(dir.join("idem.db")), Some(TempDir(dir)))
+            (
+                format!("sqlite://{}", dir.join("idem.db").display())
+                    .parse::<StoreUrl>()
+                    .unwrap(),
+                Some(TempDir(dir)),
+            )
         }
         server => {
             let var = match server {
@@ -54,8 +59,7 @@ async fn start(backend: &str, latency: Duration) -> Option<Server> {
                 _ => "IDEM_TEST_REDIS_URL",
             };
             match std::env::var(var) {
-                Ok(url) if server == "postgres" => (StoreUrl::Postgres(url), None),
-                Ok(url) => (StoreUrl::Redis(url), None),
+                Ok(url) => (url.parse::<StoreUrl>().unwrap(), None),
                 Err(_) if std::env::var_os("CI").is_some() => {
                     panic!("{var} is not set under CI: run scripts/test")
                 }

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use idem_cli::serve::Backend;
-use idem_cli::store_url::StoreUrl;
 use serde_json::{Value, json};
 
 const ACME: &str = "tok-acme-7f3a9c1e5b";
@@ -104,7 +103,7 @@ impl Serving {
 }
 
 async fn tickets(db: &Path, tenant: &str) -> i64 {
-    let backend = Backend::open(&StoreUrl::Sqlite(db.to_path_buf()))
+    let backend = Backend::open(&format!("sqlite://{}", db.display()).parse().unwrap())
         .await
         .unwrap();
     backend.ticket_count(tenant).await.unwrap()

@@ -68,7 +68,7 @@ pub(crate) fn is_transient_conflict(err: &sqlx::Error) -> bool {
     matches!(sqlstate(err).as_deref(), Some("40001" | "40P01"))
 }
 
-fn sqlstate(err: &sqlx::Error) -> Option<String> {
+pub(crate) fn sqlstate(err: &sqlx::Error) -> Option<String> {
     match err {
         sqlx::Error::Database(e) => e.code().map(|c| c.into_owned()),
         _ => None,

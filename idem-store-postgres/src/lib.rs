@@ -21,10 +21,14 @@ use sqlx::{PgConnection, Postgres, Row};
 
 pub use durability::{DurabilityReport, DurabilityWarning, Replica, ServerConfig};
 pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
+
+/// The newest migration this crate knows: a table at a lower version needs
+/// [`PostgresStore::migrate`] (see [`PostgresStore::schema_version`]).
+pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use sqlx;
 
-use error::{check_identifier, classify, is_transient_conflict};
+use error::{check_identifier, classify, is_transient_conflict, sqlstate};
 use row::{big, bind_record, record_from_row, timestamp, ts};
 use schema::{MIGRATIONS, Statements};
 
@@ -243,6 +247,23 @@ impl PostgresStore {
             tracing::info!(table = %self.sql.qualified, version = m.version, "idem migration applied");
         }
         tx.commit().await.map_err(|e| classify(op, e))
+    }
+
+    /// The newest migration applied to the store's table (as recorded in
+    /// `schema.<table>_migrations`), reading only: 0 when it was never migrated. Below
+    /// [`SCHEMA_VERSION`] the table needs [`PostgresStore::migrate`], by a role allowed to change
+    /// the schema; an operator's read-only role can call this.
+    pub async fn schema_version(&self) -> Result<i32, StoreError> {
+        let newest_applied = format!("SELECT max(version) FROM {}", self.sql.migrations_table);
+        match sqlx::query_scalar::<_, Option<i32>>(&newest_applied)
+            .fetch_one(&self.pool)
+            .await
+        {
+            Ok(applied) => Ok(applied.unwrap_or(0)),
+            // undefined_table, invalid_schema_name: never migrated.
+            Err(e) if matches!(sqlstate(&e).as_deref(), Some("42P01" | "3F000")) => Ok(0),
+            Err(e) => Err(classify("schema version", e)),
+        }
     }
 
     /// [`KeyStore::complete`] on the caller's connection, typically `&mut *tx` of an open

@@ -315,6 +315,16 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
     let pool = common::pool(&url, "idem-test-migrate", 4).await;
     let table = common::unique("mig").replace('-', "_");
     let store = PostgresStore::with_table(pool, "idem_test", &table).unwrap();
+    // Reading the version changes nothing: still no table afterwards.
+    assert_eq!(store.schema_version().await.unwrap(), 0);
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'idem_test' AND tablename LIKE $1",
+    )
+    .bind(format!("{table}%"))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(tables, 0, "schema_version created nothing");
     let runs = (0..4).map(|_| {
         let store = store.clone();
         tokio::spawn(async move { store.migrate().await })
@@ -330,6 +340,10 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
     .await
     .unwrap();
     assert_eq!(versions, 2, "each migration recorded once");
+    assert_eq!(
+        store.schema_version().await.unwrap(),
+        idem_store_postgres::SCHEMA_VERSION
+    );
     sqlx::raw_sql(&format!(
         "DROP TABLE idem_test.\"{table}\"; DROP TABLE idem_test.\"{table}_migrations\""
     ))

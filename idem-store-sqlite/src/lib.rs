@@ -297,6 +297,17 @@ impl SqliteStore {
         result.map(|_| ())
     }
 
+    /// The schema version of the store's table as recorded in [`SCHEMA_TABLE`], without changing
+    /// anything: 0 when it was never migrated. Anything below [`SCHEMA_VERSION`] needs
+    /// [`SqliteStore::migrate`] (by a role allowed to change the schema) before the store is
+    /// used; above it, a newer library migrated the file. Blocking.
+    pub fn schema_version(&self) -> Result<i64, StoreError> {
+        let conn = self.inner.take_connection()?;
+        let result = schema::version(&conn, &self.inner.table);
+        self.inner.give_back(conn);
+        result
+    }
+
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.inner.config.path

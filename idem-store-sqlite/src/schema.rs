@@ -203,6 +203,30 @@ impl Sql {
     }
 }
 
+/// The schema version recorded for `table`, reading only: 0 when the table was never migrated
+/// (no version table, or no row for this table).
+pub(crate) fn version(conn: &Connection, table: &TableName) -> Result<i64, StoreError> {
+    let has_versions: bool = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [SCHEMA_TABLE],
+            |row| row.get::<_, i64>(0).map(|n| n > 0),
+        )
+        .map_err(at("schema version: look up"))?;
+    if !has_versions {
+        return Ok(0);
+    }
+    Ok(conn
+        .query_row(
+            &format!("SELECT version FROM {SCHEMA_TABLE} WHERE table_name = ?1"),
+            [table.as_str()],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(at("schema version: read"))?
+        .unwrap_or(0))
+}
+
 /// Brings `table` to [`SCHEMA_VERSION`] inside one `BEGIN IMMEDIATE` transaction, so concurrent
 /// migrations (threads or processes) run each step once. Returns the version found before.
 pub(crate) fn migrate(conn: &Connection, table: &TableName) -> Result<i64, StoreError> {

@@ -288,6 +288,25 @@ fn migrate_is_idempotent_and_versioned() {
 }
 
 #[test]
+fn schema_version_reads_without_creating_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh.db");
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.schema_version().unwrap(), 0);
+    let conn = Connection::open(&path).unwrap();
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM sqlite_master"),
+        0,
+        "no table, no index"
+    );
+    store.migrate().unwrap();
+    assert_eq!(
+        store.schema_version().unwrap(),
+        idem_store_sqlite::SCHEMA_VERSION
+    );
+}
+
+#[test]
 fn migrate_refuses_a_newer_schema() {
     let Db { store, path, .. } = &db();
     Connection::open(path)

@@ -3,6 +3,9 @@
 
 pub use idem_core::*;
 
+pub mod open;
+pub use open::{OpenError, OpenOptions, Opened, StoreUrl, open};
+
 /// The README's PostgreSQL example, compiled (not run) as a doctest. `cargo test` enables
 /// `postgres` for this crate's own tests through its self dev-dependency.
 #[cfg(all(doctest, feature = "postgres"))]

@@ -1,0 +1,159 @@
+//! `idemkit::open` against real stores: it reads only unless asked to migrate, refuses a missing
+//! schema with a typed error, and the store it opens works (records counted in the store).
+
+use std::time::Duration;
+
+use idemkit::machine::ClaimAnswer;
+use idemkit::open::{OpenError, OpenOptions};
+use idemkit::sqlite::SqliteStore;
+use idemkit::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
+use serde_json::json;
+
+struct Dir(std::path::PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir() -> Dir {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let d = std::env::temp_dir().join(format!("idemkit-open-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    Dir(d)
+}
+
+/// One claim and completion, then a replay: the store behind the URL works.
+async fn round_trip(store: &dyn KeyStore, scope: &str) {
+    let scope = Scope::new(scope).unwrap();
+    let key = IdempotencyKey::new("k").unwrap();
+    let fp = Fingerprint::of("t", &json!({})).unwrap();
+    let policy = Policy::builder()
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let now = Timestamp::now();
+    let ClaimAnswer::Claimed { token, .. } =
+        store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+    else {
+        panic!("a new key is claimed")
+    };
+    let ok = Outcome::definitive(201, &json!({"id": 1})).unwrap();
+    store
+        .complete(&scope, &key, token, &ok, &policy, now)
+        .await
+        .unwrap();
+    let again = store.claim(&scope, &key, &fp, &policy, now).await.unwrap();
+    assert!(matches!(again, ClaimAnswer::Replay(_)), "{again:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_opens_read_only_until_migrated() {
+    let d = dir();
+    let path = d.0.join("idem.db");
+    let url = format!("sqlite://{}", path.display());
+    let err = idemkit::open(&url).await.unwrap_err();
+    assert!(matches!(err, OpenError::NoDatabaseFile { .. }), "{err:?}");
+    assert!(!path.exists(), "not created");
+    drop(SqliteStore::open(&path).unwrap()); // an empty file
+    let err = idemkit::open(&url).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OpenError::SchemaMissing {
+                found: 0,
+                expected: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("idem migrate"), "{err}");
+    let opened = OpenOptions::new().migrate(true).open(&url).await.unwrap();
+    assert!(opened.engine::<SqliteStore>().is_some());
+    assert_eq!(opened.url().backend(), "sqlite");
+    let store = idemkit::open(&url).await.unwrap();
+    round_trip(&*store, "open/sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_servers_are_store_errors_without_the_password() {
+    for url in [
+        "postgres://app:hunter2@127.0.0.1:1/app",
+        "redis://:hunter2@127.0.0.1:1",
+    ] {
+        let err = idemkit::open(url).await.unwrap_err();
+        match &err {
+            OpenError::Store { source, .. } => assert!(source.is_unavailable(), "{err:?}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!err.is_bad_url());
+        assert!(!format!("{err} {err:?}").contains("hunter2"), "{err:?}");
+    }
+}
+
+fn env(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{var} is not set under CI"
+            );
+            eprintln!("skipped: {var} is not set (scripts/test sets it)");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_and_redis_urls_open_working_stores() {
+    let stamp = Timestamp::now().as_millis();
+    if let Some(url) = env("IDEM_TEST_POSTGRES_URL") {
+        let opened = OpenOptions::new().migrate(true).open(&url).await.unwrap();
+        assert!(
+            opened
+                .engine::<idemkit::postgres::PostgresStore>()
+                .is_some()
+        );
+        let store = idemkit::open(&url).await.unwrap();
+        round_trip(&*store, &format!("open/pg-{stamp}")).await;
+    }
+    if let Some(url) = env("IDEM_TEST_REDIS_URL") {
+        let store = idemkit::open(&url).await.unwrap();
+        round_trip(&*store, &format!("open/redis-{stamp}")).await;
+    }
+}
+
+/// A `redis+cluster://` URL built from `IDEM_TEST_REDIS_CLUSTER_URLS` (scripts/test starts a
+/// cluster; skipped without it outside CI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_url_opens_a_cluster_store() {
+    if std::env::var_os("IDEM_TEST_REDIS_CLUSTER_URLS").is_none() {
+        eprintln!("skipped: IDEM_TEST_REDIS_CLUSTER_URLS is not set (scripts/test sets it)");
+        return;
+    }
+    let urls = std::env::var("IDEM_TEST_REDIS_CLUSTER_URLS").unwrap();
+    let nodes: Vec<&str> = urls
+        .split(',')
+        .map(|u| {
+            u.trim()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/')
+        })
+        .collect();
+    let mut url = format!("redis+cluster://{}", nodes[0]);
+    for (i, n) in nodes[1..].iter().enumerate() {
+        url.push(if i == 0 { '?' } else { '&' });
+        url.push_str(&format!("node={n}"));
+    }
+    let opened = OpenOptions::new().open(&url).await.unwrap();
+    let redis = opened.engine::<idemkit::redis::RedisStore>().unwrap();
+    assert!(redis.is_cluster());
+    let stamp = Timestamp::now().as_millis();
+    round_trip(&*opened.store(), &format!("open/cluster-{stamp}")).await;
+}
