@@ -40,7 +40,9 @@ pub async fn open_store(url: &StoreUrl) -> Result<Arc<dyn KeyStore>, BoxError> {
     })
 }
 
-/// A record as JSON, the outcome body parsed for reading.
+/// A record as JSON, the outcome body parsed for reading; an encrypted body (a sealed envelope,
+/// [`idem_core::codec::sealed_info`]) is shown as `"encrypted": {"algorithm", "key_id"}`, never as
+/// ciphertext.
 pub fn record_json(r: &Record) -> Value {
     json!({
         "scope": r.scope.as_str(),
@@ -53,11 +55,18 @@ pub fn record_json(r: &Record) -> Value {
         "created_at": rfc3339(r.created_at),
         "updated_at": rfc3339(r.updated_at),
         "expires_at": rfc3339(r.expires_at),
-        "outcome": r.outcome.as_ref().map(|o| json!({
-            "status": o.status(),
-            "class": o.class().as_str(),
-            "body": o.body_json(),
-        })),
+        "outcome": r.outcome.as_ref().map(|o| match idem_core::codec::sealed_info(o.body()) {
+            Some(sealed) => json!({
+                "status": o.status(),
+                "class": o.class().as_str(),
+                "encrypted": {"algorithm": sealed.algorithm, "key_id": sealed.key_id},
+            }),
+            None => json!({
+                "status": o.status(),
+                "class": o.class().as_str(),
+                "body": o.body_json(),
+            }),
+        }),
     })
 }
 
@@ -110,11 +119,17 @@ pub async fn show(
                 o.status(),
                 o.class().as_str()
             ));
-            out.push_str(&format!(
-                "{:<12}\n{}\n",
-                "body",
-                serde_json::to_string_pretty(&o.body_json())?
-            ));
+            match idem_core::codec::sealed_info(o.body()) {
+                Some(sealed) => out.push_str(&format!(
+                    "{:<12} encrypted ({}, key id {})\n",
+                    "body", sealed.algorithm, sealed.key_id
+                )),
+                None => out.push_str(&format!(
+                    "{:<12}\n{}\n",
+                    "body",
+                    serde_json::to_string_pretty(&o.body_json())?
+                )),
+            }
         }
         None => out.push_str(&format!("{:<12} none\n", "outcome")),
     }
