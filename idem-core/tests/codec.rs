@@ -309,3 +309,57 @@ async fn the_limit_counts_the_sealed_body() {
     assert!(!replay.outcome().body().contains(SECRET));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The reconciler seals the probe's outcome with the executor's codec, so a record settled by
+/// reconciliation replays like one the executor completed.
+#[tokio::test]
+async fn reconciliation_stores_the_sealed_outcome() {
+    use idem_core::machine::ClaimAnswer;
+    use idem_core::{Finding, ManualClock, Probe, Reconciler, Record, async_trait};
+
+    struct Found;
+    #[async_trait]
+    impl Probe for Found {
+        async fn probe(&self, _record: &Record) -> Finding {
+            Finding::Happened(secret_outcome())
+        }
+    }
+
+    let store = MemoryStore::new();
+    let clock = ManualClock::new(idem_core::Timestamp::from_millis(1_700_000_000_000));
+    let policy = Policy::default();
+    let codec: Arc<dyn idem_core::OutcomeCodec> = Arc::new(aes("k1", 1));
+    // A holder claimed, did the effect and died before recording it.
+    let claimed = store
+        .claim(&scope(), &key("k-1"), &fp(), &policy, clock.now())
+        .await
+        .unwrap();
+    assert!(matches!(claimed, ClaimAnswer::Claimed { .. }));
+    clock.advance(policy.lease() * 2);
+    let report = Reconciler::new(
+        Arc::new(store.clone()),
+        Arc::new(clock.clone()),
+        policy,
+        Found,
+    )
+    .codec(codec.clone())
+    .run_once()
+    .await
+    .unwrap();
+    assert_eq!(report.completed, 1);
+    let stored = store
+        .get(&scope(), &key("k-1"), clock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    let body = stored.outcome.unwrap();
+    assert!(sealed_info(body.body()).is_some() && !body.body().contains(SECRET));
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let executor = Executor::new(store.clone())
+        .with_clock(clock.clone())
+        .with_codec(codec);
+    let replay = charge(&executor, "k-1", &runs).await.unwrap();
+    assert_eq!(replay.outcome(), &secret_outcome());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
