@@ -39,7 +39,9 @@ pub async fn migrate(url: &StoreUrl) -> Result<Vec<String>, Failure> {
     durability_warnings(&opened).await
 }
 
-/// A record as JSON, the outcome body parsed for reading.
+/// A record as JSON, the outcome body parsed for reading; an encrypted body (a sealed envelope,
+/// [`idem_core::codec::sealed_info`]) is shown as `"encrypted": {"algorithm", "key_id"}`, never as
+/// ciphertext.
 pub fn record_json(r: &Record) -> Value {
     json!({
         "scope": r.scope.as_str(),
@@ -52,11 +54,18 @@ pub fn record_json(r: &Record) -> Value {
         "created_at": rfc3339(r.created_at),
         "updated_at": rfc3339(r.updated_at),
         "expires_at": rfc3339(r.expires_at),
-        "outcome": r.outcome.as_ref().map(|o| json!({
-            "status": o.status(),
-            "class": o.class().as_str(),
-            "body": o.body_json(),
-        })),
+        "outcome": r.outcome.as_ref().map(|o| match idem_core::codec::sealed_info(o.body()) {
+            Some(sealed) => json!({
+                "status": o.status(),
+                "class": o.class().as_str(),
+                "encrypted": {"algorithm": sealed.algorithm, "key_id": sealed.key_id},
+            }),
+            None => json!({
+                "status": o.status(),
+                "class": o.class().as_str(),
+                "body": o.body_json(),
+            }),
+        }),
     })
 }
 
@@ -118,7 +127,16 @@ pub async fn show(
                 o.status(),
                 o.class().as_str()
             ));
-            out.push_str(&format!("{:<12}\n{}\n", "body", pretty(&o.body_json())));
+            match idem_core::codec::sealed_info(o.body()) {
+                Some(sealed) => out.push_str(&format!(
+                    "{:<12} encrypted ({}, key id {})
+",
+                    "body", sealed.algorithm, sealed.key_id
+                )),
+                None => out.push_str(&format!("{:<12}
+{}
+", "body", pretty(&o.body_json()))),
+            }
         }
         None => out.push_str(&format!("{:<12} none\n", "outcome")),
     }

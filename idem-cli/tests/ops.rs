@@ -205,6 +205,43 @@ async fn keys_show_prints_the_record(f: Fixture) {
     assert_eq!(v["outcome"]["body"]["ticket_id"], "T-9");
 }
 
+/// An encrypted body is shown as "encrypted (key id …)", never as ciphertext.
+async fn keys_show_says_encrypted(f: Fixture) {
+    let key = IdempotencyKey::new("sealed").unwrap();
+    let fp = Fingerprint::of("t", &json!({})).unwrap();
+    let now = Timestamp::now();
+    let ClaimAnswer::Claimed { token, .. } = f
+        .store
+        .claim(&f.scope, &key, &fp, &Policy::default(), now)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let ct = "Q0lQSEVSVEVYVC1NQVJLRVI=";
+    let sealed = Outcome::definitive(
+        201,
+        &json!({"idem_sealed": {"v": 1, "alg": "A256GCM", "kid": "2026-01", "nonce": "AAAAAAAAAAAAAAAA", "ct": ct}}),
+    )
+    .unwrap();
+    f.store
+        .complete(&f.scope, &key, token, &sealed, &Policy::default(), now)
+        .await
+        .unwrap();
+    let out = f.keys(&["show", f.scope.as_str(), "sealed"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("encrypted (A256GCM, key id 2026-01)") && !stdout.contains(ct),
+        "{stdout}"
+    );
+    let out = f.keys(&["show", f.scope.as_str(), "sealed", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"]["encrypted"]["key_id"], "2026-01");
+    assert_eq!(v["outcome"]["status"], 201);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(ct));
+}
+
 async fn keys_release_gives_a_stuck_key_back(f: Fixture) {
     let out = f.keys(&["release", f.scope.as_str(), "stuck-1"]);
     assert!(out.status.success(), "{:?}", text(&out));
@@ -332,6 +369,7 @@ macro_rules! on_sql_backends {
 on_sql_backends! {
     keys_ls_filters_by_state_scope_and_age,
     keys_show_prints_the_record,
+    keys_show_says_encrypted,
     keys_release_gives_a_stuck_key_back,
     keys_resolve_completes_a_stuck_key,
     refusals_are_one_clear_line_and_change_nothing,

@@ -2,13 +2,16 @@
 
 use std::time::Duration;
 
+use crate::codec::CodecError;
 use crate::{Outcome, StoreError};
 
 /// Why [`Executor::run`](crate::Executor::run) returned no outcome.
 ///
-/// The variants say whether the operation ran: `InFlight`, `FingerprintMismatch` and `Store` come
-/// before it (nothing happened); `Fenced`, `OutcomeTooLarge` and `NotRecorded` come after it (the
-/// effect may have happened and its answer is carried here).
+/// The variants say whether the operation ran: `InFlight`, `FingerprintMismatch`, `Store`,
+/// `Decode`, `Deserialize` and `NotKept` come before it (nothing happened in this call); `Fenced`,
+/// `OutcomeTooLarge`, `NotRecorded`, `Encode` and `Serialize` come after it (the effect may have
+/// happened; the answer is carried here where there is one). [`Error::operation_ran`] tells them
+/// apart.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -58,6 +61,54 @@ pub enum Error {
     /// The store failed before the operation ran. Nothing ran.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The record is completed, but the executor's [codec](crate::codec) could not decode its
+    /// stored outcome: an unknown key id, a wrong key, a body tampered with or stored without the
+    /// codec. Nothing ran and nothing is replayed (never a replay of garbage); the record is left
+    /// as it is. Over HTTP and MCP it is an internal error (500). Fix the codec's keys; the next
+    /// call replays.
+    #[error("the stored outcome could not be decoded; nothing ran and nothing was replayed")]
+    Decode(#[source] CodecError),
+    /// The operation ran, but the executor's [codec](crate::codec) could not encode its outcome,
+    /// so nothing was stored: the record stays `processing`, for the lease and reconciliation, as
+    /// with [`Error::NotRecorded`].
+    #[error("the operation ran but its outcome could not be encoded, so it was not stored")]
+    Encode {
+        /// What the operation answered.
+        outcome: Box<Outcome>,
+        /// The codec's failure.
+        #[source]
+        source: CodecError,
+    },
+    /// [`Executor::run_typed`](crate::Executor::run_typed): the operation ran, but its value
+    /// could not be serialised as JSON. The record was completed with a "ran, answer not kept"
+    /// outcome ([`Outcome::is_not_kept`]) so retries do not run it again, with the status and
+    /// class the value would have had.
+    #[error("the operation ran but its answer could not be serialised as JSON; it was not kept")]
+    Serialize(#[source] serde_json::Error),
+    /// [`Executor::run_typed`](crate::Executor::run_typed): the stored outcome does not read back
+    /// as the operation's value or error type (the type changed since it was stored). Nothing ran.
+    #[error(
+        "the stored outcome (status {}) does not read back as the expected type; nothing ran",
+        outcome.status()
+    )]
+    Deserialize {
+        /// The stored outcome.
+        outcome: Box<Outcome>,
+        /// The deserialiser's failure.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// [`Executor::run_typed`](crate::Executor::run_typed): the operation ran earlier, but its
+    /// answer was not kept (too large, or not serialisable): the record holds a problem of type
+    /// [`crate::OUTCOME_NOT_KEPT`], not a value. Nothing ran in this call.
+    #[error(
+        "the operation ran earlier (status {}) but its answer was not kept; nothing ran",
+        outcome.status()
+    )]
+    NotKept {
+        /// The stored outcome (the problem document).
+        outcome: Box<Outcome>,
+    },
 }
 
 impl Error {
@@ -65,7 +116,11 @@ impl Error {
     pub fn operation_ran(&self) -> bool {
         matches!(
             self,
-            Self::Fenced { .. } | Self::OutcomeTooLarge { .. } | Self::NotRecorded { .. }
+            Self::Fenced { .. }
+                | Self::OutcomeTooLarge { .. }
+                | Self::NotRecorded { .. }
+                | Self::Encode { .. }
+                | Self::Serialize(_)
         )
     }
 }

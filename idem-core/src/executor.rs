@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use futures_channel::oneshot;
 use tracing::Instrument;
 
+use crate::codec::{CodecContext, CodecError, OutcomeCodec, decode_outcome, encode_outcome};
 use crate::machine::{
     ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, OutcomeTooLarge, completed_state,
 };
 use crate::{
-    Clock, Error, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError,
-    SystemClock, Timestamp, Token, downstream_key,
+    Clock, Error, Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Scope,
+    StoreError, SystemClock, Timestamp, Token, downstream_key,
 };
 
 /// A future handed to a [`Executor::with_spawner`] spawner.
@@ -72,6 +73,8 @@ pub struct Attempt {
     number: u32,
     kind: ClaimKind,
     recorded: Arc<AtomicBool>,
+    policy: Policy,
+    codec: Option<Arc<dyn OutcomeCodec>>,
 }
 
 impl fmt::Debug for Attempt {
@@ -153,6 +156,27 @@ impl Attempt {
     /// of the attempt share the mark.
     pub fn mark_recorded(&self) {
         self.recorded.store(true, Ordering::SeqCst);
+    }
+
+    /// The executor's policy: the one to pass to a store's transactional completion (e.g.
+    /// `SqliteStore::complete_in`, `PostgresStore::complete_in`), so the record completes under
+    /// the same ttl, cache policy and size limit as the executor's own completions.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The outcome to store for `outcome`: encoded by the executor's [codec](crate::codec)
+    /// (e.g. encrypted), or `outcome` itself without one. Pass this, not the plain outcome, to a
+    /// store's transactional completion, so a record completed in your transaction is stored as
+    /// the executor would store it (and replays through the codec). Return the plain outcome
+    /// from the operation.
+    pub fn encode(&self, outcome: &Outcome) -> Result<Outcome, CodecError> {
+        encode_outcome(
+            self.codec.as_deref(),
+            &CodecContext::new(&self.scope, &self.key),
+            outcome,
+        )
+        .map(|o| o.into_owned())
     }
 
     /// The stable key to pass to `provider`'s own idempotency contract; see [`downstream_key`].
@@ -237,6 +261,7 @@ pub struct Executor {
     policy: Policy,
     clock: Arc<dyn Clock>,
     spawner: Option<Spawner>,
+    codec: Option<Arc<dyn OutcomeCodec>>,
 }
 
 impl fmt::Debug for Executor {
@@ -246,6 +271,7 @@ impl fmt::Debug for Executor {
             .field("policy", &self.policy)
             .field("clock", &self.clock)
             .field("spawner", &self.spawner.is_some())
+            .field("codec", &self.codec)
             .finish()
     }
 }
@@ -263,6 +289,7 @@ impl Executor {
             policy: Policy::default(),
             clock: Arc::new(SystemClock),
             spawner: None,
+            codec: None,
         }
     }
 
@@ -284,6 +311,20 @@ impl Executor {
     pub fn with_spawner(mut self, spawn: impl Fn(BackgroundTask) + Send + Sync + 'static) -> Self {
         self.spawner = Some(Arc::new(spawn));
         self
+    }
+
+    /// Encodes every outcome with `codec` before it is stored and decodes every stored outcome
+    /// before it is replayed (encryption, redaction: see [`codec`](crate::codec)). The status,
+    /// the class, the fingerprint and the record's metadata stay clear. A stored outcome that
+    /// does not decode is [`Error::Decode`]: nothing runs and nothing is replayed.
+    pub fn with_codec(mut self, codec: impl OutcomeCodec) -> Self {
+        self.codec = Some(Arc::new(codec));
+        self
+    }
+
+    /// The codec, if one is set.
+    pub fn codec(&self) -> Option<&Arc<dyn OutcomeCodec>> {
+        self.codec.as_ref()
     }
 
     /// The store.
@@ -319,29 +360,48 @@ impl Executor {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Outcome>,
     {
-        let span = tracing::info_span!(
+        let span = Self::span(scope, key, fingerprint);
+        let ran = self
+            .run_in_span(scope, key, fingerprint, operation, |o| ((), Ok(o)))
+            .instrument(span)
+            .await?;
+        Ok(match ran {
+            Ran::Executed {
+                outcome, attempt, ..
+            } => Execution::Executed { outcome, attempt },
+            Ran::Replayed(outcome) => Execution::Replayed { outcome },
+        })
+    }
+
+    /// The span of one executor call ([contract §8](crate::contract#observability)).
+    pub(crate) fn span(
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> tracing::Span {
+        tracing::info_span!(
             "idem.call",
             scope = %scope,
             key = %key,
             fingerprint = fingerprint.short(),
             attempt = tracing::field::Empty,
             token = tracing::field::Empty,
-        );
-        self.run_in_span(scope, key, fingerprint, operation)
-            .instrument(span)
-            .await
+        )
     }
 
-    async fn run_in_span<F, Fut>(
+    /// Claims, runs, records or replays; `to_answer` turns the operation's output into the value
+    /// handed back and the outcome to record.
+    pub(crate) async fn run_in_span<F, Fut, O, V>(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         operation: F,
-    ) -> Result<Execution, Error>
+        to_answer: impl FnOnce(O) -> (V, Result<Outcome, Unserializable>),
+    ) -> Result<Ran<V>, Error>
     where
         F: FnOnce(Attempt) -> Fut,
-        Fut: Future<Output = Outcome>,
+        Fut: Future<Output = O>,
     {
         let (answer, guard) = self.claim(scope, key, fingerprint).await?;
         let (token, number, kind) = match answer {
@@ -350,7 +410,16 @@ impl Executor {
                 attempt,
                 kind,
             } => (token, attempt, kind),
-            ClaimAnswer::Replay(outcome) => {
+            ClaimAnswer::Replay(stored) => {
+                let cx = CodecContext::new(scope, key);
+                let outcome = match decode_outcome(self.codec.as_deref(), &cx, stored) {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        tracing::error!(error = %e, "stored outcome could not be decoded; nothing ran, nothing replayed");
+                        count_claim("replayed");
+                        return Err(Error::Decode(e));
+                    }
+                };
                 transition!(
                     INFO,
                     "replayed",
@@ -358,7 +427,7 @@ impl Executor {
                     "replaying stored outcome"
                 );
                 count_claim("replayed");
-                return Ok(Execution::Replayed { outcome });
+                return Ok(Ran::Replayed(outcome));
             }
             ClaimAnswer::InFlight { retry_after, stale } => {
                 transition!(
@@ -409,14 +478,32 @@ impl Executor {
             number,
             kind,
             recorded: Arc::new(AtomicBool::new(false)),
+            policy: self.policy,
+            codec: self.codec.clone(),
         };
         let recorded = attempt.recorded.clone();
         // From here on the operation has started: a drop leaves the record `processing`.
         if let Some(mut guard) = guard {
             guard.armed = false;
         }
-        let outcome = operation(attempt).await;
-        if recorded.load(Ordering::SeqCst) {
+        let (value, outcome) = to_answer(operation(attempt).await);
+        let recorded = recorded.load(Ordering::SeqCst);
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(failed) => {
+                // The effect happened: record "ran, answer not kept" rather than leave the record
+                // to run again (as for an outcome too large, contract §2).
+                tracing::error!(error = %failed.source, status = failed.status, "the operation's answer could not be serialised; recorded as 'ran, answer not kept'");
+                if !recorded {
+                    let kept = Outcome::not_serializable(failed.status, failed.class);
+                    if let Err(e) = self.record(scope, key, token, kept).await {
+                        tracing::error!(error = %e, "'ran, answer not kept' could not be recorded either");
+                    }
+                }
+                return Err(Error::Serialize(failed.source));
+            }
+        };
+        if recorded {
             transition!(
                 INFO,
                 "completed",
@@ -424,12 +511,18 @@ impl Executor {
                 "outcome recorded by the operation's own transaction"
             );
             count_completion("completed");
-            return Ok(Execution::Executed {
+            return Ok(Ran::Executed {
+                value,
                 outcome,
                 attempt: number,
             });
         }
-        self.record(scope, key, token, number, outcome).await
+        let outcome = self.record(scope, key, token, outcome).await?;
+        Ok(Ran::Executed {
+            value,
+            outcome,
+            attempt: number,
+        })
     }
 
     async fn claim(
@@ -492,32 +585,48 @@ impl Executor {
         scope: &Scope,
         key: &IdempotencyKey,
         token: Token,
-        attempt: u32,
         outcome: Outcome,
-    ) -> Result<Execution, Error> {
+    ) -> Result<Outcome, Error> {
         let now = self.clock.now();
         let result = match &self.spawner {
             None => {
-                complete_or_not_kept(&*self.store, scope, key, token, &outcome, &self.policy, now)
-                    .await
+                complete_or_not_kept(
+                    &*self.store,
+                    self.codec.as_deref(),
+                    scope,
+                    key,
+                    token,
+                    &outcome,
+                    &self.policy,
+                    now,
+                )
+                .await
             }
             Some(spawner) => {
                 let (tx, rx) = oneshot::channel();
-                let store = self.store.clone();
+                let (store, codec) = (self.store.clone(), self.codec.clone());
                 let (scope, key, policy, outcome) =
                     (scope.clone(), key.clone(), self.policy, outcome.clone());
                 // Recorded even if the caller goes away meanwhile: the effect has happened.
                 spawner(Box::pin(async move {
-                    let result =
-                        complete_or_not_kept(&*store, &scope, &key, token, &outcome, &policy, now)
-                            .await;
+                    let result = complete_or_not_kept(
+                        &*store,
+                        codec.as_deref(),
+                        &scope,
+                        &key,
+                        token,
+                        &outcome,
+                        &policy,
+                        now,
+                    )
+                    .await;
                     let _ = tx.send(result);
                 }));
                 rx.await.unwrap_or_else(|oneshot::Canceled| {
-                    Err(StoreError::Unavailable {
+                    Err(CompletionError::Store(StoreError::Unavailable {
                         message: "the background completion task was dropped".into(),
                         source: None,
-                    })
+                    }))
                 })
             }
         };
@@ -556,7 +665,7 @@ impl Executor {
                     "outcome recorded"
                 );
                 count_completion("completed");
-                Ok(Execution::Executed { outcome, attempt })
+                Ok(outcome)
             }
             Ok(Completion {
                 answer: CompleteAnswer::MarkedRetryable,
@@ -569,7 +678,7 @@ impl Executor {
                     "retryable outcome; the next attempt runs again"
                 );
                 count_completion("retryable");
-                Ok(Execution::Executed { outcome, attempt })
+                Ok(outcome)
             }
             Ok(Completion {
                 answer: CompleteAnswer::Fenced,
@@ -586,14 +695,54 @@ impl Executor {
                     outcome: Box::new(outcome),
                 })
             }
-            Err(source) => {
+            Err(CompletionError::Store(source)) => {
                 tracing::error!(error = %source, "outcome could not be recorded; record left processing");
                 Err(Error::NotRecorded {
                     outcome: Box::new(outcome),
                     source,
                 })
             }
+            Err(CompletionError::Encode(source)) => {
+                tracing::error!(error = %source, "outcome could not be encoded; nothing stored, record left processing");
+                Err(Error::Encode {
+                    outcome: Box::new(outcome),
+                    source,
+                })
+            }
         }
+    }
+}
+
+/// What [`Executor::run_in_span`] did.
+pub(crate) enum Ran<V> {
+    /// This call ran the operation.
+    Executed {
+        value: V,
+        outcome: Outcome,
+        attempt: u32,
+    },
+    /// A stored outcome, decoded.
+    Replayed(Outcome),
+}
+
+/// An operation's answer that could not be serialised: the status and class it would have had.
+pub(crate) struct Unserializable {
+    pub(crate) status: u16,
+    pub(crate) class: OutcomeClass,
+    pub(crate) source: serde_json::Error,
+}
+
+/// Why a completion stored nothing.
+pub(crate) enum CompletionError {
+    /// The store failed.
+    Store(StoreError),
+    /// The codec could not encode the outcome.
+    Encode(CodecError),
+}
+
+impl From<StoreError> for CompletionError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
     }
 }
 
@@ -604,22 +753,28 @@ pub(crate) struct Completion {
     pub(crate) not_kept: Option<OutcomeTooLarge>,
 }
 
-/// Completes the record with `outcome`; if `outcome` is over the policy's limit, completes it
-/// with [`Outcome::not_kept`] instead ([contract §2](crate::contract#states): a record is never left `processing` because its
+/// Completes the record with `outcome` encoded by `codec`; if that is over the policy's limit,
+/// completes it with [`Outcome::not_kept`] (encoded too) instead ([contract §2](crate::contract#states): a record is never left `processing` because its
 /// outcome could not be kept). The replacement is small and bounded; it is stored under the same
 /// policy with the limit raised to its size if the limit is smaller still, so it always fits.
+// The arguments of `KeyStore::complete`, plus the codec.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn complete_or_not_kept(
     store: &dyn KeyStore,
+    codec: Option<&dyn OutcomeCodec>,
     scope: &Scope,
     key: &IdempotencyKey,
     token: Token,
     outcome: &Outcome,
     policy: &Policy,
     now: Timestamp,
-) -> Result<Completion, StoreError> {
-    let too_large = match crate::machine::check_outcome_size(outcome, policy) {
+) -> Result<Completion, CompletionError> {
+    let cx = CodecContext::new(scope, key);
+    // The limit applies to what is stored: the encoded outcome.
+    let stored = encode_outcome(codec, &cx, outcome).map_err(CompletionError::Encode)?;
+    let too_large = match crate::machine::check_outcome_size(&stored, policy) {
         Ok(()) => {
-            let completed = store.complete(scope, key, token, outcome, policy, now);
+            let completed = store.complete(scope, key, token, &stored, policy, now);
             match timed(store, "complete", completed).await {
                 Ok(answer) => {
                     return Ok(Completion {
@@ -629,12 +784,15 @@ pub(crate) async fn complete_or_not_kept(
                 }
                 // A store whose own limit is stricter refused it: the same case.
                 Err(StoreError::OutcomeTooLarge(e)) => e,
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         Err(e) => e,
     };
-    let kept = Outcome::not_kept(outcome, too_large.limit);
+    let kept = Outcome::not_kept(&stored, too_large.limit);
+    let kept = encode_outcome(codec, &cx, &kept)
+        .map_err(CompletionError::Encode)?
+        .into_owned();
     let roomy = policy
         .to_builder()
         .max_outcome_bytes(policy.max_outcome_bytes().max(kept.size()))

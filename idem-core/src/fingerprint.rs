@@ -55,9 +55,25 @@ pub enum FingerprintError {
 pub struct Fingerprint(String);
 
 impl Fingerprint {
-    /// Fingerprints the operation `operation` called with `arguments`.
-    pub fn of(operation: &str, arguments: &serde_json::Value) -> Result<Self, FingerprintError> {
-        let canonical = canonical_request(operation, arguments)?;
+    /// Fingerprints the operation `operation` called with `arguments`: a `serde_json::Value`, or
+    /// any value that serialises (your request struct), which is fingerprinted as the JSON it
+    /// serialises to. A value that cannot be serialised as JSON (a map with non-string keys, a
+    /// float that is not finite) is [`FingerprintError::Canonicalize`].
+    ///
+    /// ```
+    /// use idem_core::Fingerprint;
+    /// #[derive(serde::Serialize)]
+    /// struct Charge { account: String, cents: u64 }
+    /// let typed = Fingerprint::of("charge", &Charge { account: "A-7".into(), cents: 500 }).unwrap();
+    /// let value = Fingerprint::of("charge", &serde_json::json!({"cents": 500, "account": "A-7"})).unwrap();
+    /// assert_eq!(typed, value);
+    /// ```
+    pub fn of<A: Serialize + ?Sized>(
+        operation: &str,
+        arguments: &A,
+    ) -> Result<Self, FingerprintError> {
+        let arguments = serde_json::to_value(arguments).map_err(FingerprintError::Canonicalize)?;
+        let canonical = canonical_request(operation, &arguments)?;
         Ok(Self::of_bytes(canonical.as_bytes()))
     }
 

@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// One `tracing` event per transition ([contract §8](crate::contract#observability)): the event's name is the transition's, and the
 /// same name is in the structured field `idem.event`, so every formatter prints it.
@@ -9,6 +10,7 @@ macro_rules! transition {
 }
 
 pub mod clock;
+pub mod codec;
 pub mod contract;
 pub mod downstream;
 pub mod error;
@@ -24,9 +26,11 @@ pub mod record;
 pub mod retry;
 pub mod store;
 pub mod token;
+pub mod typed;
 
 pub use async_trait::async_trait;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use codec::{CodecError, OutcomeCodec};
 pub use downstream::downstream_key;
 pub use error::Error;
 pub use executor::{Attempt, BackgroundTask, Execution, Executor};
@@ -42,3 +46,4 @@ pub use reconcile::{
 pub use record::{Record, RecordState};
 pub use store::{BoxError, KeyStore, ListFilter, StoreError};
 pub use token::Token;
+pub use typed::{OperationError, TypedExecution};

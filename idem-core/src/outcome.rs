@@ -163,6 +163,25 @@ impl Outcome {
         }
     }
 
+    /// The outcome [`Executor::run_typed`](crate::Executor::run_typed) stores when the
+    /// operation's value could not be serialised: the same problem type as [`Outcome::not_kept`],
+    /// with `status` and `class` the value would have had.
+    pub(crate) fn not_serializable(status: u16, class: OutcomeClass) -> Outcome {
+        let body = serde_json::json!({
+            "type": OUTCOME_NOT_KEPT,
+            "title": "The operation ran; its response was not kept",
+            "detail": format!(
+                "the operation ran and answered status {status}, but its answer could not be serialised as JSON and was not kept; this is the final answer for this key"
+            ),
+            "original_status": status,
+        });
+        Self {
+            status,
+            body: body.to_string(),
+            class,
+        }
+    }
+
     /// Whether this is the outcome [`Outcome::not_kept`] stores in place of one too large.
     pub fn is_not_kept(&self) -> bool {
         self.body.contains(OUTCOME_NOT_KEPT)

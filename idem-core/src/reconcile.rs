@@ -40,7 +40,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::executor::complete_or_not_kept;
+use crate::codec::OutcomeCodec;
+use crate::executor::{CompletionError, complete_or_not_kept};
 use crate::machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ReleaseAnswer};
 use crate::{Clock, KeyStore, Outcome, Policy, Record, StalePolicy, StoreError, Timestamp};
 
@@ -101,6 +102,7 @@ pub struct Reconciler<P> {
     probe: P,
     batch: usize,
     stale_for: Duration,
+    codec: Option<Arc<dyn OutcomeCodec>>,
 }
 
 impl<P: Probe> Reconciler<P> {
@@ -115,6 +117,7 @@ impl<P: Probe> Reconciler<P> {
             probe,
             batch: 100,
             stale_for: Duration::ZERO,
+            codec: None,
         }
     }
 
@@ -127,6 +130,16 @@ impl<P: Probe> Reconciler<P> {
     /// Only records whose lease ended at least this long ago (default: any elapsed lease).
     pub fn stale_for(mut self, stale_for: Duration) -> Self {
         self.stale_for = stale_for;
+        self
+    }
+
+    /// Encodes the probe's outcomes with `codec` before storing them: give it the executor's
+    /// codec ([`Executor::codec`](crate::Executor::codec)), or records completed here would be
+    /// stored in clear (and refused on replay by an encrypting codec). A failure to encode is
+    /// reported in [`ReconcileReport::failed`] as a [`StoreError::Backend`] keeping the codec's
+    /// error as its source; the record stays `processing`.
+    pub fn codec(mut self, codec: Arc<dyn OutcomeCodec>) -> Self {
+        self.codec = Some(codec);
         self
     }
 
@@ -215,6 +228,7 @@ impl<P: Probe> Reconciler<P> {
                 let now = self.clock.now();
                 let completion = complete_or_not_kept(
                     &*self.store,
+                    self.codec.as_deref(),
                     &taken.scope,
                     &taken.key,
                     token,
@@ -222,7 +236,13 @@ impl<P: Probe> Reconciler<P> {
                     &self.policy,
                     now,
                 )
-                .await?;
+                .await
+                .map_err(|e| match e {
+                    CompletionError::Store(e) => e,
+                    CompletionError::Encode(e) => {
+                        StoreError::backend("the probe's outcome could not be encoded", e)
+                    }
+                })?;
                 match completion.answer {
                     CompleteAnswer::Fenced => report.skipped += 1,
                     _ => {

@@ -6,9 +6,10 @@ pub use idem_core::*;
 pub mod open;
 pub use open::{OpenError, OpenOptions, Opened, StoreUrl, open};
 
-/// The README's PostgreSQL example, compiled (not run) as a doctest. `cargo test` enables
-/// `postgres` for this crate's own tests through its self dev-dependency.
-#[cfg(all(doctest, feature = "postgres"))]
+/// The README's examples, as doctests (the PostgreSQL one compiled, not run). `cargo test`
+/// enables `postgres` and `encryption` for this crate's own tests through its self
+/// dev-dependency.
+#[cfg(all(doctest, feature = "postgres", feature = "encryption"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
