@@ -129,13 +129,10 @@ pub async fn show(
             ));
             match idem_core::codec::sealed_info(o.body()) {
                 Some(sealed) => out.push_str(&format!(
-                    "{:<12} encrypted ({}, key id {})
-",
+                    "{:<12} encrypted ({}, key id {})\n",
                     "body", sealed.algorithm, sealed.key_id
                 )),
-                None => out.push_str(&format!("{:<12}
-{}
-", "body", pretty(&o.body_json()))),
+                None => out.push_str(&format!("{:<12}\n{}\n", "body", pretty(&o.body_json()))),
             }
         }
         None => out.push_str(&format!("{:<12} none\n", "outcome")),
