@@ -335,7 +335,8 @@ where
         // gets it (the effect happened); the record is left to the lease and reconciliation.
         Err(Error::Fenced { outcome })
         | Err(Error::OutcomeTooLarge { outcome, .. })
-        | Err(Error::NotRecorded { outcome, .. }) => answer(&outcome),
+        | Err(Error::NotRecorded { outcome, .. })
+        | Err(Error::Encode { outcome, .. }) => answer(&outcome),
         Err(other) => {
             tracing::error!(error = %other, "unexpected executor error");
             Problem::StoreError.to_response()

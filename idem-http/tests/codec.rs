@@ -86,3 +86,69 @@ async fn encrypted_at_rest_replayed_over_http_and_a_wrong_key_never_reruns() {
     assert!(!answer.text().await.unwrap().contains(SECRET));
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
 }
+
+/// A codec whose `encode` always fails, as a broken key service would.
+#[derive(Debug)]
+struct CannotEncode;
+
+impl idem_core::codec::OutcomeCodec for CannotEncode {
+    fn encode(
+        &self,
+        _: &idem_core::codec::CodecContext<'_>,
+        _: &idem_core::Outcome,
+    ) -> Result<String, idem_core::codec::CodecError> {
+        Err(idem_core::codec::CodecError::Malformed {
+            message: "the key service is down".to_owned(),
+        })
+    }
+    fn decode(
+        &self,
+        _: &idem_core::codec::CodecContext<'_>,
+        stored: &idem_core::Outcome,
+    ) -> Result<String, idem_core::codec::CodecError> {
+        Ok(stored.body().to_owned())
+    }
+}
+
+/// The tool ran but its answer could not be encoded: the caller still gets the tool's answer
+/// (the effect happened), nothing is stored, and the record stays `processing` for its lease, so
+/// the retry is held off rather than run again.
+#[tokio::test]
+async fn an_outcome_the_codec_cannot_encode_still_reaches_the_caller_and_is_not_rerun() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let executor = Executor::new(store.clone())
+        .with_codec(CannotEncode)
+        .with_spawner(|task| {
+            tokio::spawn(task);
+        });
+    let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned()));
+    let app = Router::new()
+        .route("/tools/charge", post(charge))
+        .route_layer(layer)
+        .with_state(runs.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/tools/charge", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = reqwest::Client::new();
+    let post = || {
+        client
+            .post(&url)
+            .header("idempotency-key", "wf-2:step-1:charge")
+            .json(&json!({"cents": 500}))
+            .send()
+    };
+    let first = post().await.unwrap();
+    assert_eq!(first.status(), 201, "the tool's own answer");
+    let body: Value = first.json().await.unwrap();
+    assert_eq!(body["original_response"]["charge_id"], "ch_1");
+    let retry = post().await.unwrap();
+    assert_eq!(retry.status(), 409, "still processing under its lease");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
+    let records = store
+        .list(&ListFilter::default(), SystemClock.now(), 10)
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1);
+    assert!(records[0].outcome.is_none(), "nothing stored");
+}

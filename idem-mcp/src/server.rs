@@ -416,11 +416,12 @@ impl IdempotentTools {
             }
             // The tool ran, but its answer could not be recorded as this attempt's: the caller
             // still gets it (the effect happened). Fenced: the newer holder's answer stands;
-            // too large: the record holds "ran, not kept" for retries; not recorded: the record
-            // is left to the lease.
+            // too large: the record holds "ran, not kept" for retries; not recorded or not
+            // encoded by the codec: the record is left to the lease.
             Err(Error::Fenced { outcome })
             | Err(Error::OutcomeTooLarge { outcome, .. })
-            | Err(Error::NotRecorded { outcome, .. }) => {
+            | Err(Error::NotRecorded { outcome, .. })
+            | Err(Error::Encode { outcome, .. }) => {
                 live_or(take_live(), &outcome).map(|r| mark(r, false))
             }
             Err(Error::InFlight { retry_after, stale }) => Err(in_flight(retry_after, stale)),
