@@ -9,7 +9,8 @@
 # - IDEM_TEST_TLS_UNTRUSTED_CA: a second CA's certificate that signed nothing here: verifying
 #   against it must fail.
 # - IDEM_TEST_POSTGRES_TLS_URL: postgres://postgres@127.0.0.1:PORT/test?sslmode=verify-full&sslrootcert=CA
-#   (pg_hba.conf accepts `hostssl` only: a connection without TLS is refused).
+#   (pg_hba.conf accepts `hostssl` only: a connection without TLS is refused). It also listens on
+#   127.0.0.2, an address its certificate does not name, for the sslmode=verify-full test.
 # - IDEM_TEST_REDIS_TLS_URL: rediss://127.0.0.1:PORT (no plain-text port).
 # - IDEM_TEST_REDIS_TLS_CLUSTER_URLS: rediss://127.0.0.1:PORT,… (the cluster bus runs TLS too).
 #
@@ -89,11 +90,11 @@ idem_tls_postgres() {
   chmod 600 "$data/data/server.key"
   [ "$(id -u)" = 0 ] && chown postgres "$data/data/server.pem" "$data/data/server.key"
   # Local (Unix socket) connections for this script only; over TCP, TLS or nothing.
-  printf '%s\n' "local all all trust" "hostssl all all 127.0.0.1/32 trust" \
+  printf '%s\n' "local all all trust" "hostssl all all 127.0.0.0/8 trust" \
     "hostssl all all ::1/128 trust" >"$data/data/pg_hba.conf"
   port=$(idem_tls_free_port "${IDEM_PG_TLS_START_PORT:-57432}")
   "${run_as[@]}" "$pg_ctl" -D "$data/data" -l "$data/server.log" -w -t 60 \
-    -o "-p $port -k $data -c listen_addresses=127.0.0.1 -c max_connections=200 -c ssl=on \
+    -o "-p $port -k $data -c listen_addresses=127.0.0.1,127.0.0.2 -c max_connections=200 -c ssl=on \
         -c ssl_cert_file=server.pem -c ssl_key_file=server.key" start >&2 ||
     { cat "$data/server.log" >&2; return 1; }
   cleanup_cmds+=("${run_as[*]} '$pg_ctl' -D '$data/data' -m fast -w stop >/dev/null")
