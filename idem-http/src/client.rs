@@ -46,9 +46,53 @@ pub enum ClientError {
     /// The tool could not be discovered from `GET /tools`.
     #[error("tool discovery failed: {0}")]
     Discovery(String),
-    /// The HTTP client could not be built.
+    /// The HTTP client could not be built, or a request could not be (a bad URL; `https://`
+    /// in a build without TLS: enable the `rustls` feature, or pass a client that has TLS).
     #[error("http client: {0}")]
     Http(#[from] reqwest::Error),
+    /// The TLS handshake with the tool failed (its certificate is not trusted, has expired or
+    /// does not name the host): not retried, since no retry can fix it.
+    #[error("TLS with the tool failed: {message}")]
+    Tls {
+        /// The error and its causes, for people (e.g. `invalid peer certificate: UnknownIssuer`).
+        message: String,
+        /// The client's error.
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+/// Whether `err` is a failed TLS handshake. rustls reports it as an I/O error of kind
+/// `InvalidData` (tokio-rustls' convention), which a refused, reset or timed-out connection never
+/// is; the connector may wrap that in another I/O error, whose `source()` skips it, so wrapped
+/// I/O errors are opened with `get_ref`.
+fn is_tls_failure(err: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        let mut io = e.downcast_ref::<std::io::Error>();
+        while let Some(inner) = io {
+            if inner.kind() == std::io::ErrorKind::InvalidData {
+                return true;
+            }
+            io = inner
+                .get_ref()
+                .and_then(|e| e.downcast_ref::<std::io::Error>());
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// `err` and its causes on one line.
+fn with_causes(err: &reqwest::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        message.push_str(": ");
+        message.push_str(&e.to_string());
+        source = e.source();
+    }
+    message
 }
 
 /// The answer to a call.
@@ -143,6 +187,15 @@ impl ToolClient {
         self
     }
 
+    /// The same client, sending every attempt with `http` instead of the client
+    /// [`ToolClient::new`] built: for your own roots or client certificate
+    /// ([`reqwest::ClientBuilder::add_root_certificate`]), a proxy, a shared connection pool or
+    /// another TLS backend. The policy still sets each attempt's timeout.
+    pub fn with_http_client(mut self, http: reqwest::Client) -> Self {
+        self.http = http;
+        self
+    }
+
     /// Reads tool `name`'s `min_client_deadline_ms` from the listing at `tools_url`
     /// (`GET /tools`), then builds the client as [`ToolClient::new`] does.
     pub async fn discover(
@@ -151,7 +204,22 @@ impl ToolClient {
         url: impl Into<String>,
         policy: RetryPolicy,
     ) -> Result<Self, ClientError> {
-        let listing: Value = reqwest::get(tools_url)
+        let http = reqwest::Client::builder().build()?;
+        Self::discover_with(http, tools_url, name, url, policy).await
+    }
+
+    /// [`ToolClient::discover`] with your own `reqwest::Client`, for the listing and then for
+    /// every call (as [`ToolClient::with_http_client`]).
+    pub async fn discover_with(
+        http: reqwest::Client,
+        tools_url: &str,
+        name: &str,
+        url: impl Into<String>,
+        policy: RetryPolicy,
+    ) -> Result<Self, ClientError> {
+        let listing: Value = http
+            .get(tools_url)
+            .send()
             .await
             .and_then(|r| r.error_for_status())
             .map_err(|e| ClientError::Discovery(e.to_string()))?
@@ -167,7 +235,7 @@ impl ToolClient {
                     "{tools_url} lists no tool {name:?} with min_client_deadline_ms"
                 ))
             })?;
-        Self::new(url, policy, Some(Duration::from_millis(min)))
+        Ok(Self::new(url, policy, Some(Duration::from_millis(min)))?.with_http_client(http))
     }
 
     /// The tool's minimum client deadline, if known.
@@ -241,6 +309,13 @@ impl ToolClient {
                         .map(Duration::from_secs);
                     (retry_after, format!("HTTP {status}"))
                 }
+                Err(e) if is_tls_failure(&e) => {
+                    return Err(ClientError::Tls {
+                        message: with_causes(&e),
+                        source: e,
+                    });
+                }
+                Err(e) if e.is_builder() => return Err(ClientError::Http(e)),
                 Err(e) => {
                     failed += 1;
                     (None, format!("{e}"))

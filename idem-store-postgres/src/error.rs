@@ -88,7 +88,11 @@ pub(crate) fn classify(op: &'static str, err: sqlx::Error) -> StoreError {
         _ => false,
     };
     if unavailable {
-        return StoreError::unavailable(format!("postgres {op}: connection unavailable"), err);
+        // The driver's text says why (refused, reset, a certificate not trusted, TLS missing).
+        return StoreError::unavailable(
+            format!("postgres {op}: connection unavailable ({err})"),
+            err,
+        );
     }
     if is_transient_conflict(&err) {
         // Reached only where the statement cannot simply run again (inside the caller's

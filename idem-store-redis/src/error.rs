@@ -28,7 +28,8 @@ pub(crate) fn is_transient(err: &RedisError) -> bool {
 /// `err` as a [`StoreError`] for operation `op`, keeping it as the source.
 pub(crate) fn classify(op: &'static str, err: RedisError) -> StoreError {
     if is_transient(&err) {
-        StoreError::unavailable(format!("redis {op}: {}", err.category()), err)
+        // The driver's text says why (refused, reset, a certificate not trusted).
+        StoreError::unavailable(format!("redis {op}: {} ({err})", err.category()), err)
     } else {
         StoreError::backend(format!("redis {op}: {}", err.category()), err)
     }

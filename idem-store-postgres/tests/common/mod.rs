@@ -17,17 +17,41 @@ pub const TABLE: &str = "idem_records";
 /// `IDEM_TEST_POSTGRES_URL`, or `None` after saying why the test skips. Under `CI` a missing URL
 /// is a failure.
 pub fn url() -> Option<String> {
-    match std::env::var("IDEM_TEST_POSTGRES_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
+    var(
+        "IDEM_TEST_POSTGRES_URL",
+        "e.g. postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+/// `IDEM_TEST_POSTGRES_TLS_URL`: a server that accepts only TLS connections, with `sslmode` and
+/// `sslrootcert` in the URL (scripts/services/tls.sh). `None` after saying why; a failure under `CI`.
+pub fn tls_url() -> Option<String> {
+    var(
+        "IDEM_TEST_POSTGRES_TLS_URL",
+        "scripts/services/tls.sh starts a TLS-only server",
+    )
+}
+
+/// `IDEM_TEST_TLS_CA` and `IDEM_TEST_TLS_UNTRUSTED_CA`: the CA that signed the TLS server's
+/// certificate, and one that did not.
+pub fn tls_cas() -> Option<(String, String)> {
+    Some((
+        var("IDEM_TEST_TLS_CA", "scripts/services/tls.sh makes it")?,
+        var(
+            "IDEM_TEST_TLS_UNTRUSTED_CA",
+            "scripts/services/tls.sh makes it",
+        )?,
+    ))
+}
+
+fn var(name: &str, hint: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => Some(v),
         _ => {
             if std::env::var_os("CI").is_some() {
-                panic!(
-                    "IDEM_TEST_POSTGRES_URL is not set, and under CI a missing server is a failure"
-                );
+                panic!("{name} is not set, and under CI a missing server is a failure");
             }
-            eprintln!(
-                "skipping: IDEM_TEST_POSTGRES_URL is not set (scripts/test sets it; e.g. postgres://postgres@127.0.0.1:5432/test)"
-            );
+            eprintln!("skipping: {name} is not set (scripts/test sets it; {hint})");
             None
         }
     }

@@ -34,6 +34,29 @@ pub fn failover_urls() -> Option<Vec<String>> {
     })
 }
 
+/// The TLS-only standalone server's URL from `IDEM_TEST_REDIS_TLS_URL` (`rediss://…`,
+/// scripts/services/tls.sh); `None` (after saying why) when unset, a failure under `CI`.
+pub fn tls_url() -> Option<String> {
+    var("IDEM_TEST_REDIS_TLS_URL")
+}
+
+/// The TLS-only cluster's node URLs from `IDEM_TEST_REDIS_TLS_CLUSTER_URLS` (comma-separated).
+pub fn tls_cluster_urls() -> Option<Vec<String>> {
+    var("IDEM_TEST_REDIS_TLS_CLUSTER_URLS").map(|v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
+/// `IDEM_TEST_TLS_CA` (the CA that signed the TLS servers' certificate) and
+/// `IDEM_TEST_TLS_UNTRUSTED_CA` (one that signed nothing there).
+pub fn tls_cas() -> Option<(String, String)> {
+    Some((var("IDEM_TEST_TLS_CA")?, var("IDEM_TEST_TLS_UNTRUSTED_CA")?))
+}
+
 fn var(name: &str) -> Option<String> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => Some(v),
