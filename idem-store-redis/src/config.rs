@@ -290,7 +290,7 @@ impl RedisStore {
                     let mut c = c.clone();
                     let routing =
                         RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                    c.route_command(&cmd, routing).await.map(|v| match v {
+                    c.route_command(cmd.clone(), routing).await.map(|v| match v {
                         Value::Map(items) => items
                             .into_iter()
                             .map(|(node, reply)| (text(&node).unwrap_or_default(), reply))

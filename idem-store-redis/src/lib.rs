@@ -123,7 +123,7 @@ impl fmt::Debug for RedisStore {
 
 fn endpoint(info: &redis::ConnectionInfo) -> String {
     // `ConnectionAddr` displays host and port only, never credentials.
-    info.addr.to_string()
+    info.addr().to_string()
 }
 
 fn millis(d: Duration) -> u64 {
@@ -143,13 +143,14 @@ impl RedisStore {
     pub const DEFAULT_GC_MARGIN: Duration = Duration::from_secs(3600);
 
     /// The connection settings [`RedisStore::connect`] uses: 5 s to connect, 10 s for a reply,
-    /// and no waiting reconnection attempts (the driver's back-off starts at one second), so calls
-    /// fail fast with [`StoreError::Unavailable`] while the server is down; each new call
-    /// reconnects in the background, and calls succeed again as soon as it is back.
+    /// and no waiting reconnection attempts (the driver's default retries a failed reconnection 6
+    /// times, with a jittered back-off from 100 ms), so calls fail fast with
+    /// [`StoreError::Unavailable`] while the server is down; each new call reconnects in the
+    /// background, and calls succeed again as soon as it is back.
     pub fn default_connection_config() -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
-            .set_connection_timeout(Duration::from_secs(5))
-            .set_response_timeout(Duration::from_secs(10))
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(10)))
             .set_number_of_retries(0)
     }
 
