@@ -244,9 +244,11 @@ async fn main() {
     }
 
     // Only this run's rows.
-    sqlx::query(AssertSqlSafe(format!("DELETE FROM {SCHEMA}.{TABLE} WHERE scope LIKE $1")))
-        .bind(format!("bench-{}-%", bench.run))
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM {SCHEMA}.{TABLE} WHERE scope LIKE $1"
+    )))
+    .bind(format!("bench-{}-%", bench.run))
+    .execute(&pool)
+    .await
+    .unwrap();
 }

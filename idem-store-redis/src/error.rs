@@ -44,11 +44,13 @@ mod tests {
     fn kinds() {
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(classify("claim", io).is_unavailable());
-        let loading = RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
+        let loading =
+            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
         assert!(classify("claim", loading).is_unavailable());
         let down = RedisError::from((ErrorKind::Server(ServerErrorKind::ClusterDown), "down"));
         assert!(classify("claim", down).is_unavailable());
-        let syntax = RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "syntax"));
+        let syntax =
+            RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "syntax"));
         assert!(matches!(
             classify("claim", syntax),
             StoreError::Backend { .. }
