@@ -306,7 +306,7 @@ async fn read_only_commands_never_change_a_postgres_schema() {
         Timestamp::now().as_millis()
     );
     let mut admin = sqlx::PgConnection::connect(&base).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut admin)
         .await
         .unwrap();
@@ -338,10 +338,12 @@ async fn read_only_commands_never_change_a_postgres_schema() {
     let out = run(&["keys", "ls", "--json", "--store", &url]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "[]");
-    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

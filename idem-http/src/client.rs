@@ -150,6 +150,18 @@ pub struct ToolClient {
     headers: http::HeaderMap,
 }
 
+/// The `reqwest::Client` [`ToolClient::new`] builds. With the `rustls` feature, reqwest takes
+/// rustls' process-wide crypto provider: ring (what the feature compiles in) is installed first if
+/// the application installed none, so `https://` works without any set-up.
+fn default_http_client() -> Result<reqwest::Client, reqwest::Error> {
+    #[cfg(feature = "rustls")]
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race with another installer is fine: a provider is installed either way.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    reqwest::Client::builder().build()
+}
+
 impl ToolClient {
     /// A client for the tool at `url` (a `POST` endpoint). With `min_client_deadline` (the tool's
     /// published `min_client_deadline_ms`), refuses a policy whose attempt timeout is shorter,
@@ -166,7 +178,7 @@ impl ToolClient {
             }
         })?;
         Ok(Self {
-            http: reqwest::Client::builder().build()?,
+            http: default_http_client()?,
             url: url.into(),
             policy,
             min_client_deadline,
@@ -189,7 +201,7 @@ impl ToolClient {
 
     /// The same client, sending every attempt with `http` instead of the client
     /// [`ToolClient::new`] built: for your own roots or client certificate
-    /// ([`reqwest::ClientBuilder::add_root_certificate`]), a proxy, a shared connection pool or
+    /// ([`reqwest::ClientBuilder::tls_certs_merge`], [`reqwest::ClientBuilder::tls_certs_only`]), a proxy, a shared connection pool or
     /// another TLS backend. The policy still sets each attempt's timeout.
     pub fn with_http_client(mut self, http: reqwest::Client) -> Self {
         self.http = http;
@@ -204,7 +216,7 @@ impl ToolClient {
         url: impl Into<String>,
         policy: RetryPolicy,
     ) -> Result<Self, ClientError> {
-        let http = reqwest::Client::builder().build()?;
+        let http = default_http_client()?;
         Self::discover_with(http, tools_url, name, url, policy).await
     }
 

@@ -118,7 +118,7 @@ async fn https_with_the_callers_client_runs_once_per_key() {
     let tickets = Arc::new(AtomicU32::new(0));
     let (base, ca_pem) = https_tool(tickets.clone()).await;
     let http = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
+        .tls_certs_merge([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
         .build()
         .unwrap();
     let client = ToolClient::discover_with(
@@ -152,8 +152,7 @@ async fn an_untrusted_certificate_is_refused_at_once() {
     // Clients that do not trust the test CA: the system's roots (`new`), and one trusting another CA.
     let (other_ca, _, _) = certificates();
     let other = reqwest::Client::builder()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(reqwest::Certificate::from_pem(other_ca.as_bytes()).unwrap())
+        .tls_certs_only([reqwest::Certificate::from_pem(other_ca.as_bytes()).unwrap()])
         .build()
         .unwrap();
     let url = format!("{base}/tools/create_ticket");

@@ -17,7 +17,7 @@ use idem_core::{
     ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp,
 };
 use idem_store_postgres::PostgresStore;
-use idem_store_postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
+use idem_store_postgres::sqlx::{self, AssertSqlSafe, PgPool, postgres::PgPoolOptions};
 
 const SCHEMA: &str = "idem_bench";
 const TABLE: &str = "idem_records";
@@ -74,10 +74,10 @@ impl Bench {
             Op::RawFirst => {
                 let (scope, key) = self.key(&format!("raw-{round}"), i);
                 let now_ms = now.as_millis() as i64;
-                let inserted = sqlx::query(&format!(
+                let inserted = sqlx::query(AssertSqlSafe(format!(
                     "INSERT INTO {SCHEMA}.{TABLE} ({COLUMNS}) VALUES ($1, $2, $3, 'processing', 1, $4, 1, \
                      $5, NULL, NULL, NULL, $6, $6, $7) ON CONFLICT (scope, key) DO NOTHING"
-                ))
+                )))
                 .bind(scope.as_str())
                 .bind(key.as_str())
                 .bind(self.fingerprint.as_str())
@@ -90,11 +90,11 @@ impl Bench {
                 .unwrap()
                 .rows_affected();
                 assert_eq!(inserted, 1);
-                sqlx::query(&format!(
+                sqlx::query(AssertSqlSafe(format!(
                     "UPDATE {SCHEMA}.{TABLE} SET state = 'completed', outcome_status = $3, \
                      outcome_body = $4, outcome_class = 'definitive', updated_at = $5, expires_at = $6 \
                      WHERE scope = $1 AND key = $2"
-                ))
+                )))
                 .bind(scope.as_str())
                 .bind(key.as_str())
                 .bind(i32::from(self.outcome.status()))
@@ -116,9 +116,9 @@ impl Bench {
             }
             Op::RawReplay => {
                 let (scope, key) = self.key("raw-0", i);
-                let row = sqlx::query(&format!(
+                let row = sqlx::query(AssertSqlSafe(format!(
                     "SELECT {COLUMNS} FROM {SCHEMA}.{TABLE} WHERE scope = $1 AND key = $2"
-                ))
+                )))
                 .bind(scope.as_str())
                 .bind(key.as_str())
                 .fetch_optional(&self.pool)
@@ -244,9 +244,11 @@ async fn main() {
     }
 
     // Only this run's rows.
-    sqlx::query(&format!("DELETE FROM {SCHEMA}.{TABLE} WHERE scope LIKE $1"))
-        .bind(format!("bench-{}-%", bench.run))
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM {SCHEMA}.{TABLE} WHERE scope LIKE $1"
+    )))
+    .bind(format!("bench-{}-%", bench.run))
+    .execute(&pool)
+    .await
+    .unwrap();
 }

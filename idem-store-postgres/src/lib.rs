@@ -17,7 +17,7 @@ use idem_core::{
     StoreError, Timestamp, Token, async_trait,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{PgConnection, Postgres, Row};
+use sqlx::{PgConnection, Postgres, Row, SqlStr};
 
 pub use durability::{DurabilityReport, DurabilityWarning, Replica, ServerConfig};
 pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
@@ -30,7 +30,7 @@ pub use sqlx;
 
 use error::{check_identifier, classify, is_transient_conflict, sqlstate};
 use row::{big, bind_record, record_from_row, timestamp, ts};
-use schema::{MIGRATIONS, Statements};
+use schema::{MIGRATIONS, Statements, trusted};
 
 /// How many times a claim re-reads and retries when the record changes under it (another claim,
 /// a completion, a purge) or the server reports a serialization conflict, before giving up with
@@ -190,10 +190,10 @@ impl PostgresStore {
             versions = self.sql.migrations_table,
         );
         let newest_applied = format!("SELECT max(version) FROM {}", self.sql.migrations_table);
-        let record_version = format!(
+        let record_version = trusted(format!(
             "INSERT INTO {} (version, description, applied_at_ms) VALUES ($1, $2, $3)",
             self.sql.migrations_table
-        );
+        ));
         let mut conn = self.pool.acquire().await.map_err(|e| classify(op, e))?;
         let conn: &mut PgConnection = &mut conn;
         let encoding: String = sqlx::query_scalar("SELECT current_setting('server_encoding')")
@@ -215,10 +215,10 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| classify(op, e))?;
-        sqlx::Executor::execute(&mut *tx, bootstrap.as_str())
+        sqlx::Executor::execute(&mut *tx, trusted(bootstrap))
             .await
             .map_err(|e| classify(op, e))?;
-        let applied: Option<i32> = sqlx::query_scalar(&newest_applied)
+        let applied: Option<i32> = sqlx::query_scalar(trusted(newest_applied))
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| classify(op, e))?;
@@ -234,10 +234,10 @@ impl PostgresStore {
         }
         for m in MIGRATIONS.iter().filter(|m| m.version > applied) {
             let ddl = self.sql.migration_sql(m);
-            sqlx::Executor::execute(&mut *tx, ddl.as_str())
+            sqlx::Executor::execute(&mut *tx, trusted(ddl))
                 .await
                 .map_err(|e| classify(op, e))?;
-            sqlx::query(&record_version)
+            sqlx::query(record_version.clone())
                 .bind(m.version)
                 .bind(m.description)
                 .bind(ts(Timestamp::now()))
@@ -254,8 +254,11 @@ impl PostgresStore {
     /// [`SCHEMA_VERSION`] the table needs [`PostgresStore::migrate`], by a role allowed to change
     /// the schema; an operator's read-only role can call this.
     pub async fn schema_version(&self) -> Result<i32, StoreError> {
-        let newest_applied = format!("SELECT max(version) FROM {}", self.sql.migrations_table);
-        match sqlx::query_scalar::<_, Option<i32>>(&newest_applied)
+        let newest_applied = schema::trusted(format!(
+            "SELECT max(version) FROM {}",
+            self.sql.migrations_table
+        ));
+        match sqlx::query_scalar::<_, Option<i32>>(newest_applied)
             .fetch_one(&self.pool)
             .await
         {
@@ -326,7 +329,7 @@ impl PostgresStore {
         E: sqlx::Executor<'e, Database = Postgres>,
     {
         let state = machine::completed_state(outcome, policy);
-        let updated = sqlx::query(&self.sql.complete)
+        let updated = sqlx::query(self.sql.complete.clone())
             .bind(scope.as_str())
             .bind(key.as_str())
             .bind(big(token.seq))
@@ -352,7 +355,7 @@ impl PostgresStore {
         scope: &Scope,
         key: &IdempotencyKey,
     ) -> Result<Option<Record>, sqlx::Error> {
-        let row = sqlx::query(&self.sql.select_any)
+        let row = sqlx::query(self.sql.select_any.clone())
             .bind(scope.as_str())
             .bind(key.as_str())
             .fetch_optional(&self.pool)
@@ -377,7 +380,7 @@ impl PostgresStore {
         let Some(record) = &fresh.write else {
             return Ok(Some(fresh.answer));
         };
-        let row = bind_record(sqlx::query(&self.sql.insert), record)
+        let row = bind_record(sqlx::query(self.sql.insert.clone()), record)
             .fetch_one(&self.pool)
             .await?;
         if row.try_get::<i64, _>("inserted")? == 1 {
@@ -398,7 +401,7 @@ impl PostgresStore {
         let Some(write) = decided.write else {
             return Ok(Some(decided.answer)); // replay, in flight, mismatch: nothing written
         };
-        let replaced = bind_record(sqlx::query(&self.sql.replace), &write)
+        let replaced = bind_record(sqlx::query(self.sql.replace.clone()), &write)
             .bind(big(found.token.seq))
             .bind(found.token.id_hex())
             .bind(found.state.as_str())
@@ -414,7 +417,7 @@ impl PostgresStore {
     async fn fenced_update(
         &self,
         op: &'static str,
-        sql: &str,
+        sql: &SqlStr,
         scope: &Scope,
         key: &IdempotencyKey,
         token: Token,
@@ -422,7 +425,7 @@ impl PostgresStore {
         extra: Option<i64>,
     ) -> Result<bool, StoreError> {
         let updated = retry_conflicts(op, || {
-            let mut query = sqlx::query(sql)
+            let mut query = sqlx::query(sql.clone())
                 .bind(scope.as_str())
                 .bind(key.as_str())
                 .bind(big(token.seq))
@@ -536,7 +539,7 @@ impl KeyStore for PostgresStore {
         // One fenced UPDATE that keeps the later deadline and returns the one stored; run again
         // on a serialization failure or deadlock, as every write is.
         let row = retry_conflicts("extend", || {
-            sqlx::query(&self.sql.extend)
+            sqlx::query(self.sql.extend.clone())
                 .bind(scope.as_str())
                 .bind(key.as_str())
                 .bind(big(token.seq))
@@ -560,7 +563,7 @@ impl KeyStore for PostgresStore {
         key: &IdempotencyKey,
         now: Timestamp,
     ) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(&self.sql.get)
+        let row = sqlx::query(self.sql.get.clone())
             .bind(scope.as_str())
             .bind(key.as_str())
             .bind(ts(now))
@@ -575,7 +578,7 @@ impl KeyStore for PostgresStore {
         older_than: Timestamp,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let rows = sqlx::query(&self.sql.list_in_flight)
+        let rows = sqlx::query(self.sql.list_in_flight.clone())
             .bind(ts(older_than))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
@@ -612,7 +615,7 @@ impl KeyStore for PostgresStore {
             " ORDER BY updated_at, scope, key LIMIT ${}",
             n + 1
         ));
-        let mut query = sqlx::query(&sql).bind(ts(now));
+        let mut query = sqlx::query(trusted(sql)).bind(ts(now));
         if let Some(state) = filter.state {
             query = query.bind(state.as_str());
         }
@@ -634,7 +637,7 @@ impl KeyStore for PostgresStore {
         if limit == 0 {
             return Ok(0);
         }
-        let deleted = sqlx::query(&self.sql.purge)
+        let deleted = sqlx::query(self.sql.purge.clone())
             .bind(ts(now))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .execute(&self.pool)

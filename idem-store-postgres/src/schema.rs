@@ -3,6 +3,10 @@
 //! The schema and table names are configurable, so the SQL is built once per store from checked
 //! identifiers (see [`crate::InvalidIdentifier`]); every value travels as a bind parameter.
 
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
 /// The columns, in the order every `SELECT` returns them and every full-record bind sends them.
 pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token_seq, token_id, attempt, \
      lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at";
@@ -62,15 +66,21 @@ pub(crate) struct Statements {
     pub(crate) migrations_table: String,
     pub(crate) qualified: String,
     pub(crate) table: String,
-    pub(crate) insert: String,
-    pub(crate) select_any: String,
-    pub(crate) replace: String,
-    pub(crate) complete: String,
-    pub(crate) release: String,
-    pub(crate) extend: String,
-    pub(crate) get: String,
-    pub(crate) list_in_flight: String,
-    pub(crate) purge: String,
+    pub(crate) insert: SqlStr,
+    pub(crate) select_any: SqlStr,
+    pub(crate) replace: SqlStr,
+    pub(crate) complete: SqlStr,
+    pub(crate) release: SqlStr,
+    pub(crate) extend: SqlStr,
+    pub(crate) get: SqlStr,
+    pub(crate) list_in_flight: SqlStr,
+    pub(crate) purge: SqlStr,
+}
+
+/// SQL built from checked identifiers only (values are bind parameters), which is what sqlx's
+/// `AssertSqlSafe` asks a caller to vouch for. Shared, so a query takes a cheap clone.
+pub(crate) fn trusted(sql: String) -> SqlStr {
+    AssertSqlSafe(Arc::<str>::from(sql)).into_sql_str()
 }
 
 impl Statements {
@@ -143,15 +153,15 @@ impl Statements {
             migrations_table: format!("\"{schema}\".\"{table}_migrations\""),
             qualified: t,
             table: table.to_owned(),
-            insert,
-            select_any,
-            replace,
-            complete,
-            release,
-            extend,
-            get,
-            list_in_flight,
-            purge,
+            insert: trusted(insert),
+            select_any: trusted(select_any),
+            replace: trusted(replace),
+            complete: trusted(complete),
+            release: trusted(release),
+            extend: trusted(extend),
+            get: trusted(get),
+            list_in_flight: trusted(list_in_flight),
+            purge: trusted(purge),
         }
     }
 

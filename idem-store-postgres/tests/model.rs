@@ -42,10 +42,10 @@ fn postgres_store_agrees_with_the_model() {
         let pool = common::pool(&url, "idem-model-cleanup", 1).await;
         let made: Vec<String> = tables.lock().unwrap().clone();
         for table in &made {
-            sqlx::raw_sql(&format!(
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                 "DROP TABLE IF EXISTS {schema}.{table}; DROP TABLE IF EXISTS {schema}.{table}_migrations",
                 schema = common::SCHEMA
-            ))
+            )))
             .execute(&pool)
             .await
             .expect("drop the model's table");

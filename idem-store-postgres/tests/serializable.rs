@@ -13,7 +13,7 @@ use idem_core::{
     Policy, RecordState, ReleaseAnswer, Scope, Timestamp, Token,
 };
 use idem_store_postgres::PostgresStore;
-use idem_store_postgres::sqlx::{self, postgres::PgPoolOptions};
+use idem_store_postgres::sqlx::{self, AssertSqlSafe, postgres::PgPoolOptions};
 use tokio::sync::Barrier;
 
 /// A migrated store whose every connection runs its transactions SERIALIZABLE.
@@ -81,10 +81,10 @@ async fn conflict_then_right_answer(op: Op) {
     let token = claim(&store, &scope, &key, now).await;
 
     let mut blocker = admin.begin().await.unwrap();
-    sqlx::query(&format!(
+    sqlx::query(AssertSqlSafe(format!(
         "UPDATE {} SET updated_at = updated_at WHERE scope = $1 AND key = $2",
         store.qualified_table()
-    ))
+    )))
     .bind(scope.as_str())
     .bind(key.as_str())
     .execute(&mut *blocker)

@@ -11,7 +11,7 @@ use idem_core::{
     OutcomeClass, Policy, RecordState, Scope, StoreError, Timestamp,
 };
 use idem_store_postgres::PostgresStore;
-use idem_store_postgres::sqlx::{self, postgres::PgPoolOptions};
+use idem_store_postgres::sqlx::{self, AssertSqlSafe, postgres::PgPoolOptions};
 
 fn names(prefix: &str) -> (Scope, IdempotencyKey, Fingerprint) {
     (
@@ -333,9 +333,9 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
         run.await.unwrap().unwrap();
     }
     store.migrate().await.unwrap();
-    let versions: i64 = sqlx::query_scalar(&format!(
+    let versions: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT count(*) FROM idem_test.\"{table}_migrations\""
-    ))
+    )))
     .fetch_one(store.pool())
     .await
     .unwrap();
@@ -344,9 +344,9 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
         store.schema_version().await.unwrap(),
         idem_store_postgres::SCHEMA_VERSION
     );
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE idem_test.\"{table}\"; DROP TABLE idem_test.\"{table}_migrations\""
-    ))
+    )))
     .execute(store.pool())
     .await
     .unwrap();

@@ -290,13 +290,15 @@ impl RedisStore {
                     let mut c = c.clone();
                     let routing =
                         RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                    c.route_command(&cmd, routing).await.map(|v| match v {
-                        Value::Map(items) => items
-                            .into_iter()
-                            .map(|(node, reply)| (text(&node).unwrap_or_default(), reply))
-                            .collect(),
-                        other => vec![("cluster".to_owned(), other)],
-                    })
+                    c.route_command(cmd.clone(), routing)
+                        .await
+                        .map(|v| match v {
+                            Value::Map(items) => items
+                                .into_iter()
+                                .map(|(node, reply)| (text(&node).unwrap_or_default(), reply))
+                                .collect(),
+                            other => vec![("cluster".to_owned(), other)],
+                        })
                 }
             };
             let replies = match replies {

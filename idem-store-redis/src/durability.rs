@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem_core::StoreError;
-use redis::{ErrorKind, Value};
+use redis::{ErrorKind, ServerErrorKind, Value};
 
 use crate::error::classify;
 use crate::scripts::CONFIRM_SCRIPT;
@@ -161,7 +161,7 @@ impl RedisStore {
         }
         let mut conn = self.conn();
         let replies: Vec<Value> = match pipe.query_async(&mut conn).await {
-            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // The script cache is volatile (a restart or failover empties it).
                 CONFIRM_SCRIPT
                     .load_async(&mut conn)

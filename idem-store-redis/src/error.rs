@@ -1,26 +1,28 @@
 //! Redis errors as [`StoreError`]s, by the driver's error kind (never by message text).
 
 use idem_core::StoreError;
-use redis::{ErrorKind, RedisError};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// Whether `err` means "the server cannot be reached or cannot serve right now".
 pub(crate) fn is_transient(err: &RedisError) -> bool {
     match err.kind() {
         // Connection refused / reset / closed, I/O and response timeouts.
-        ErrorKind::IoError
+        ErrorKind::Io
         | ErrorKind::ClusterConnectionNotFound
-        | ErrorKind::ClusterDown
-        | ErrorKind::TryAgain
-        | ErrorKind::BusyLoadingError
-        | ErrorKind::MasterDown
-        // A write reached a replica: a failover is under way.
-        | ErrorKind::ReadOnly
-        // Redirects the client could not follow within its retries: resharding is under way.
-        | ErrorKind::Moved
-        | ErrorKind::Ask => true,
+        | ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::MasterDown
+            // A write reached a replica: a failover is under way.
+            | ServerErrorKind::ReadOnly
+            // Redirects the client could not follow within its retries: resharding is under way.
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
+        ) => true,
         // Codes the driver does not name: OOM (memory full, writes refused until it frees) and
         // BUSY (another script is running too long) pass with time.
-        ErrorKind::ExtensionError => matches!(err.code(), Some("OOM" | "BUSY")),
+        ErrorKind::Extension => matches!(err.code(), Some("OOM" | "BUSY")),
         _ => err.is_timeout() || err.is_connection_dropped() || err.is_connection_refusal(),
     }
 }
@@ -43,16 +45,18 @@ mod tests {
     fn kinds() {
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(classify("claim", io).is_unavailable());
-        let loading = RedisError::from((ErrorKind::BusyLoadingError, "loading"));
+        let loading =
+            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
         assert!(classify("claim", loading).is_unavailable());
-        let down = RedisError::from((ErrorKind::ClusterDown, "down"));
+        let down = RedisError::from((ErrorKind::Server(ServerErrorKind::ClusterDown), "down"));
         assert!(classify("claim", down).is_unavailable());
-        let syntax = RedisError::from((ErrorKind::ResponseError, "syntax"));
+        let syntax =
+            RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "syntax"));
         assert!(matches!(
             classify("claim", syntax),
             StoreError::Backend { .. }
         ));
-        let wrongtype = RedisError::from((ErrorKind::TypeError, "wrongtype"));
+        let wrongtype = RedisError::from((ErrorKind::UnexpectedReturnType, "wrongtype"));
         assert!(!classify("get", wrongtype).is_unavailable());
     }
 }

@@ -124,7 +124,7 @@ impl fmt::Debug for RedisStore {
 
 fn endpoint(info: &redis::ConnectionInfo) -> String {
     // `ConnectionAddr` displays host and port only, never credentials.
-    info.addr.to_string()
+    info.addr().to_string()
 }
 
 fn millis(d: Duration) -> u64 {
@@ -188,7 +188,7 @@ fn read_ca_file(ca_file: &std::path::Path) -> Result<Vec<u8>, StoreError> {
 /// Refuses a URL that does not ask for TLS where the caller named a CA to verify it with.
 #[cfg(feature = "rustls")]
 fn check_tls_url(info: &redis::ConnectionInfo) -> Result<(), StoreError> {
-    match info.addr {
+    match info.addr() {
         redis::ConnectionAddr::TcpTls { .. } => Ok(()),
         _ => Err(StoreError::Misconfigured {
             message: format!(
@@ -206,13 +206,14 @@ impl RedisStore {
     pub const DEFAULT_GC_MARGIN: Duration = Duration::from_secs(3600);
 
     /// The connection settings [`RedisStore::connect`] uses: 5 s to connect, 10 s for a reply,
-    /// and no waiting reconnection attempts (the driver's back-off starts at one second), so calls
-    /// fail fast with [`StoreError::Unavailable`] while the server is down; each new call
-    /// reconnects in the background, and calls succeed again as soon as it is back.
+    /// and no waiting reconnection attempts (the driver's default retries a failed reconnection 6
+    /// times, with a jittered back-off from 100 ms), so calls fail fast with
+    /// [`StoreError::Unavailable`] while the server is down; each new call reconnects in the
+    /// background, and calls succeed again as soon as it is back.
     pub fn default_connection_config() -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
-            .set_connection_timeout(Duration::from_secs(5))
-            .set_response_timeout(Duration::from_secs(10))
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(10)))
             .set_number_of_retries(0)
     }
 

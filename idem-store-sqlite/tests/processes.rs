@@ -122,31 +122,27 @@ fn race_across_processes() {
     }
 
     let conn = store.connection().unwrap();
-    let rows: usize = conn
-        .query_row("SELECT count(*) FROM effects", [], |r| r.get(0))
-        .unwrap();
-    let keys: usize = conn
-        .query_row("SELECT count(DISTINCT key) FROM effects", [], |r| r.get(0))
-        .unwrap();
-    let doubled: usize = conn
-        .query_row(
-            "SELECT count(*) FROM (SELECT key FROM effects GROUP BY key HAVING count(*) > 1)",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let rows = count(&conn, "SELECT count(*) FROM effects");
+    let keys = count(&conn, "SELECT count(DISTINCT key) FROM effects");
+    let doubled = count(
+        &conn,
+        "SELECT count(*) FROM (SELECT key FROM effects GROUP BY key HAVING count(*) > 1)",
+    );
     assert_eq!(rows, KEYS, "exactly one effect row per key");
     assert_eq!(keys, KEYS);
     assert_eq!(doubled, 0, "no key has two winners");
     assert_eq!(won, KEYS, "the processes report one win per key");
-    let completed: usize = conn
-        .query_row(
-            "SELECT count(*) FROM idem_records WHERE state = 'completed'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let completed = count(
+        &conn,
+        "SELECT count(*) FROM idem_records WHERE state = 'completed'",
+    );
     assert_eq!(completed, KEYS, "every key ended completed");
+}
+
+/// A `count(*)` query's answer (the newer rusqlite releases read no `usize`, only `i64`).
+fn count(conn: &idem_store_sqlite::rusqlite::Connection, sql: &str) -> usize {
+    let n: i64 = conn.query_row(sql, [], |r| r.get(0)).unwrap();
+    usize::try_from(n).unwrap()
 }
 
 fn race_child(worker: i64) {
