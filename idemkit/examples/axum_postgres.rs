@@ -39,16 +39,23 @@ async fn main() -> Result<(), BoxError> {
     };
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() % 1_000_000_000;
     let schema = format!("idem_example_{}_{nanos}", std::process::id());
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(4).connect(&url).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await?;
     let store = PostgresStore::with_table(pool.clone(), &schema, "idem_records")?;
     store.migrate().await?; // creates the schema and the records table
     let tickets = format!("{schema}.tickets");
-    sqlx::query(&format!("CREATE TABLE {tickets} (id BIGSERIAL PRIMARY KEY, title TEXT NOT NULL)"))
-        .execute(&pool)
-        .await?;
+    sqlx::query(&format!(
+        "CREATE TABLE {tickets} (id BIGSERIAL PRIMARY KEY, title TEXT NOT NULL)"
+    ))
+    .execute(&pool)
+    .await?;
 
     let result = demo(App { store, tickets }).await;
-    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool).await?;
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await?;
     result
 }
 
@@ -83,8 +90,14 @@ async fn demo(app: App) -> Result<(), BoxError> {
         first.status, second.status, second.replayed
     );
     println!("ticket rows: {rows}");
-    check(first.status == StatusCode::CREATED && !first.replayed, "the first call runs the tool")?;
-    check(second.replayed && again == answer, "the second call replays the same answer")?;
+    check(
+        first.status == StatusCode::CREATED && !first.replayed,
+        "the first call runs the tool",
+    )?;
+    check(
+        second.replayed && again == answer,
+        "the second call replays the same answer",
+    )?;
     check(rows == 1, "exactly one ticket row")?;
     println!("axum_postgres: ok");
     Ok(())
@@ -92,7 +105,9 @@ async fn demo(app: App) -> Result<(), BoxError> {
 
 /// The tool: the layer put the claim (`Attempt`) in the request's extensions.
 async fn create_ticket(
-    State(app): State<App>, Extension(attempt): Extension<Attempt>, Json(args): Json<Value>,
+    State(app): State<App>,
+    Extension(attempt): Extension<Attempt>,
+    Json(args): Json<Value>,
 ) -> Response {
     match insert_and_complete(&app, &attempt, &args).await {
         Ok(Some(body)) => {
@@ -107,21 +122,31 @@ async fn create_ticket(
 /// Inserts the ticket and completes the record in one transaction; `None` if another attempt
 /// holds the claim (rolled back: no ticket).
 async fn insert_and_complete(
-    app: &App, attempt: &Attempt, args: &Value,
+    app: &App,
+    attempt: &Attempt,
+    args: &Value,
 ) -> Result<Option<Value>, BoxError> {
     let mut tx = app.store.pool().begin().await?;
-    let (id,): (i64,) =
-        sqlx::query_as(&format!("INSERT INTO {} (title) VALUES ($1) RETURNING id", app.tickets))
-            .bind(args["title"].as_str().unwrap_or_default())
-            .fetch_one(&mut *tx)
-            .await?;
+    let (id,): (i64,) = sqlx::query_as(&format!(
+        "INSERT INTO {} (title) VALUES ($1) RETURNING id",
+        app.tickets
+    ))
+    .bind(args["title"].as_str().unwrap_or_default())
+    .fetch_one(&mut *tx)
+    .await?;
     let body = json!({"ticket_id": id});
     // Stored as the executor would store it (its codec, its policy), so the layer replays it.
     let outcome = attempt.encode(&Outcome::definitive(201, &body)?)?;
-    let (scope, key, token, policy) =
-        (attempt.scope(), attempt.key(), attempt.token(), attempt.policy());
+    let (scope, key, token, policy) = (
+        attempt.scope(),
+        attempt.key(),
+        attempt.token(),
+        attempt.policy(),
+    );
     let now = Timestamp::now();
-    let answer = app.store.complete_with_conn(&mut tx, scope, key, token, &outcome, policy, now);
+    let answer = app
+        .store
+        .complete_with_conn(&mut tx, scope, key, token, &outcome, policy, now);
     if answer.await? == CompleteAnswer::Fenced {
         tx.rollback().await?;
         return Ok(None);
@@ -131,5 +156,9 @@ async fn insert_and_complete(
 }
 
 fn check(ok: bool, what: &str) -> Result<(), BoxError> {
-    if ok { Ok(()) } else { Err(format!("axum_postgres: FAILED: {what}").into()) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("axum_postgres: FAILED: {what}").into())
+    }
 }

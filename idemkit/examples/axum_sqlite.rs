@@ -32,8 +32,10 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
-    let path =
-        std::env::temp_dir().join(format!("idem-example-{}-{nanos}.sqlite3", std::process::id()));
+    let path = std::env::temp_dir().join(format!(
+        "idem-example-{}-{nanos}.sqlite3",
+        std::process::id()
+    ));
     let result = demo(&path).await;
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
@@ -56,7 +58,9 @@ async fn demo(path: &Path) -> Result<(), BoxError> {
     let restarted = client(start(path.into(), sent.clone()).await?.0)?;
     let retry = restarted.call(&key, &args).await?;
     // A different request under the same key is refused, and runs nothing.
-    let changed = restarted.call(&key, &json!({"to": "ceo@example.com"})).await;
+    let changed = restarted
+        .call(&key, &json!({"to": "ceo@example.com"}))
+        .await;
 
     let emails = sent.load(Ordering::SeqCst);
     println!(
@@ -65,13 +69,26 @@ async fn demo(path: &Path) -> Result<(), BoxError> {
         first.original_response(),
         first.replayed
     );
-    println!("after the restart: {} (replayed: {})", retry.original_response(), retry.replayed);
+    println!(
+        "after the restart: {} (replayed: {})",
+        retry.original_response(),
+        retry.replayed
+    );
     println!("other arguments, same key: {changed:?}");
     println!("emails sent: {emails}");
-    check(!first.replayed && retry.replayed, "the retry after the restart is a replay")?;
-    check(retry.original_response() == first.original_response(), "the replay is the same answer")?;
+    check(
+        !first.replayed && retry.replayed,
+        "the retry after the restart is a replay",
+    )?;
+    check(
+        retry.original_response() == first.original_response(),
+        "the replay is the same answer",
+    )?;
     let refused = matches!(changed, Err(ClientError::Refused { status, .. }) if status == 422);
-    check(refused, "other arguments under the same key are refused with 422")?;
+    check(
+        refused,
+        "other arguments under the same key are refused with 422",
+    )?;
     check(emails == 1, "exactly one email sent")?;
     println!("axum_sqlite: ok");
     Ok(())
@@ -80,7 +97,8 @@ async fn demo(path: &Path) -> Result<(), BoxError> {
 /// Opens the store on `path` and serves the tool on 127.0.0.1:0; returns the tool's URL and the
 /// server's task.
 async fn start(
-    path: PathBuf, sent: Arc<AtomicUsize>,
+    path: PathBuf,
+    sent: Arc<AtomicUsize>,
 ) -> Result<(String, JoinHandle<()>), BoxError> {
     let store = SqliteStore::open(path)?;
     store.migrate()?; // creates the records table once; a no-op on the second start
@@ -101,10 +119,14 @@ async fn start(
 
 /// The tool: its effect happens here, once per key; the layer stores and replays its answer.
 async fn send_email(
-    State(sent): State<Arc<AtomicUsize>>, Json(args): Json<Value>,
+    State(sent): State<Arc<AtomicUsize>>,
+    Json(args): Json<Value>,
 ) -> (StatusCode, Json<Value>) {
     let n = sent.fetch_add(1, Ordering::SeqCst) + 1; // a real tool calls the mail provider here
-    (StatusCode::ACCEPTED, Json(json!({"message_id": format!("m-{n}"), "to": args["to"]})))
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"message_id": format!("m-{n}"), "to": args["to"]})),
+    )
 }
 
 fn client(url: String) -> Result<ToolClient, ClientError> {
@@ -112,5 +134,9 @@ fn client(url: String) -> Result<ToolClient, ClientError> {
 }
 
 fn check(ok: bool, what: &str) -> Result<(), BoxError> {
-    if ok { Ok(()) } else { Err(format!("axum_sqlite: FAILED: {what}").into()) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("axum_sqlite: FAILED: {what}").into())
+    }
 }

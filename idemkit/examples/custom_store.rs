@@ -47,45 +47,79 @@ impl AuditedStore {
 #[async_trait]
 impl KeyStore for AuditedStore {
     async fn claim(
-        &self, scope: &Scope, key: &IdempotencyKey, fingerprint: &Fingerprint, policy: &Policy,
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        self.inner.claim(&self.scope(scope), key, fingerprint, policy, now).await
+        self.inner
+            .claim(&self.scope(scope), key, fingerprint, policy, now)
+            .await
     }
 
     async fn complete(
-        &self, scope: &Scope, key: &IdempotencyKey, token: Token, outcome: &Outcome,
-        policy: &Policy, now: Timestamp,
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
-        self.inner.complete(&self.scope(scope), key, token, outcome, policy, now).await
+        self.inner
+            .complete(&self.scope(scope), key, token, outcome, policy, now)
+            .await
     }
 
     async fn release(
-        &self, scope: &Scope, key: &IdempotencyKey, token: Token, now: Timestamp,
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        self.inner.release(&self.scope(scope), key, token, now).await
+        self.inner
+            .release(&self.scope(scope), key, token, now)
+            .await
     }
 
     async fn extend(
-        &self, scope: &Scope, key: &IdempotencyKey, token: Token, lease: Duration, now: Timestamp,
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        self.inner.extend(&self.scope(scope), key, token, lease, now).await
+        self.inner
+            .extend(&self.scope(scope), key, token, lease, now)
+            .await
     }
 
     async fn get(
-        &self, scope: &Scope, key: &IdempotencyKey, now: Timestamp,
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
     ) -> Result<Option<Record>, StoreError> {
         self.inner.get(&self.scope(scope), key, now).await
     }
 
     async fn list_in_flight(
-        &self, older_than: Timestamp, limit: usize,
+        &self,
+        older_than: Timestamp,
+        limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
         self.inner.list_in_flight(older_than, limit).await
     }
 
     async fn list(
-        &self, filter: &ListFilter, now: Timestamp, limit: usize,
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
         self.inner.list(filter, now, limit).await
     }
@@ -122,7 +156,10 @@ fn main() {
 
     // The suite can fail: the broken variant must fail the case that compares scopes by case.
     std::panic::set_hook(Box::new(|_| {})); // the failing cases' panics are expected: keep quiet
-    let broken = AuditedStore { lowercase_scopes: true, ..AuditedStore::default() };
+    let broken = AuditedStore {
+        lowercase_scopes: true,
+        ..AuditedStore::default()
+    };
     let report = idem_conformance::run_matching(factory(broken), |case| case.starts_with("scope_"));
     println!(
         "broken variant, scope cases: {} passed, {} failed",

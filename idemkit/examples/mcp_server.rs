@@ -50,21 +50,31 @@ impl Tickets {
 /// The server routes `call_tool`, `list_tools` and `get_info` through `IdempotentTools`.
 impl ServerHandler for Tickets {
     fn get_info(&self) -> ServerConfig {
-        self.idem.advertise(ServerConfig::new(ServerCapabilities::builder().enable_tools().build()))
+        self.idem.advertise(ServerConfig::new(
+            ServerCapabilities::builder().enable_tools().build(),
+        ))
     }
 
     async fn list_tools(
-        &self, _: Option<PaginatedRequestParams>, _: RequestContext<RoleServer>,
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.idem.describe(self.tool_router.list_all())))
+        Ok(ListToolsResult::with_all_items(
+            self.idem.describe(self.tool_router.list_all()),
+        ))
     }
 
     async fn call_tool(
-        &self, params: CallToolRequestParams, cx: RequestContext<RoleServer>,
+        &self,
+        params: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let this = self.clone(); // the tool runs in a spawned task: a dropped request cannot cut it
         let run = move |params, cx| async move {
-            this.tool_router.call(ToolCallContext::new(&this, params, cx)).await
+            this.tool_router
+                .call(ToolCallContext::new(&this, params, cx))
+                .await
         };
         self.idem.call(params, cx, run).await
     }
@@ -74,12 +84,19 @@ impl ServerHandler for Tickets {
 async fn main() -> Result<(), BoxError> {
     // MemoryStore here; SqliteStore, PostgresStore or RedisStore in production.
     let idem = IdempotentTools::with_store(MemoryStore::new(), Policy::default())
-        .tool("create_ticket", ToolSettings::window(Duration::from_secs(5)))
+        .tool(
+            "create_ticket",
+            ToolSettings::window(Duration::from_secs(5)),
+        )
         // One client per pipe and no authentication on it: opt into one shared scope (over
         // streamable HTTP, authenticate instead).
         .allow_anonymous("example-agent");
     let created = Arc::new(AtomicUsize::new(0));
-    let server = Tickets { tool_router: Tickets::tool_router(), idem, created: created.clone() };
+    let server = Tickets {
+        tool_router: Tickets::tool_router(),
+        idem,
+        created: created.clone(),
+    };
 
     // An in-process transport: the two ends of a pipe (stdio or streamable HTTP in production).
     let (server_io, client_io) = tokio::io::duplex(64 * 1024);
@@ -96,15 +113,29 @@ async fn main() -> Result<(), BoxError> {
     let minimum = caller.published_minimum("create_ticket").await?;
     let key = IdempotentCaller::step_key("wf-8812", "step-5", "create_ticket")?;
     let args = json!({"title": "Printer on fire"}).as_object().cloned();
-    let first = caller.call("create_ticket", args.clone(), &key, minimum).await?;
+    let first = caller
+        .call("create_ticket", args.clone(), &key, minimum)
+        .await?;
     let second = caller.call("create_ticket", args, &key, minimum).await?;
 
     let tickets = created.load(Ordering::SeqCst);
-    println!("first: {:?} (replayed: {})", first.result.content, first.replayed);
-    println!("second: {:?} (replayed: {})", second.result.content, second.replayed);
+    println!(
+        "first: {:?} (replayed: {})",
+        first.result.content, first.replayed
+    );
+    println!(
+        "second: {:?} (replayed: {})",
+        second.result.content, second.replayed
+    );
     println!("tickets created: {tickets}; published minimum client deadline: {minimum:?}");
-    check(!first.replayed && second.replayed, "the second call is a replay")?;
-    check(first.result.content == second.result.content, "the replay is the same result")?;
+    check(
+        !first.replayed && second.replayed,
+        "the second call is a replay",
+    )?;
+    check(
+        first.result.content == second.result.content,
+        "the replay is the same result",
+    )?;
     check(tickets == 1, "exactly one ticket created")?;
     client.cancel().await?;
     println!("mcp_server: ok");
@@ -112,5 +143,9 @@ async fn main() -> Result<(), BoxError> {
 }
 
 fn check(ok: bool, what: &str) -> Result<(), BoxError> {
-    if ok { Ok(()) } else { Err(format!("mcp_server: FAILED: {what}").into()) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("mcp_server: FAILED: {what}").into())
+    }
 }

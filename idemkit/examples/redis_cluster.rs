@@ -33,7 +33,11 @@ async fn main() -> Result<(), BoxError> {
         println!("redis_cluster: skipped (IDEM_TEST_REDIS_CLUSTER_URLS is not set)");
         return Ok(());
     };
-    let urls: Vec<&str> = urls.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+    let urls: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
     let prefix = format!("idem-example-{}-{nanos}", std::process::id());
 
@@ -43,7 +47,9 @@ async fn main() -> Result<(), BoxError> {
     let policy = Policy::builder().ttl(Duration::from_secs(600)).build()?;
     let mut executors = Vec::new();
     for _ in 0..=WORKERS {
-        let store = RedisStore::connect_cluster(&urls).await?.with_prefix(&prefix)?;
+        let store = RedisStore::connect_cluster(&urls)
+            .await?
+            .with_prefix(&prefix)?;
         check(store.is_cluster(), "the store runs on a cluster")?;
         let store = store.with_gc_margin(Duration::from_secs(60));
         executors.push(Executor::new(store).with_policy(policy));
@@ -58,8 +64,12 @@ async fn main() -> Result<(), BoxError> {
         let mut racers = Vec::new();
         for executor in &executors[..WORKERS] {
             let executor = executor.clone();
-            let (scope, key, fingerprint, runs) =
-                (scope.clone(), key.clone(), fingerprint.clone(), runs.clone());
+            let (scope, key, fingerprint, runs) = (
+                scope.clone(),
+                key.clone(),
+                fingerprint.clone(),
+                runs.clone(),
+            );
             racers.push(tokio::spawn(async move {
                 executor
                     .run(&scope, &key, &fingerprint, |_attempt| async move {
@@ -83,7 +93,9 @@ async fn main() -> Result<(), BoxError> {
         }
         // After the race: a late caller gets the stored answer, and runs nothing.
         let late = executors[WORKERS]
-            .run(&scope, &key, &fingerprint, |_| async { unreachable!("already ran") })
+            .run(&scope, &key, &fingerprint, |_| async {
+                unreachable!("already ran")
+            })
             .await?;
         println!(
             "{key}: {executed} ran, {replayed} replayed, {in_flight} in flight; then replayed: {}",
@@ -97,11 +109,18 @@ async fn main() -> Result<(), BoxError> {
     }
     let counts: Vec<usize> = runs.iter().map(|r| r.load(Ordering::SeqCst)).collect();
     println!("runs per operation: {counts:?}");
-    check(counts.iter().all(|&n| n == 1), "each operation ran exactly once")?;
+    check(
+        counts.iter().all(|&n| n == 1),
+        "each operation ran exactly once",
+    )?;
     println!("redis_cluster: ok");
     Ok(())
 }
 
 fn check(ok: bool, what: &str) -> Result<(), BoxError> {
-    if ok { Ok(()) } else { Err(format!("redis_cluster: FAILED: {what}").into()) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("redis_cluster: FAILED: {what}").into())
+    }
 }
