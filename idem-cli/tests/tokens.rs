@@ -90,7 +90,7 @@ impl Serving {
     }
 
     async fn post(&self, key: &str, headers: &[(&str, &str)]) -> reqwest::Response {
-        let mut req = reqwest::Client::new()
+        let mut req = idem_http::client::http_client().unwrap()
             .post(format!("{}/tools/create_ticket", self.base))
             .header("idempotency-key", key)
             .header("content-type", "application/json")

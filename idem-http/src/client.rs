@@ -150,10 +150,17 @@ pub struct ToolClient {
     headers: http::HeaderMap,
 }
 
-/// The `reqwest::Client` [`ToolClient::new`] builds. With the `rustls` feature, reqwest takes
-/// rustls' process-wide crypto provider: ring (what the feature compiles in) is installed first if
-/// the application installed none, so `https://` works without any set-up.
-fn default_http_client() -> Result<reqwest::Client, reqwest::Error> {
+/// The `reqwest::Client` [`ToolClient::new`] builds, for your own requests too.
+///
+/// With the `rustls` feature, reqwest is built with rustls and *no* crypto provider of its own
+/// (its `rustls-no-provider`, so the graph holds one provider, ring, not also aws-lc-rs): it
+/// takes rustls' process-wide default, and `reqwest::Client::new()` panics while none is
+/// installed. This installs ring as that default first when the application installed none, so
+/// `https://` works without any set-up. Cargo unifies features, so the same holds for every
+/// reqwest client in your process (rmcp's HTTP transport included) once this feature is on and
+/// nothing else turns on a reqwest TLS backend: call this (or install a provider yourself) before
+/// building those.
+pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
     #[cfg(feature = "rustls")]
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race with another installer is fine: a provider is installed either way.
@@ -178,7 +185,7 @@ impl ToolClient {
             }
         })?;
         Ok(Self {
-            http: default_http_client()?,
+            http: http_client()?,
             url: url.into(),
             policy,
             min_client_deadline,
@@ -216,7 +223,7 @@ impl ToolClient {
         url: impl Into<String>,
         policy: RetryPolicy,
     ) -> Result<Self, ClientError> {
-        let http = default_http_client()?;
+        let http = http_client()?;
         Self::discover_with(http, tools_url, name, url, policy).await
     }
 

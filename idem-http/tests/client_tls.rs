@@ -117,7 +117,11 @@ async fn https_tool(tickets: Arc<AtomicU32>) -> (String, String) {
 async fn https_with_the_callers_client_runs_once_per_key() {
     let tickets = Arc::new(AtomicU32::new(0));
     let (base, ca_pem) = https_tool(tickets.clone()).await;
-    let http = reqwest::Client::builder()
+    let http = {
+        // reqwest here has rustls without a crypto provider of its own.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::builder()
+    }
         .tls_certs_merge([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
         .build()
         .unwrap();
@@ -151,7 +155,11 @@ async fn an_untrusted_certificate_is_refused_at_once() {
     let (base, _) = https_tool(tickets.clone()).await;
     // Clients that do not trust the test CA: the system's roots (`new`), and one trusting another CA.
     let (other_ca, _, _) = certificates();
-    let other = reqwest::Client::builder()
+    let other = {
+        // reqwest here has rustls without a crypto provider of its own.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::builder()
+    }
         .tls_certs_only([reqwest::Certificate::from_pem(other_ca.as_bytes()).unwrap()])
         .build()
         .unwrap();

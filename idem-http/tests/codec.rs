@@ -50,7 +50,7 @@ async fn encrypted_at_rest_replayed_over_http_and_a_wrong_key_never_reruns() {
         runs.clone(),
     )
     .await;
-    let client = reqwest::Client::new();
+    let client = idem_http::client::http_client().unwrap();
     let post = |url: String| {
         client
             .post(url)
@@ -130,7 +130,7 @@ async fn an_outcome_the_codec_cannot_encode_still_reaches_the_caller_and_is_not_
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/tools/charge", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let client = reqwest::Client::new();
+    let client = idem_http::client::http_client().unwrap();
     let post = || {
         client
             .post(&url)

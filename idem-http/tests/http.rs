@@ -135,7 +135,7 @@ async fn post_json(
     tenant: Option<&str>,
     body: String,
 ) -> reqwest::Response {
-    let client = reqwest::Client::new();
+    let client = idem_http::client::http_client().unwrap();
     let mut req = client
         .post(url)
         .header("content-type", "application/json")

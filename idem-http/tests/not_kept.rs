@@ -51,7 +51,7 @@ async fn serve() -> (String, Arc<AtomicUsize>) {
 #[tokio::test]
 async fn a_response_too_large_to_keep_runs_once_and_retries_get_a_final_answer() {
     let (url, runs) = serve().await;
-    let client = reqwest::Client::new();
+    let client = idem_http::client::http_client().unwrap();
     let post = || {
         client
             .post(&url)
@@ -110,7 +110,7 @@ async fn in_verbatim_mode_too_large_the_first_caller_gets_the_response_and_retri
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/tools/export", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let client = reqwest::Client::new();
+    let client = idem_http::client::http_client().unwrap();
     let post = || {
         client
             .post(&url)

@@ -73,7 +73,7 @@ async fn keyless_requests_on_an_optional_key_route_are_counted() {
     let url = format!("http://{}/pay", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let client = reqwest::Client::new();
+    let client = idem_http::client::http_client().unwrap();
     for _ in 0..3 {
         let resp = client.post(&url).body("{}").send().await.unwrap();
         assert_eq!(resp.text().await.unwrap(), "paid");

@@ -111,6 +111,8 @@ impl Server {
                         http::HeaderValue::from_str(t).unwrap(),
                     );
                 }
+                // reqwest in this workspace has rustls without a provider of its own.
+                let _ = rustls::crypto::ring::default_provider().install_default();
                 let transport = StreamableHttpClientTransport::from_config(
                     StreamableHttpClientTransportConfig::with_uri(url.as_str())
                         .custom_headers(headers),
