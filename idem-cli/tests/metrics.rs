@@ -107,7 +107,10 @@ async fn serve_metrics_counts_claims_replays_and_refusals() {
     let retry = post(Some("wf-1:step-1"), args.clone()).await.unwrap();
     assert_eq!(retry.headers()["idempotency-replayed"], "true");
     let other = json!({"title": "Printer on fire", "account_id": "B-9"});
-    assert_eq!(post(Some("wf-1:step-1"), other).await.unwrap().status(), 422);
+    assert_eq!(
+        post(Some("wf-1:step-1"), other).await.unwrap().status(),
+        422
+    );
     assert_eq!(post(None, args.clone()).await.unwrap().status(), 400);
     assert_eq!(post(Some("\"unclosed"), args).await.unwrap().status(), 400);
     let huge = json!({"title": "x".repeat(2 << 20), "account_id": "A-7"});
@@ -156,7 +159,9 @@ async fn serve_metrics_counts_claims_replays_and_refusals() {
         "idem_store_op_seconds",
     ] {
         assert!(
-            scrape.lines().any(|l| l.starts_with(&format!("# HELP {name} "))),
+            scrape
+                .lines()
+                .any(|l| l.starts_with(&format!("# HELP {name} "))),
             "no # HELP for {name}:\n{scrape}"
         );
     }
