@@ -115,6 +115,15 @@ async fn serve_metrics_counts_claims_replays_and_refusals() {
     assert_eq!(post(Some("\"unclosed"), args).await.unwrap().status(), 400);
     let huge = json!({"title": "x".repeat(2 << 20), "account_id": "A-7"});
     assert_eq!(post(Some("wf-1:step-2"), huge).await.unwrap().status(), 413);
+    let not_json = client
+        .post(&tool)
+        .header("x-tenant-id", "acme")
+        .header("idempotency-key", "wf-1:step-3")
+        .body("title=Printer")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(not_json.status(), 400);
 
     // The effect at the sink: one ticket.
     let tickets: i64 = Connection::open(&db)
@@ -146,6 +155,7 @@ async fn serve_metrics_counts_claims_replays_and_refusals() {
     assert_eq!(refusals("invalid-key"), Some(1.0), "{scrape}");
     assert_eq!(refusals("fingerprint-mismatch"), Some(1.0), "{scrape}");
     assert_eq!(refusals("body-too-large"), Some(1.0), "{scrape}");
+    assert_eq!(refusals("invalid-body"), Some(1.0), "{scrape}");
     // Three claims reached the store (the first, the replay, the mismatch): each timed.
     let claim_ops = sample(
         &scrape,
