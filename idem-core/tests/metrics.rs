@@ -18,7 +18,10 @@ use serde_json::json;
 /// One snapshot: (name, sorted labels, value) where a counter's value is its count and a
 /// histogram's is its number of observations since the previous snapshot (taking a snapshot
 /// drains the histograms).
-struct Snapshot(Vec<(String, Vec<(String, String)>, u64)>);
+struct Snapshot(Vec<Sample>);
+
+/// Name, sorted labels, value.
+type Sample = (String, Vec<(String, String)>, u64);
 
 fn snapshot(snapshotter: &Snapshotter) -> Snapshot {
     Snapshot(
@@ -193,7 +196,10 @@ async fn the_reconciler_counts_each_decision_and_times_its_store_operations() {
 
 /// Captures what `describe()` tells the recorder.
 #[derive(Default)]
-struct Descriptions(Mutex<Vec<(String, &'static str, Option<Unit>, String)>>);
+struct Descriptions(Mutex<Vec<Described>>);
+
+/// Name, kind, unit, description.
+type Described = (String, &'static str, Option<Unit>, String);
 
 impl Recorder for Descriptions {
     fn describe_counter(&self, key: KeyName, unit: Option<Unit>, text: SharedString) {

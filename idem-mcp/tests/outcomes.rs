@@ -363,7 +363,9 @@ async fn refusals_and_unprotected_calls_are_counted() {
     assert_eq!((runs(&ran.flaky), runs(&ran.rejects)), (0, 1));
     assert_eq!(runs(&ran.unprotected), 1);
 
-    let counters: Vec<(String, Vec<(String, String)>, u64)> = snapshotter
+    /// A counter: name, sorted labels, value.
+    type Sample = (String, Vec<(String, String)>, u64);
+    let counters: Vec<Sample> = snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
