@@ -1,6 +1,6 @@
 //! Operator commands: inspect a key, settle a stuck one by hand, purge, check a store.
 //!
-//! Every store is opened through [`idemkit::open`]; only `idem migrate` (and the reference
+//! Every store is opened through [`idemkit::open()`]; only `idem migrate` (and the reference
 //! server) change the schema.
 
 use std::sync::Arc;

@@ -90,7 +90,7 @@ impl ServeOptions {
 }
 
 /// The database the records and the tickets share: the record store, opened by URL through
-/// [`idemkit::open`], and the tickets kept next to it by the engine's [`Tickets`].
+/// [`idemkit::open()`], and the tickets kept next to it by the engine's [`Tickets`].
 #[derive(Clone)]
 pub struct Backend {
     store: Arc<dyn KeyStore>,
