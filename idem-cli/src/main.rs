@@ -68,6 +68,11 @@ enum Command {
         /// authenticating proxy.
         #[arg(long, value_name = "FILE")]
         tokens: Option<PathBuf>,
+        /// Serve the idem metrics in the Prometheus text format at `GET http://ADDR/metrics`,
+        /// on a listener of its own (so it can stay on an internal address while the tool is
+        /// exposed; it has no authentication).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
     },
     /// Simulated agents retry a real tool under injected faults; effects counted at the sink.
     ///
@@ -244,7 +249,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             addr,
             tool_latency_ms,
             tokens,
-        } => serve(store_or_default(), addr, tool_latency_ms, tokens).await,
+            metrics,
+        } => serve(store_or_default(), addr, tool_latency_ms, tokens, metrics).await,
         Command::Demo {
             operations,
             concurrency,
@@ -488,7 +494,24 @@ async fn serve(
     addr: SocketAddr,
     latency_ms: u64,
     tokens: Option<PathBuf>,
+    metrics: Option<SocketAddr>,
 ) -> Result<(), Failure> {
+    // Before anything records a metric, so nothing is lost.
+    if let Some(metrics) = metrics {
+        let handle = idem_cli::serve::install_metrics()
+            .map_err(|e| Failure::other(format!("cannot install the metrics exporter: {e}")))?;
+        let listener = tokio::net::TcpListener::bind(metrics)
+            .await
+            .map_err(|e| Failure::other(format!("cannot listen on {metrics}: {e}")))?;
+        let at = listener.local_addr().map_err(Failure::other)?;
+        eprintln!("idem: serving metrics at GET http://{at}/metrics");
+        let app = idem_cli::serve::metrics_router(handle);
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "the metrics listener failed");
+            }
+        });
+    }
     let tokens = match tokens {
         Some(path) => {
             let tokens = idem_cli::tokens::Tokens::load(&path).map_err(Failure::usage)?;

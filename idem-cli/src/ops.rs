@@ -1,12 +1,13 @@
 //! Operator commands: inspect a key, settle a stuck one by hand, purge, check a store.
 //!
-//! Every store is opened through [`idemkit::open`]; only `idem migrate` (and the reference
+//! Every store is opened through [`idemkit::open()`]; only `idem migrate` (and the reference
 //! server) change the schema.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
+use idem_core::metrics::timed;
 use idem_core::{
     Clock, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Record, RecordState, Scope,
     StalePolicy, SystemClock, Timestamp, purge_expired_all,
@@ -81,11 +82,13 @@ async fn record(
     key: &IdempotencyKey,
     now: Timestamp,
 ) -> Result<Record, Failure> {
-    store.get(scope, key, now).await?.ok_or_else(|| {
-        Failure::not_found(format!(
-            "no record for scope {scope:?} key {key:?} (never claimed, or expired)"
-        ))
-    })
+    timed(store.backend(), "get", store.get(scope, key, now))
+        .await?
+        .ok_or_else(|| {
+            Failure::not_found(format!(
+                "no record for scope {scope:?} key {key:?} (never claimed, or expired)"
+            ))
+        })
 }
 
 /// `idem keys show SCOPE KEY`: the record, as a table or JSON.
@@ -151,7 +154,12 @@ pub async fn ls(
     limit: usize,
     as_json: bool,
 ) -> Result<String, Failure> {
-    let records = store.list(filter, SystemClock.now(), limit).await?;
+    let records = timed(
+        store.backend(),
+        "list",
+        store.list(filter, SystemClock.now(), limit),
+    )
+    .await?;
     if as_json {
         let all: Vec<Value> = records.iter().map(record_json).collect();
         return Ok(pretty(&Value::Array(all)));
@@ -222,9 +230,12 @@ async fn take_over(
         )
         .build()
         .map_err(Failure::other)?;
-    match store
-        .claim(scope, key, &record.fingerprint, &takeover, at)
-        .await?
+    match timed(
+        store.backend(),
+        "claim",
+        store.claim(scope, key, &record.fingerprint, &takeover, at),
+    )
+    .await?
     {
         ClaimAnswer::Claimed { token, .. } => Ok((token, at)),
         other => Err(Failure::refused(format!(
@@ -252,9 +263,12 @@ pub async fn resolve(
         .ok_or_else(|| Failure::usage("the outcome file needs a \"body\""))?;
     let outcome = Outcome::new(status, body, OutcomeClass::Definitive).map_err(Failure::usage)?;
     let (token, at) = take_over(store, scope, key, force).await?;
-    match store
-        .complete(scope, key, token, &outcome, &Policy::default(), at)
-        .await?
+    match timed(
+        store.backend(),
+        "complete",
+        store.complete(scope, key, token, &outcome, &Policy::default(), at),
+    )
+    .await?
     {
         CompleteAnswer::Completed => Ok(if as_json {
             json!({"scope": scope.as_str(), "key": key.as_str(), "result": "completed", "status": status}).to_string()
@@ -277,7 +291,13 @@ pub async fn release(
     as_json: bool,
 ) -> Result<String, Failure> {
     let (token, at) = take_over(store, scope, key, force).await?;
-    match store.release(scope, key, token, at).await? {
+    match timed(
+        store.backend(),
+        "release",
+        store.release(scope, key, token, at),
+    )
+    .await?
+    {
         ReleaseAnswer::Released => Ok(if as_json {
             json!({"scope": scope.as_str(), "key": key.as_str(), "result": "released"}).to_string()
         } else {

@@ -101,7 +101,8 @@ impl Server {
     }
 
     async fn post_as(&self, tenant: &str, key: Option<&str>, body: &str) -> reqwest::Response {
-        let mut req = idem_http::client::http_client().unwrap()
+        let mut req = idem_http::client::http_client()
+            .unwrap()
             .post(format!("{}/tools/create_ticket", self.base))
             .header("content-type", "application/json")
             .header("x-tenant-id", tenant)

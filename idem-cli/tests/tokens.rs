@@ -90,7 +90,8 @@ impl Serving {
     }
 
     async fn post(&self, key: &str, headers: &[(&str, &str)]) -> reqwest::Response {
-        let mut req = idem_http::client::http_client().unwrap()
+        let mut req = idem_http::client::http_client()
+            .unwrap()
             .post(format!("{}/tools/create_ticket", self.base))
             .header("idempotency-key", key)
             .header("content-type", "application/json")

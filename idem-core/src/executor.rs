@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_channel::oneshot;
 use tracing::Instrument;
@@ -122,10 +122,13 @@ impl Attempt {
     pub async fn extend(&self, lease: Duration) -> Result<bool, StoreError> {
         crate::machine::check_lease(lease)?;
         let now = self.clock.now();
-        let answer = self
-            .store
-            .extend(&self.scope, &self.key, self.token, lease, now)
-            .await?;
+        let answer = timed(
+            &*self.store,
+            "extend",
+            self.store
+                .extend(&self.scope, &self.key, self.token, lease, now),
+        )
+        .await?;
         Ok(match answer {
             ExtendAnswer::Extended { lease_until } => {
                 transition!(
@@ -143,7 +146,7 @@ impl Attempt {
                     op = "extend",
                     "lease lost to a newer attempt"
                 );
-                metrics::counter!("idem_completions_total", "result" => "fenced").increment(1);
+                count_completion("fenced");
                 false
             }
         })
@@ -205,7 +208,13 @@ impl Drop for ReleaseOnDrop {
         let (store, clock) = (self.store.clone(), self.clock.clone());
         let (scope, key, token) = (self.scope.clone(), self.key.clone(), self.token);
         (self.spawner)(Box::pin(async move {
-            match store.release(&scope, &key, token, clock.now()).await {
+            match timed(
+                &*store,
+                "release",
+                store.release(&scope, &key, token, clock.now()),
+            )
+            .await
+            {
                 Ok(answer) => {
                     transition!(INFO, "released", scope = %scope, key = %key, token = %token.short(), ?answer,
                         "caller went away before the operation started; claim released"
@@ -811,25 +820,18 @@ pub(crate) async fn complete_or_not_kept(
 }
 
 fn count_claim(result: &'static str) {
-    metrics::counter!("idem_claims_total", "result" => result).increment(1);
+    metrics::counter!(crate::metrics::CLAIMS, "result" => result).increment(1);
 }
 
 fn count_completion(result: &'static str) {
-    metrics::counter!("idem_completions_total", "result" => result).increment(1);
+    metrics::counter!(crate::metrics::COMPLETIONS, "result" => result).increment(1);
 }
 
-/// Times a store call into `idem_store_op_seconds` and counts its failures.
+/// Times a store call ([`crate::metrics::timed`]).
 async fn timed<T>(
     store: &dyn KeyStore,
     op: &'static str,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    let started = Instant::now();
-    let result = call.await;
-    metrics::histogram!("idem_store_op_seconds", "backend" => store.backend(), "op" => op)
-        .record(started.elapsed().as_secs_f64());
-    if let Err(e) = &result {
-        metrics::counter!("idem_store_errors_total", "op" => op, "kind" => e.kind()).increment(1);
-    }
-    result
+    crate::metrics::timed(store.backend(), op, call).await
 }

@@ -19,6 +19,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod machine;
 pub mod memory;
+pub mod metrics;
 pub mod outcome;
 pub mod policy;
 pub mod reconcile;

@@ -38,6 +38,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::metrics::{count_reconcile, timed};
+
 use async_trait::async_trait;
 
 use crate::codec::OutcomeCodec;
@@ -146,15 +148,19 @@ impl<P: Probe> Reconciler<P> {
     /// One pass: lists stale records and settles each.
     pub async fn run_once(&self) -> Result<ReconcileReport, StoreError> {
         let now = self.clock.now();
-        let stale = self
-            .store
-            .list_in_flight(now - self.stale_for, self.batch)
-            .await?;
+        let store = &*self.store;
+        let stale = timed(
+            store.backend(),
+            "list_in_flight",
+            store.list_in_flight(now - self.stale_for, self.batch),
+        )
+        .await?;
         let mut report = ReconcileReport::default();
         for record in stale {
             report.examined += 1;
             if let Err(error) = self.settle(&record, &mut report).await {
                 tracing::warn!(scope = %record.scope, key = %record.key, %error, "reconciliation of this record failed; going on with the next");
+                count_reconcile("failed");
                 report.failed.push(ReconcileFailure { record, error });
             }
         }
@@ -174,7 +180,13 @@ impl<P: Probe> Reconciler<P> {
             .expect("the same policy with another stale policy is valid");
         let now = self.clock.now();
         // Still the stale claim that was listed? If not, skip it without writing anything.
-        let current = self.store.get(&record.scope, &record.key, now).await?;
+        let store = &*self.store;
+        let current = timed(
+            store.backend(),
+            "get",
+            store.get(&record.scope, &record.key, now),
+        )
+        .await?;
         let still_stale = current.as_ref().is_some_and(|r| {
             r.token == record.token
                 && r.fingerprint == record.fingerprint
@@ -182,20 +194,23 @@ impl<P: Probe> Reconciler<P> {
         });
         if !still_stale {
             transition!(INFO, "reconcile_skipped", scope = %record.scope, key = %record.key, state = current.as_ref().map(|r| r.state.as_str()), "no longer the stale claim that was listed");
+            count_reconcile("skipped");
             report.skipped += 1;
             return Ok(());
         }
         // Take the record over: from here on the original holder is fenced out.
-        let answer = self
-            .store
-            .claim(
+        let answer = timed(
+            store.backend(),
+            "claim",
+            store.claim(
                 &record.scope,
                 &record.key,
                 &record.fingerprint,
                 &takeover,
                 now,
-            )
-            .await?;
+            ),
+        )
+        .await?;
         let token = match answer {
             ClaimAnswer::Claimed {
                 token,
@@ -205,16 +220,20 @@ impl<P: Probe> Reconciler<P> {
             ClaimAnswer::Claimed { token, kind, .. } => {
                 // Changed since the read: released or retried (now `failed_retryable`), expired
                 // or purged. The claim was not won from a stale holder; give it straight back.
-                let given_back = self
-                    .store
-                    .release(&record.scope, &record.key, token, self.clock.now())
-                    .await?;
+                let given_back = timed(
+                    store.backend(),
+                    "release",
+                    store.release(&record.scope, &record.key, token, self.clock.now()),
+                )
+                .await?;
                 transition!(INFO, "reconcile_skipped", scope = %record.scope, key = %record.key, ?kind, ?given_back, "no longer stale; the claim was given back unprobed");
+                count_reconcile("skipped");
                 report.skipped += 1;
                 return Ok(());
             }
             answer => {
                 transition!(INFO, "reconcile_skipped", scope = %record.scope, key = %record.key, ?answer, "no longer stale");
+                count_reconcile("skipped");
                 report.skipped += 1;
                 return Ok(());
             }
@@ -244,7 +263,10 @@ impl<P: Probe> Reconciler<P> {
                     }
                 })?;
                 match completion.answer {
-                    CompleteAnswer::Fenced => report.skipped += 1,
+                    CompleteAnswer::Fenced => {
+                        count_reconcile("skipped");
+                        report.skipped += 1;
+                    }
                     _ => {
                         if let Some(e) = completion.not_kept {
                             transition!(WARN, "completed", scope = %taken.scope, key = %taken.key, status = outcome.status(), outcome_not_kept = true, size = e.size, limit = e.limit, "reconciled: the effect happened; its outcome is over the size limit, recorded as 'ran, response not kept'");
@@ -252,26 +274,34 @@ impl<P: Probe> Reconciler<P> {
                         } else {
                             transition!(INFO, "completed", scope = %taken.scope, key = %taken.key, status = outcome.status(), "reconciled: the effect happened; outcome stored");
                         }
+                        count_reconcile("completed");
                         report.completed += 1;
                     }
                 }
             }
             Finding::NotHappened => {
                 let now = self.clock.now();
-                match self
-                    .store
-                    .release(&taken.scope, &taken.key, token, now)
-                    .await?
+                match timed(
+                    store.backend(),
+                    "release",
+                    store.release(&taken.scope, &taken.key, token, now),
+                )
+                .await?
                 {
                     ReleaseAnswer::Released => {
                         transition!(INFO, "released", scope = %taken.scope, key = %taken.key, "reconciled: the effect did not happen; released for a retry");
+                        count_reconcile("released");
                         report.released += 1;
                     }
-                    ReleaseAnswer::Fenced => report.skipped += 1,
+                    ReleaseAnswer::Fenced => {
+                        count_reconcile("skipped");
+                        report.skipped += 1;
+                    }
                 }
             }
             Finding::Unknown => {
                 transition!(WARN, "reconcile_unknown", scope = %taken.scope, key = %taken.key, "reconciliation: the probe cannot tell; left processing");
+                count_reconcile("unknown");
                 report.unknown.push(taken);
             }
         }
@@ -345,7 +375,12 @@ pub async fn purge_expired_all(
             report.stopped_at_deadline = true;
             return Ok(report);
         }
-        let n = store.purge_expired(now, batch).await?;
+        let n = timed(
+            store.backend(),
+            "purge_expired",
+            store.purge_expired(now, batch),
+        )
+        .await?;
         report.deleted += n;
         report.batches += 1;
         on_batch(&report);

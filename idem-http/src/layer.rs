@@ -247,7 +247,7 @@ where
 {
     let (parts, body) = request.into_parts();
     if layer.key_optional && !parts.headers.contains_key(IDEMPOTENCY_KEY) {
-        metrics::counter!("idem_unprotected_total", "transport" => "http").increment(1);
+        idem_core::metrics::count_unprotected("http");
         tracing::debug!(method = %parts.method, path = parts.uri.path(), "no Idempotency-Key on a route where it is optional: passed through unprotected");
         let mut inner = inner;
         poll_fn(|cx| inner.poll_ready(cx)).await?;
@@ -255,7 +255,10 @@ where
     }
     let prepared = match prepare(&layer, &parts, body).await {
         Ok(prepared) => prepared,
-        Err(problem) => return Ok(problem.to_response()),
+        Err(problem) => {
+            idem_core::metrics::count_refusal("http", problem.reason());
+            return Ok(problem.to_response());
+        }
     };
     let Prepared {
         scope,
@@ -322,7 +325,11 @@ where
             stale,
         }
         .to_response(),
-        Err(Error::FingerprintMismatch) => Problem::FingerprintMismatch.to_response(),
+        Err(Error::FingerprintMismatch) => {
+            let problem = Problem::FingerprintMismatch;
+            idem_core::metrics::count_refusal("http", problem.reason());
+            problem.to_response()
+        }
         Err(Error::Store(e)) => {
             tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "store failed before the tool ran");
             if e.is_unavailable() {

@@ -54,6 +54,14 @@ impl Problem {
         }
     }
 
+    /// The stable short name of the problem: its `type` URI without `urn:idem:problem:` (the
+    /// `reason` label of `idem_refusals_total`, [contract §8](idem_core::contract#observability)).
+    pub fn reason(&self) -> &'static str {
+        self.type_uri()
+            .strip_prefix("urn:idem:problem:")
+            .expect("every problem type is a urn:idem:problem: URN")
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {

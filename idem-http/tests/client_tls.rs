@@ -122,9 +122,9 @@ async fn https_with_the_callers_client_runs_once_per_key() {
         let _ = rustls::crypto::ring::default_provider().install_default();
         reqwest::Client::builder()
     }
-        .tls_certs_merge([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
-        .build()
-        .unwrap();
+    .tls_certs_merge([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
+    .build()
+    .unwrap();
     let client = ToolClient::discover_with(
         http,
         &format!("{base}/tools"),
@@ -160,9 +160,9 @@ async fn an_untrusted_certificate_is_refused_at_once() {
         let _ = rustls::crypto::ring::default_provider().install_default();
         reqwest::Client::builder()
     }
-        .tls_certs_only([reqwest::Certificate::from_pem(other_ca.as_bytes()).unwrap()])
-        .build()
-        .unwrap();
+    .tls_certs_only([reqwest::Certificate::from_pem(other_ca.as_bytes()).unwrap()])
+    .build()
+    .unwrap();
     let url = format!("{base}/tools/create_ticket");
     let policy = RetryPolicy {
         overall_deadline: Duration::from_secs(30),

@@ -104,7 +104,8 @@ async fn serve(app: Router<Arc<Sink>>, sink: Arc<Sink>) -> String {
 }
 
 async fn send(url: &str, key: Option<&str>, body: &str) -> reqwest::Response {
-    let mut req = idem_http::client::http_client().unwrap()
+    let mut req = idem_http::client::http_client()
+        .unwrap()
         .post(url)
         .header("content-type", "application/json")
         .body(body.to_owned());

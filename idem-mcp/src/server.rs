@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_core::metrics::count_refusal;
 use idem_core::{
     Error, Execution, Executor, Fingerprint, KeyStore, Outcome, OutcomeClass, Policy, Scope,
 };
@@ -358,24 +359,34 @@ impl IdempotentTools {
         };
         // Before anything else: without a principal (and no opt-in) nothing runs, keyed or not.
         let Some(principal) = (self.principal)(&context).or_else(|| self.anonymous.clone()) else {
+            count_refusal("mcp", "unauthenticated");
             return Err(unauthenticated(&name));
         };
         let key = match key::key_of(&params, &context.meta.0.0) {
             Ok(Some(key)) => key,
             Ok(None) => match settings.missing_key {
-                MissingKey::Refuse => return Err(key_required(&name)),
+                MissingKey::Refuse => {
+                    count_refusal("mcp", "key-required");
+                    return Err(key_required(&name));
+                }
                 MissingKey::RunUnprotected => {
+                    idem_core::metrics::count_unprotected("mcp");
                     tracing::warn!(tool = %name, "side-effecting tool called without an idempotency key; running it unprotected");
                     return tool(params, context).await;
                 }
             },
-            Err(refusal) => return Err(invalid_key(&refusal)),
+            Err(refusal) => {
+                count_refusal("mcp", "invalid-key");
+                return Err(invalid_key(&refusal));
+            }
         };
         let scope = Scope::from_parts([principal.as_str(), name.as_str()]).map_err(|e| {
+            count_refusal("mcp", "invalid-scope");
             ErrorData::invalid_params(format!("the idempotency scope cannot be built: {e}"), None)
         })?;
         let arguments = Value::Object(params.arguments.clone().unwrap_or_default());
         let fingerprint = Fingerprint::of(&name, &arguments).map_err(|e| {
+            count_refusal("mcp", "invalid-body");
             ErrorData::invalid_params(format!("the arguments cannot be fingerprinted: {e}"), None)
         })?;
 
@@ -425,13 +436,16 @@ impl IdempotentTools {
                 live_or(take_live(), &outcome).map(|r| mark(r, false))
             }
             Err(Error::InFlight { retry_after, stale }) => Err(in_flight(retry_after, stale)),
-            Err(Error::FingerprintMismatch) => Err(ErrorData::new(
-                FINGERPRINT_MISMATCH,
-                format!(
-                    "idempotency key already used for a call of {name} with other arguments; nothing ran: use a new key for a new operation"
-                ),
-                Some(json!({"type": "urn:idem:problem:fingerprint-mismatch"})),
-            )),
+            Err(Error::FingerprintMismatch) => Err({
+                count_refusal("mcp", "fingerprint-mismatch");
+                ErrorData::new(
+                    FINGERPRINT_MISMATCH,
+                    format!(
+                        "idempotency key already used for a call of {name} with other arguments; nothing ran: use a new key for a new operation"
+                    ),
+                    Some(json!({"type": "urn:idem:problem:fingerprint-mismatch"})),
+                )
+            }),
             Err(Error::Store(e)) => {
                 tracing::warn!(error = %e, "store failed before the tool ran");
                 Err(ErrorData::new(

@@ -330,3 +330,89 @@ async fn two_principals_two_scopes() {
         .collect();
     assert_eq!(scopes.len(), 2, "{scopes:?}");
 }
+
+/// Refusals are counted in `idem_refusals_total{transport="mcp", reason}` and keyless calls of
+/// a `RunUnprotected` tool in `idem_unprotected_total{transport="mcp"}`, exactly; nothing
+/// refused runs.
+#[tokio::test]
+async fn refusals_and_unprotected_calls_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let (client, ran) = connect().await;
+    client.call_tool(call("flaky", None)).await.unwrap_err();
+    client
+        .call_tool(call("flaky", Some("a b")))
+        .await
+        .unwrap_err();
+    client
+        .call_tool(call("rejects", Some("k-m")))
+        .await
+        .unwrap();
+    let mut other = call("rejects", Some("k-m"));
+    other.arguments = Some(json!({"account": "B-9"}).as_object().unwrap().clone());
+    client.call_tool(other).await.unwrap_err();
+    client.call_tool(call("unprotected", None)).await.unwrap();
+    let anonymous = serve(tools(MemoryStore::new()), ran.clone()).await;
+    anonymous
+        .call_tool(call("rejects", Some("k-p")))
+        .await
+        .unwrap_err();
+    assert_eq!((runs(&ran.flaky), runs(&ran.rejects)), (0, 1));
+    assert_eq!(runs(&ran.unprotected), 1);
+
+    /// A counter: name, sorted labels, value.
+    type Sample = (String, Vec<(String, String)>, u64);
+    let counters: Vec<Sample> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) => {
+                let key = key.key();
+                let mut labels: Vec<(String, String)> = key
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect();
+                labels.sort();
+                Some((key.name().to_owned(), labels, n))
+            }
+            _ => None,
+        })
+        .collect();
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        let mut want: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        want.sort();
+        counters
+            .iter()
+            .filter(|(n, l, _)| n == name && *l == want)
+            .map(|(.., v)| *v)
+            .sum::<u64>()
+    };
+    let refused = |reason| {
+        value(
+            "idem_refusals_total",
+            &[("transport", "mcp"), ("reason", reason)],
+        )
+    };
+    assert_eq!(refused("key-required"), 1, "{counters:?}");
+    assert_eq!(refused("invalid-key"), 1, "{counters:?}");
+    assert_eq!(refused("fingerprint-mismatch"), 1, "{counters:?}");
+    assert_eq!(refused("unauthenticated"), 1, "{counters:?}");
+    let all_refusals: u64 = counters
+        .iter()
+        .filter(|(n, ..)| n == "idem_refusals_total")
+        .map(|(.., v)| v)
+        .sum();
+    assert_eq!(all_refusals, 4, "{counters:?}");
+    assert_eq!(
+        value("idem_unprotected_total", &[("transport", "mcp")]),
+        1,
+        "{counters:?}"
+    );
+}
