@@ -183,7 +183,12 @@ async fn with_tokens_a_bearer_is_required_and_x_tenant_id_is_ignored() {
     );
 
     // The description stays open.
-    let listing = reqwest::get(format!("{}/tools", s.base)).await.unwrap();
+    let listing = idem_http::client::http_client()
+        .unwrap()
+        .get(format!("{}/tools", s.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(listing.status(), 200);
 
     let log = s.log();

@@ -150,22 +150,28 @@ pub struct ToolClient {
     headers: http::HeaderMap,
 }
 
-/// The `reqwest::Client` [`ToolClient::new`] builds, for your own requests too.
+/// Installs ring as rustls' process-wide crypto provider, when the application installed none.
 ///
 /// With the `rustls` feature, reqwest is built with rustls and *no* crypto provider of its own
-/// (its `rustls-no-provider`, so the graph holds one provider, ring, not also aws-lc-rs): it
-/// takes rustls' process-wide default, and `reqwest::Client::new()` panics while none is
-/// installed. This installs ring as that default first when the application installed none, so
-/// `https://` works without any set-up. Cargo unifies features, so the same holds for every
-/// reqwest client in your process (rmcp's HTTP transport included) once this feature is on and
-/// nothing else turns on a reqwest TLS backend: call this (or install a provider yourself) before
-/// building those.
-pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
+/// (its `rustls-no-provider`, so that the graph holds one provider, ring, the one sqlx and redis
+/// use, rather than also aws-lc-rs): it takes rustls' process-wide default, and building a
+/// `reqwest::Client` panics while none is installed. Cargo unifies features, so this holds for
+/// every reqwest client in your process (rmcp's HTTP transport included) unless something else
+/// turns on one of reqwest's own TLS backends (its default features do). [`ToolClient`] calls
+/// this itself; call it (or install a provider yourself) before building your own clients.
+/// Without the `rustls` feature it does nothing.
+pub fn install_crypto_provider() {
     #[cfg(feature = "rustls")]
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race with another installer is fine: a provider is installed either way.
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
+}
+
+/// The `reqwest::Client` [`ToolClient::new`] builds (after [`install_crypto_provider`]), for
+/// your own requests too.
+pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
+    install_crypto_provider();
     reqwest::Client::builder().build()
 }
 

@@ -118,8 +118,7 @@ async fn https_with_the_callers_client_runs_once_per_key() {
     let tickets = Arc::new(AtomicU32::new(0));
     let (base, ca_pem) = https_tool(tickets.clone()).await;
     let http = {
-        // reqwest here has rustls without a crypto provider of its own.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        idem_http::client::install_crypto_provider();
         reqwest::Client::builder()
     }
     .tls_certs_merge([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
@@ -156,8 +155,7 @@ async fn an_untrusted_certificate_is_refused_at_once() {
     // Clients that do not trust the test CA: the system's roots (`new`), and one trusting another CA.
     let (other_ca, _, _) = certificates();
     let other = {
-        // reqwest here has rustls without a crypto provider of its own.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        idem_http::client::install_crypto_provider();
         reqwest::Client::builder()
     }
     .tls_certs_only([reqwest::Certificate::from_pem(other_ca.as_bytes()).unwrap()])
