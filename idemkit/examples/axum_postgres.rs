@@ -19,7 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Router, routing::post};
 use idemkit::http::IdempotencyLayer;
 use idemkit::http::client::{RetryPolicy, ToolClient};
-use idemkit::postgres::{PostgresStore, sqlx};
+use idemkit::postgres::PostgresStore;
+use idemkit::postgres::sqlx::{self, AssertSqlSafe};
 use idemkit::{Attempt, CompleteAnswer, Executor, IdempotencyKey, Outcome, Timestamp};
 use serde_json::{Value, json};
 
@@ -46,14 +47,15 @@ async fn main() -> Result<(), BoxError> {
     let store = PostgresStore::with_table(pool.clone(), &schema, "idem_records")?;
     store.migrate().await?; // creates the schema and the records table
     let tickets = format!("{schema}.tickets");
-    sqlx::query(&format!(
+    // Table names are ours, built above: sqlx 0.9 asks us to vouch for SQL built at run time.
+    sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE {tickets} (id BIGSERIAL PRIMARY KEY, title TEXT NOT NULL)"
-    ))
+    )))
     .execute(&pool)
     .await?;
 
     let result = demo(App { store, tickets }).await;
-    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+    sqlx::query(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
         .execute(&pool)
         .await?;
     result
@@ -81,9 +83,12 @@ async fn demo(app: App) -> Result<(), BoxError> {
     let first = client.call(&key, &args).await?;
     let second = client.call(&key, &args).await?;
 
-    let (rows,): (i64,) = sqlx::query_as(&format!("SELECT count(*) FROM {}", app.tickets))
-        .fetch_one(app.store.pool())
-        .await?;
+    let (rows,): (i64,) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        app.tickets
+    )))
+    .fetch_one(app.store.pool())
+    .await?;
     let (answer, again) = (first.original_response(), second.original_response());
     println!(
         "first: {} {answer}; second: {} {again} (replayed: {})",
@@ -127,10 +132,10 @@ async fn insert_and_complete(
     args: &Value,
 ) -> Result<Option<Value>, BoxError> {
     let mut tx = app.store.pool().begin().await?;
-    let (id,): (i64,) = sqlx::query_as(&format!(
+    let (id,): (i64,) = sqlx::query_as(AssertSqlSafe(format!(
         "INSERT INTO {} (title) VALUES ($1) RETURNING id",
         app.tickets
-    ))
+    )))
     .bind(args["title"].as_str().unwrap_or_default())
     .fetch_one(&mut *tx)
     .await?;
