@@ -24,6 +24,7 @@ pub mod outcome;
 pub mod policy;
 pub mod reconcile;
 pub mod record;
+pub mod refusal;
 pub mod retry;
 pub mod store;
 pub mod token;
@@ -32,6 +33,7 @@ pub mod typed;
 pub use async_trait::async_trait;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{CodecError, OutcomeCodec};
+pub use contract::ToolContract;
 pub use downstream::downstream_key;
 pub use error::Error;
 pub use executor::{Attempt, BackgroundTask, Execution, Executor};
@@ -45,6 +47,7 @@ pub use reconcile::{
     Finding, Probe, PurgeReport, ReconcileFailure, ReconcileReport, Reconciler, purge_expired_all,
 };
 pub use record::{Record, RecordState};
+pub use refusal::{ErrorAnswer, Ran, Refusal};
 pub use store::{BoxError, KeyStore, ListFilter, StoreError};
 pub use token::Token;
 pub use typed::{OperationError, TypedExecution};

@@ -34,7 +34,7 @@ impl OutcomeClass {
 
 /// The problem type (RFC 9457 `type`) of the outcome kept in place of one that was too large to
 /// store: `urn:idem:problem:outcome-not-kept`. See [`Outcome::not_kept`].
-pub const OUTCOME_NOT_KEPT: &str = "urn:idem:problem:outcome-not-kept";
+pub const OUTCOME_NOT_KEPT: &str = crate::refusal::problem_urn!("outcome-not-kept");
 
 /// What an operation answered: a status code, a JSON body and a class.
 ///
