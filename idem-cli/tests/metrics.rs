@@ -126,13 +126,10 @@ async fn serve_metrics_counts_claims_replays_and_refusals() {
     // declared length without reading the body and closes the connection, so the client may
     // see its write break instead of the answer. The count below proves the refusal either way.
     let huge = json!({"title": "x".repeat(2 << 20), "account_id": "A-7"});
-    let alone = {
-        idem_http::client::install_crypto_provider();
-        reqwest::Client::builder()
-    }
-    .pool_max_idle_per_host(0)
-    .build()
-    .unwrap();
+    let alone = idem_http::client::http_client_builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     let answer = alone
         .post(&tool)
         .header("content-type", "application/json")

@@ -174,13 +174,10 @@ async fn thirty_two_concurrent_one_ticket(s: Server) {
     for _ in 0..N {
         let (s, gate) = (s.clone(), gate.clone());
         tasks.spawn(async move {
-            let client = {
-                idem_http::client::install_crypto_provider();
-                reqwest::Client::builder()
-            }
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap();
+            let client = idem_http::client::http_client_builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap();
             gate.wait().await;
             let resp = client
                 .post(format!("{}/tools/create_ticket", s.base))
@@ -243,13 +240,10 @@ async fn two_tenants_two_tickets(s: Server) {
 }
 
 async fn slow_tool_short_deadline_then_replay(s: Server) {
-    let client = {
-        idem_http::client::install_crypto_provider();
-        reqwest::Client::builder()
-    }
-    .timeout(Duration::from_millis(500))
-    .build()
-    .unwrap();
+    let client = idem_http::client::http_client_builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let (mut timeouts, mut conflicts) = (0, 0);
     let replay = loop {
         let sent = client

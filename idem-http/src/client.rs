@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use idem_core::IdempotencyKey;
+use idem_core::contract::{ListedTool, ToolListing};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -171,8 +172,14 @@ pub fn install_crypto_provider() {
 /// The `reqwest::Client` [`ToolClient::new`] builds (after [`install_crypto_provider`]), for
 /// your own requests too.
 pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
+    http_client_builder().build()
+}
+
+/// A `reqwest::ClientBuilder` after [`install_crypto_provider`], for your own clients with
+/// settings of their own (a connection per request, your roots).
+pub fn http_client_builder() -> reqwest::ClientBuilder {
     install_crypto_provider();
-    reqwest::Client::builder().build()
+    reqwest::Client::builder()
 }
 
 impl ToolClient {
@@ -222,7 +229,7 @@ impl ToolClient {
     }
 
     /// Reads tool `name`'s `min_client_deadline_ms` from the listing at `tools_url`
-    /// (`GET /tools`), then builds the client as [`ToolClient::new`] does.
+    /// (`GET /tools`, an [`idem_core::contract::ToolListing`]), then builds the client as [`ToolClient::new`] does.
     pub async fn discover(
         tools_url: &str,
         name: &str,
@@ -242,7 +249,7 @@ impl ToolClient {
         url: impl Into<String>,
         policy: RetryPolicy,
     ) -> Result<Self, ClientError> {
-        let listing: Value = http
+        let listing: ToolListing = http
             .get(tools_url)
             .send()
             .await
@@ -251,16 +258,15 @@ impl ToolClient {
             .json()
             .await
             .map_err(|e| ClientError::Discovery(e.to_string()))?;
-        let min = listing["tools"]
-            .as_array()
-            .and_then(|tools| tools.iter().find(|t| t["name"] == name))
-            .and_then(|t| t["min_client_deadline_ms"].as_u64())
+        let min = listing
+            .tool(name)
+            .and_then(ListedTool::min_client_deadline)
             .ok_or_else(|| {
                 ClientError::Discovery(format!(
                     "{tools_url} lists no tool {name:?} with min_client_deadline_ms"
                 ))
             })?;
-        Ok(Self::new(url, policy, Some(Duration::from_millis(min)))?.with_http_client(http))
+        Ok(Self::new(url, policy, Some(min))?.with_http_client(http))
     }
 
     /// The tool's minimum client deadline, if known.

@@ -8,16 +8,17 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{Error, Execution, Executor, Fingerprint, Outcome, OutcomeClass, Scope};
+use idem_core::{ErrorAnswer, Execution, Executor, Fingerprint, Outcome, OutcomeClass, Scope};
 use serde_json::Value;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::replay::{self, Replay};
-use crate::{IDEMPOTENCY_KEY, Problem, read_key};
+use crate::answer::{internal_failure, respond, to_outcome, to_verbatim_outcome};
+use crate::replay::Replay;
+use crate::{IDEMPOTENCY_KEY, Problem, ProblemResponse, read_key};
 
 /// The header set on a replayed response ([contract §5](idem_core::contract#http)).
 pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
@@ -26,9 +27,9 @@ pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 type PrincipalFn = dyn Fn(&Parts) -> Result<String, Problem> + Send + Sync;
-type ClassifyFn = dyn Fn(StatusCode) -> OutcomeClass + Send + Sync;
+pub(crate) type ClassifyFn = dyn Fn(StatusCode) -> OutcomeClass + Send + Sync;
 type FingerprintFn = dyn Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The default classification of a tool's answer: 2xx and 4xx other than 408 and 429 are
 /// definitive; 5xx, 408 and 429 (and anything else) are retryable.
@@ -225,130 +226,92 @@ where
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let inner = self.inner.clone();
         let layer = self.layer.clone();
-        Box::pin(handle(layer, inner, request))
-    }
-}
-
-async fn handle<S, ReqB, ResB>(
-    layer: IdempotencyLayer,
-    inner: S,
-    request: Request<ReqB>,
-) -> Result<Response<ResB>, S::Error>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send + 'static,
-    ReqB: Body + From<Bytes> + Send + 'static,
-    ReqB::Data: Send,
-    ReqB::Error: Into<BoxError>,
-    ResB: Body + From<Bytes> + Send + 'static,
-    ResB::Data: Send,
-    ResB::Error: Into<BoxError>,
-{
-    let (parts, body) = request.into_parts();
-    if layer.key_optional && !parts.headers.contains_key(IDEMPOTENCY_KEY) {
-        idem_core::metrics::count_unprotected("http");
-        tracing::debug!(method = %parts.method, path = parts.uri.path(), "no Idempotency-Key on a route where it is optional: passed through unprotected");
-        let mut inner = inner;
-        poll_fn(|cx| inner.poll_ready(cx)).await?;
-        return inner.call(Request::from_parts(parts, body)).await;
-    }
-    let prepared = match prepare(&layer, &parts, body).await {
-        Ok(prepared) => prepared,
-        Err(problem) => {
-            idem_core::metrics::count_refusal("http", problem.reason());
-            return Ok(problem.to_response());
-        }
-    };
-    let Prepared {
-        scope,
-        key,
-        fingerprint,
-        body,
-    } = prepared;
-    let request = Request::from_parts(parts, ReqB::from(body));
-    let failure: Arc<Mutex<Option<S::Error>>> = Arc::new(Mutex::new(None));
-    let slot = failure.clone();
-    // Verbatim mode: the tool's whole response, for the caller whose request ran it.
-    let original: Arc<Mutex<Option<Response<Bytes>>>> = Arc::new(Mutex::new(None));
-    let original_slot = original.clone();
-    let classify = layer.classify.clone();
-    let replay_mode = layer.replay.clone();
-    let executor = layer.executor.clone();
-    // Detached, so a caller that goes away cannot cancel the tool halfway.
-    let task = tokio::spawn(async move {
-        executor
-            .run(&scope, &key, &fingerprint, |attempt| async move {
-                let mut request = request;
-                request.extensions_mut().insert(attempt);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            if layer.key_optional && !parts.headers.contains_key(IDEMPOTENCY_KEY) {
+                idem_core::metrics::count_unprotected("http");
+                tracing::debug!(method = %parts.method, path = parts.uri.path(), "no Idempotency-Key on a route where it is optional: passed through unprotected");
                 let mut inner = inner;
-                let answer = match poll_fn(|cx| inner.poll_ready(cx)).await {
-                    Ok(()) => inner.call(request).await,
-                    Err(e) => Err(e),
-                };
-                match answer {
-                    Ok(response) => match replay_mode {
-                        Replay::Verbatim { headers } => {
-                            let (outcome, response) =
-                                to_verbatim_outcome(response, &headers, &*classify).await;
-                            *original_slot.lock().unwrap_or_else(|p| p.into_inner()) = response;
-                            outcome
-                        }
-                        _ => to_outcome(response, &*classify).await,
-                    },
-                    Err(e) => {
-                        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                        internal_failure()
-                    }
-                }
-            })
-            .await
-    });
-    let result = match task.await {
-        Ok(result) => result,
-        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
-        Err(_) => return Ok(Problem::StoreError.to_response()),
-    };
-    if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        return Err(e);
-    }
-    let original = original.lock().unwrap_or_else(|p| p.into_inner()).take();
-    let answer = |outcome: &Outcome| match original {
-        Some(response) => response.map(ResB::from),
-        None => respond(&layer.replay, outcome, false),
-    };
-    Ok(match result {
-        Ok(Execution::Executed { outcome, .. }) => answer(&outcome),
-        Ok(Execution::Replayed { outcome }) => respond(&layer.replay, &outcome, true),
-        Err(Error::InFlight { retry_after, stale }) => Problem::InFlight {
-            retry_after_secs: retry_after.as_secs_f64().ceil().max(1.0) as u64,
-            stale,
-        }
-        .to_response(),
-        Err(Error::FingerprintMismatch) => {
-            let problem = Problem::FingerprintMismatch;
-            idem_core::metrics::count_refusal("http", problem.reason());
-            problem.to_response()
-        }
-        Err(Error::Store(e)) => {
-            tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "store failed before the tool ran");
-            if e.is_unavailable() {
-                Problem::StoreUnavailable.to_response()
-            } else {
-                Problem::StoreError.to_response()
+                poll_fn(|cx| inner.poll_ready(cx)).await?;
+                return inner.call(Request::from_parts(parts, body)).await;
             }
-        }
-        // The tool ran and answered, but the answer could not be recorded: the caller still
-        // gets it (the effect happened); the record is left to the lease and reconciliation.
-        Err(Error::Fenced { outcome })
-        | Err(Error::OutcomeTooLarge { outcome, .. })
-        | Err(Error::NotRecorded { outcome, .. })
-        | Err(Error::Encode { outcome, .. }) => answer(&outcome),
-        Err(other) => {
-            tracing::error!(error = %other, "unexpected executor error");
-            Problem::StoreError.to_response()
-        }
-    })
+            let prepared = match prepare(&layer, &parts, body).await {
+                Ok(prepared) => prepared,
+                Err(problem) => {
+                    idem_core::metrics::count_refusal("http", problem.name());
+                    return Ok(problem.to_response());
+                }
+            };
+            let Prepared {
+                scope,
+                key,
+                fingerprint,
+                body,
+            } = prepared;
+            let request = Request::from_parts(parts, ReqB::from(body));
+            let failure: Arc<Mutex<Option<S::Error>>> = Arc::new(Mutex::new(None));
+            let slot = failure.clone();
+            // Verbatim mode: the tool's whole response, for the caller whose request ran it.
+            let original: Arc<Mutex<Option<Response<Bytes>>>> = Arc::new(Mutex::new(None));
+            let original_slot = original.clone();
+            let classify = layer.classify.clone();
+            let replay_mode = layer.replay.clone();
+            let executor = layer.executor.clone();
+            // Detached, so a caller that goes away cannot cancel the tool halfway.
+            let task = tokio::spawn(async move {
+                executor
+                    .run(&scope, &key, &fingerprint, |attempt| async move {
+                        let mut request = request;
+                        request.extensions_mut().insert(attempt);
+                        let mut inner = inner;
+                        let answer = match poll_fn(|cx| inner.poll_ready(cx)).await {
+                            Ok(()) => inner.call(request).await,
+                            Err(e) => Err(e),
+                        };
+                        match answer {
+                            Ok(response) => match replay_mode {
+                                Replay::Verbatim { headers } => {
+                                    let (outcome, response) =
+                                        to_verbatim_outcome(response, &headers, &*classify).await;
+                                    *original_slot.lock().unwrap_or_else(|p| p.into_inner()) =
+                                        response;
+                                    outcome
+                                }
+                                _ => to_outcome(response, &*classify).await,
+                            },
+                            Err(e) => {
+                                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                                internal_failure()
+                            }
+                        }
+                    })
+                    .await
+            });
+            let result = match task.await {
+                Ok(result) => result,
+                Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+                Err(_) => return Ok(Problem::StoreError.to_response()),
+            };
+            if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                return Err(e);
+            }
+            let original = original.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let answer = |outcome: &Outcome| match original {
+                Some(response) => response.map(ResB::from),
+                None => respond(&layer.replay, outcome, false),
+            };
+            Ok(match result {
+                Ok(Execution::Executed { outcome, .. }) => answer(&outcome),
+                Ok(Execution::Replayed { outcome }) => respond(&layer.replay, &outcome, true),
+                // The tool ran and answered, but the answer could not be recorded: the caller still
+                // gets it (the effect happened); the record is left to the lease and reconciliation.
+                Err(error) => match ErrorAnswer::observed(&error, "http") {
+                    ErrorAnswer::Answer(outcome) => answer(outcome),
+                    ErrorAnswer::Refuse(refusal) => refusal.to_response(),
+                },
+            })
+        })
+    }
 }
 
 struct Prepared {
@@ -417,187 +380,5 @@ fn operation(parts: &Parts) -> String {
         format!("{} {path}", parts.method)
     } else {
         format!("{} {path}?{query}", parts.method)
-    }
-}
-
-/// The tool's response as an outcome: its status, its body (JSON kept byte for byte; an empty
-/// body becomes `null`, any other non-JSON body a JSON string), classified.
-async fn to_outcome<B>(response: Response<B>, classify: &ClassifyFn) -> Outcome
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let status = response.status();
-    let class = classify(status);
-    let Some(bytes) = collect(response.into_body()).await else {
-        return internal_failure();
-    };
-    Outcome::from_json_text(status.as_u16(), json_text(&bytes), class)
-        .unwrap_or_else(|_| internal_failure())
-}
-
-/// The tool's response in verbatim mode: the outcome to store (status, the `listed` headers and
-/// the body bytes) and the whole response for the caller whose request ran the tool.
-async fn to_verbatim_outcome<B>(
-    response: Response<B>,
-    listed: &[http::HeaderName],
-    classify: &ClassifyFn,
-) -> (Outcome, Option<Response<Bytes>>)
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let (parts, body) = response.into_parts();
-    let class = classify(parts.status);
-    let Some(bytes) = collect(body).await else {
-        return (internal_failure(), None);
-    };
-    let text = replay::encode(listed, &parts.headers, &bytes);
-    match Outcome::from_json_text(parts.status.as_u16(), text, class) {
-        Ok(outcome) => (outcome, Some(Response::from_parts(parts, bytes))),
-        Err(_) => (internal_failure(), None),
-    }
-}
-
-async fn collect<B>(body: B) -> Option<Bytes>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    match body.collect().await {
-        Ok(collected) => Some(collected.to_bytes()),
-        Err(e) => {
-            let e: BoxError = e.into();
-            tracing::error!(error = %e, "the tool's response body failed");
-            None
-        }
-    }
-}
-
-/// A body as the JSON text the envelope holds: JSON kept byte for byte; an empty body becomes
-/// `null`, any other non-JSON body a JSON string.
-fn json_text(bytes: &[u8]) -> String {
-    if bytes.is_empty() {
-        "null".to_owned()
-    } else {
-        match std::str::from_utf8(bytes) {
-            // Read as a value: JSON a reader cannot hold (`1E400`) is kept as a string too.
-            Ok(s) if serde_json::from_str::<serde_json::Value>(s).is_ok() => s.to_owned(),
-            Ok(s) => serde_json::Value::String(s.to_owned()).to_string(),
-            Err(_) => {
-                serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()).to_string()
-            }
-        }
-    }
-}
-
-fn internal_failure() -> Outcome {
-    Outcome::from_json_text(
-        500,
-        r#"{"error":"the tool failed without an answer"}"#,
-        OutcomeClass::Retryable,
-    )
-    .expect("a constant JSON text")
-}
-
-/// The answer for a stored outcome in the layer's mode.
-fn respond<B: From<Bytes>>(mode: &Replay, outcome: &Outcome, replay: bool) -> Response<B> {
-    match mode {
-        Replay::Verbatim { headers } => verbatim(headers, outcome, replay),
-        _ => wrap(outcome, replay),
-    }
-}
-
-/// A stored outcome in verbatim mode: its status, the kept headers still `listed`, its body
-/// bytes. An outcome without a kept response (stored in envelope mode, or stored by the executor
-/// in place of the tool's answer) is its JSON body.
-fn verbatim<B: From<Bytes>>(
-    listed: &[http::HeaderName],
-    outcome: &Outcome,
-    replay: bool,
-) -> Response<B> {
-    let mut response = match replay::decode(outcome) {
-        Some(kept) => {
-            let mut response = Response::new(B::from(kept.body));
-            for (name, value) in kept.headers {
-                if listed.contains(&name) {
-                    response.headers_mut().append(name, value);
-                }
-            }
-            response
-        }
-        None => {
-            let mut response = Response::new(B::from(Bytes::from(outcome.body().to_owned())));
-            let content_type = if outcome.is_not_kept() {
-                "application/problem+json"
-            } else {
-                "application/json"
-            };
-            response
-                .headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-            response
-        }
-    };
-    *response.status_mut() = replay::status_of(outcome);
-    if replay {
-        response
-            .headers_mut()
-            .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
-    }
-    response
-}
-
-/// The [contract §5](idem_core::contract#http) envelope around a stored outcome; the tool's body is inserted byte for byte.
-fn wrap<B: From<Bytes>>(outcome: &Outcome, replay: bool) -> Response<B> {
-    let status = replay::status_of(outcome);
-    // A response kept in verbatim mode (the layer's mode changed): its body, as envelope mode
-    // would have kept it.
-    let kept = replay::decode(outcome).map(|kept| json_text(&kept.body));
-    let body = format!(
-        r#"{{"ok":{},"idempotent_replay":{},"original_response":{}}}"#,
-        status.is_success(),
-        replay,
-        kept.as_deref().unwrap_or(outcome.body())
-    );
-    let mut response = Response::new(B::from(Bytes::from(body)));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    if replay {
-        headers.insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
-    }
-    response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use http_body_util::Full;
-
-    async fn outcome_of(body: &'static str) -> Outcome {
-        let response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-        to_outcome(response, &default_classify).await
-    }
-
-    #[tokio::test]
-    async fn the_tool_answer_is_kept_and_always_reads_back() {
-        let json = outcome_of(r#"{"b":1,  "a":[1.50]}"#).await;
-        assert_eq!(json.body(), r#"{"b":1,  "a":[1.50]}"#);
-        assert_eq!(outcome_of("").await.body(), "null");
-        assert_eq!(outcome_of("plain text").await.body_json(), "plain text");
-        // Found by fuzzing (fuzz target `http_layer`): a body that is JSON syntax but holds a
-        // number no reader can (`1E400`) was judged JSON and stored, so the answer and every
-        // replay was an envelope no JSON reader could parse. It is now kept as a string, with
-        // the tool's status.
-        let huge = outcome_of("1E400").await;
-        assert_eq!(huge.status(), 200);
-        assert_eq!(huge.body_json(), "1E400");
-        let envelope: serde_json::Value =
-            serde_json::from_str(&format!(r#"{{"original_response":{}}}"#, huge.body())).unwrap();
-        assert_eq!(envelope["original_response"], "1E400");
     }
 }

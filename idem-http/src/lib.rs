@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod answer;
 #[cfg(feature = "client")]
 pub mod client;
 mod key;
@@ -13,6 +14,6 @@ pub use key::{IDEMPOTENCY_KEY, key_header, read_key};
 pub use layer::{
     DEFAULT_BODY_LIMIT, IDEMPOTENCY_REPLAYED, IdempotencyLayer, Idempotent, default_classify,
 };
-pub use problem::Problem;
+pub use problem::{Problem, ProblemResponse};
 pub use query::canonical_query;
 pub use replay::Replay;

@@ -117,13 +117,10 @@ async fn https_tool(tickets: Arc<AtomicU32>) -> (String, String) {
 async fn https_with_the_callers_client_runs_once_per_key() {
     let tickets = Arc::new(AtomicU32::new(0));
     let (base, ca_pem) = https_tool(tickets.clone()).await;
-    let http = {
-        idem_http::client::install_crypto_provider();
-        reqwest::Client::builder()
-    }
-    .tls_certs_merge([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
-    .build()
-    .unwrap();
+    let http = idem_http::client::http_client_builder()
+        .tls_certs_merge([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
+        .build()
+        .unwrap();
     let client = ToolClient::discover_with(
         http,
         &format!("{base}/tools"),
@@ -154,13 +151,10 @@ async fn an_untrusted_certificate_is_refused_at_once() {
     let (base, _) = https_tool(tickets.clone()).await;
     // Clients that do not trust the test CA: the system's roots (`new`), and one trusting another CA.
     let (other_ca, _, _) = certificates();
-    let other = {
-        idem_http::client::install_crypto_provider();
-        reqwest::Client::builder()
-    }
-    .tls_certs_only([reqwest::Certificate::from_pem(other_ca.as_bytes()).unwrap()])
-    .build()
-    .unwrap();
+    let other = idem_http::client::http_client_builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(other_ca.as_bytes()).unwrap()])
+        .build()
+        .unwrap();
     let url = format!("{base}/tools/create_ticket");
     let policy = RetryPolicy {
         overall_deadline: Duration::from_secs(30),

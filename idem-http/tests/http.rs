@@ -382,13 +382,10 @@ async fn thirty_two_concurrent_requests_one_ticket() {
         let (s, gate) = (s.clone(), gate.clone());
         tasks.spawn(async move {
             // A client of its own: a separate connection per request.
-            let client = {
-                idem_http::client::install_crypto_provider();
-                reqwest::Client::builder()
-            }
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap();
+            let client = idem_http::client::http_client_builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap();
             gate.wait().await;
             let resp = client
                 .post(&s.url)
@@ -496,13 +493,10 @@ async fn slow_tool_short_client_deadline_retries_get_409_then_the_replay() {
         Duration::from_millis(1500),
     )
     .await;
-    let client = {
-        idem_http::client::install_crypto_provider();
-        reqwest::Client::builder()
-    }
-    .timeout(Duration::from_millis(500))
-    .build()
-    .unwrap();
+    let client = idem_http::client::http_client_builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let (mut timeouts, mut conflicts) = (0, 0);
     let replay = loop {
         let sent = client
