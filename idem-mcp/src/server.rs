@@ -9,137 +9,40 @@ use std::time::Duration;
 
 use idem_core::metrics::count_refusal;
 use idem_core::{
-    Error, Execution, Executor, Fingerprint, KeyStore, Outcome, OutcomeClass, Policy, Scope,
+    ErrorAnswer, Execution, Executor, Fingerprint, KeyStore, Outcome, OutcomeClass, Policy,
+    Refusal, Scope, ToolContract,
 };
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, JsonObject, MetaObject,
-    ServerConfig, Tool, ToolAnnotations,
-};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::key::{self, KeyRefusal};
+use crate::key;
 
-/// JSON-RPC error code: the key was already used with other arguments ([contract §4](idem_core::contract#refusals),
-/// `FingerprintMismatch`). In the implementation-defined server-error range.
-pub const FINGERPRINT_MISMATCH: ErrorCode = ErrorCode(-32090);
-/// JSON-RPC error code: another call with this key is still running; `data.retryAfterMs` says
-/// when to ask again ([contract §4](idem_core::contract#refusals), `InFlight`).
-pub const IN_FLIGHT: ErrorCode = ErrorCode(-32091);
-/// JSON-RPC error code: the idempotency store is unavailable; nothing ran, retry later
-/// ([contract §4](idem_core::contract#refusals), `StoreUnavailable`).
-pub const STORE_UNAVAILABLE: ErrorCode = ErrorCode(-32092);
-/// JSON-RPC error code: a side-effecting tool was called without a principal and the server has
-/// not opted into one shared scope ([`IdempotentTools::allow_anonymous`]); nothing was claimed and
-/// the tool did not run ([contract §1](idem_core::contract#words), scope).
-pub const UNAUTHENTICATED: ErrorCode = ErrorCode(-32093);
+mod describe;
+mod record;
+mod refusal;
+mod settings;
 
-/// The `_meta` entry of a result that says whether it is a replay: `"io.idem/replayed"`.
-pub const REPLAYED_META_KEY: &str = "io.idem/replayed";
-/// The `_meta` entry of a replayed result whose original was too large to keep: the problem
-/// document of type [`idem_core::OUTCOME_NOT_KEPT`] (the tool ran; its result was not kept).
-pub const NOT_KEPT_META_KEY: &str = "io.idem/outcomeNotKept";
-/// The tool `_meta` entry with the machine-readable contract (`processingWindowMs`,
-/// `minClientDeadlineMs`, `keyRequired`): `"io.idem/idempotency"`.
-pub const TOOL_META_KEY: &str = "io.idem/idempotency";
-/// The capability advertised in `capabilities.experimental` (rmcp's `ToolsCapability` has no
-/// slot for the draft's `tools.idempotency`): `"tools.idempotency"`.
-pub const CAPABILITY: &str = "tools.idempotency";
+pub use describe::{CAPABILITY, TOOL_META_KEY};
+pub use record::{NOT_KEPT_META_KEY, REPLAYED_META_KEY, is_replay};
+pub use refusal::{FINGERPRINT_MISMATCH, IN_FLIGHT, STORE_UNAVAILABLE, UNAUTHENTICATED};
+pub use settings::{MissingKey, Principal, ToolSettings, default_principal};
 
-/// What a side-effecting tool does when called without a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Refuse with `-32602` ([contract §4](idem_core::contract#refusals) `KeyRequired`); the tool does not run. The default.
-    #[default]
-    Refuse,
-    /// Run the tool without protection and log a warning: a retry may repeat the effect.
-    RunUnprotected,
-}
-
-/// How one side-effecting tool is protected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ToolSettings {
-    /// What happens to a call without a key.
-    pub missing_key: MissingKey,
-    /// The tool's published processing window (its p99), shown in its description.
-    pub processing_window: Duration,
-    /// The class of a result with `isError: true` (default definitive: a business answer).
-    pub tool_error: OutcomeClass,
-    /// The `destructiveHint` annotation; `None` keeps what the tool declared.
-    pub destructive: Option<bool>,
-}
-
-impl Default for ToolSettings {
-    fn default() -> Self {
-        Self {
-            missing_key: MissingKey::Refuse,
-            processing_window: Duration::from_secs(30),
-            tool_error: OutcomeClass::Definitive,
-            destructive: None,
-        }
-    }
-}
-
-impl ToolSettings {
-    /// The default settings with `processing_window`.
-    pub fn window(processing_window: Duration) -> Self {
-        Self {
-            processing_window,
-            ..Self::default()
-        }
-    }
-
-    /// Sets [`ToolSettings::missing_key`].
-    pub fn missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
-        self
-    }
-
-    /// Sets [`ToolSettings::tool_error`].
-    pub fn tool_error(mut self, class: OutcomeClass) -> Self {
-        self.tool_error = class;
-        self
-    }
-
-    /// Sets [`ToolSettings::destructive`].
-    pub fn destructive(mut self, destructive: bool) -> Self {
-        self.destructive = Some(destructive);
-        self
-    }
-}
-
-/// The authenticated principal of a request, put in the request's extensions by the server's
-/// authentication (for streamable HTTP: an axum/tower layer inserting it into the HTTP request's
-/// extensions, which rmcp hands on inside `http::request::Parts`). [`IdempotentTools`] scopes
-/// keys by it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Principal(pub String);
-
-type PrincipalFn = dyn Fn(&RequestContext<RoleServer>) -> Option<String> + Send + Sync;
-
-/// The principal [`IdempotentTools`] finds by default: a [`Principal`] in the request context's
-/// extensions, or in those of the HTTP request (`http::request::Parts`).
-pub fn default_principal(context: &RequestContext<RoleServer>) -> Option<String> {
-    context
-        .extensions
-        .get::<Principal>()
-        .or_else(|| {
-            context
-                .extensions
-                .get::<http::request::Parts>()
-                .and_then(|parts| parts.extensions.get::<Principal>())
-        })
-        .map(|p| p.0.clone())
-}
+use record::{from_outcome, live_or, mark, to_outcome};
+use refusal::refuse;
+use settings::PrincipalFn;
 
 /// Makes the side-effecting tools of an rmcp server exactly-once per idempotency key.
 ///
 /// Register each side-effecting tool with [`IdempotentTools::tool`], then from the server's
 /// handler call:
-/// - [`IdempotentTools::call`] in `call_tool`, with the tool's own dispatch as the last argument;
-/// - [`IdempotentTools::describe`] on the tools listed by `list_tools`;
+/// - [`IdempotentTools::call`] in `call_tool`, with the tool's own dispatch as the last argument
+///   ([`IdempotentTools::call_routed`] for an rmcp `ToolRouter`);
+/// - [`IdempotentTools::describe`] on the tools listed by `list_tools`
+///   ([`IdempotentTools::list_routed`] for a `ToolRouter`);
 /// - [`IdempotentTools::advertise`] on the `get_info` answer.
 ///
 /// For a registered tool, [`IdempotentTools::call`]:
@@ -161,7 +64,8 @@ pub fn default_principal(context: &RequestContext<RoleServer>) -> Option<String>
 /// 6. answers with the result marked `"io.idem/replayed": false` in its `_meta`; a repeat gets
 ///    the stored result marked `true`. Same key with other arguments: error
 ///    [`FINGERPRINT_MISMATCH`]; a repeat while the first runs: [`IN_FLIGHT`] with
-///    `data.retryAfterMs`; a store that is down: [`STORE_UNAVAILABLE`].
+///    `data.retryAfterMs`; a store that is down: [`STORE_UNAVAILABLE`]; a store that failed
+///    otherwise: an internal error (`-32603`) of type `store-error`.
 ///
 /// Other tools are passed through untouched.
 #[derive(Clone)]
@@ -185,8 +89,8 @@ impl fmt::Debug for IdempotentTools {
 }
 
 /// What the store write costs at most by default, added to a tool's processing window for the
-/// minimum client retry deadline: 500 ms.
-pub const DEFAULT_STORE_WRITE: Duration = Duration::from_millis(500);
+/// minimum client retry deadline: [`ToolContract::DEFAULT_STORE_WRITE`], 500 ms.
+pub const DEFAULT_STORE_WRITE: Duration = ToolContract::DEFAULT_STORE_WRITE;
 
 impl IdempotentTools {
     /// Protects tools through `executor`. Give it a spawner
@@ -257,77 +161,19 @@ impl IdempotentTools {
         self.tools.get(tool)
     }
 
+    /// The contract `tool` publishes, if it is side-effecting: its processing window and this
+    /// server's store write budget ([contract §5](idem_core::contract#http)).
+    pub fn contract(&self, tool: &str) -> Option<ToolContract> {
+        self.settings(tool).map(|s| self.contract_of(s))
+    }
+
+    fn contract_of(&self, settings: &ToolSettings) -> ToolContract {
+        ToolContract::new(settings.processing_window).with_store_write(self.store_write)
+    }
+
     /// The minimum client retry deadline of `tool`: processing window + store write ([contract §5](idem_core::contract#http)).
     pub fn min_client_deadline(&self, tool: &str) -> Option<Duration> {
-        self.settings(tool)
-            .map(|s| s.processing_window + self.store_write)
-    }
-
-    /// Adds the `tools.idempotency` capability (in `capabilities.experimental`) to `info`.
-    pub fn advertise(&self, mut info: ServerConfig) -> ServerConfig {
-        let mut names: Vec<&String> = self.tools.keys().collect();
-        names.sort();
-        let mut settings = JsonObject::new();
-        settings.insert("keyField".into(), json!(key::PARAMS_FIELD));
-        settings.insert("metaKey".into(), json!(key::META_KEY));
-        settings.insert("tools".into(), json!(names));
-        info.capabilities
-            .experimental
-            .get_or_insert_with(Default::default)
-            .insert(CAPABILITY.to_owned(), settings);
-        info
-    }
-
-    /// Describes the protection of each side-effecting tool in `tools`: its description gains the
-    /// processing window and the minimum client retry deadline, its `_meta` gains
-    /// [`TOOL_META_KEY`], and its annotations are set honestly: `readOnlyHint: false`,
-    /// `idempotentHint: true` only when every accepted call carries a key
-    /// ([`MissingKey::Refuse`]), `destructiveHint` per `ToolSettings::destructive`.
-    pub fn describe(&self, tools: Vec<Tool>) -> Vec<Tool> {
-        tools.into_iter().map(|t| self.describe_tool(t)).collect()
-    }
-
-    fn describe_tool(&self, mut tool: Tool) -> Tool {
-        let Some(settings) = self.tools.get(tool.name.as_ref()) else {
-            return tool;
-        };
-        let window = settings.processing_window.as_millis() as u64;
-        let deadline = (settings.processing_window + self.store_write).as_millis() as u64;
-        let without = match settings.missing_key {
-            MissingKey::Refuse => "a call without a key is refused",
-            MissingKey::RunUnprotected => {
-                "a call without a key runs unprotected and a retry of it may repeat the effect"
-            }
-        };
-        let note = format!(
-            "Side-effecting. Send an idempotency key made from your durable workflow step \
-             (params.idempotencyKey, or params._meta[\"{meta}\"]) and reuse it on every retry: \
-             with a key the call runs once and a repeat returns the first result; {without}. \
-             Processing window: {window} ms; minimum client retry deadline: {deadline} ms — an \
-             attempt shorter than that is cut off while the tool is still working.",
-            meta = key::META_KEY,
-        );
-        tool.description = Some(match tool.description.take() {
-            Some(d) if !d.is_empty() => format!("{d}\n\n{note}").into(),
-            _ => note.into(),
-        });
-        let mut annotations = tool.annotations.take().unwrap_or_default();
-        annotations = with_hints(
-            annotations,
-            settings.missing_key == MissingKey::Refuse,
-            settings.destructive,
-        );
-        tool.annotations = Some(annotations);
-        let meta = tool.meta.get_or_insert_with(MetaObject::default);
-        meta.0.insert(
-            TOOL_META_KEY.to_owned(),
-            json!({
-                "processingWindowMs": window,
-                "minClientDeadlineMs": deadline,
-                "keyRequired": settings.missing_key == MissingKey::Refuse,
-            }),
-        );
-        tool
+        self.contract(tool).map(|c| c.min_client_deadline())
     }
 
     /// The outcome [`IdempotentTools::call`] records for `result` of `tool`, for a tool that
@@ -359,36 +205,25 @@ impl IdempotentTools {
         };
         // Before anything else: without a principal (and no opt-in) nothing runs, keyed or not.
         let Some(principal) = (self.principal)(&context).or_else(|| self.anonymous.clone()) else {
-            count_refusal("mcp", "unauthenticated");
-            return Err(unauthenticated(&name));
+            return Err(refused(Refusal::Unauthenticated(String::new()), &name));
         };
         let key = match key::key_of(&params, &context.meta.0.0) {
             Ok(Some(key)) => key,
             Ok(None) => match settings.missing_key {
-                MissingKey::Refuse => {
-                    count_refusal("mcp", "key-required");
-                    return Err(key_required(&name));
-                }
+                MissingKey::Refuse => return Err(refused(Refusal::KeyRequired, &name)),
                 MissingKey::RunUnprotected => {
                     idem_core::metrics::count_unprotected("mcp");
                     tracing::warn!(tool = %name, "side-effecting tool called without an idempotency key; running it unprotected");
                     return tool(params, context).await;
                 }
             },
-            Err(refusal) => {
-                count_refusal("mcp", "invalid-key");
-                return Err(invalid_key(&refusal));
-            }
+            Err(refusal) => return Err(refused(Refusal::InvalidKey(refusal.to_string()), &name)),
         };
-        let scope = Scope::from_parts([principal.as_str(), name.as_str()]).map_err(|e| {
-            count_refusal("mcp", "invalid-scope");
-            ErrorData::invalid_params(format!("the idempotency scope cannot be built: {e}"), None)
-        })?;
+        let scope = Scope::from_parts([principal.as_str(), name.as_str()])
+            .map_err(|e| refused(Refusal::InvalidScope(e.to_string()), &name))?;
         let arguments = Value::Object(params.arguments.clone().unwrap_or_default());
-        let fingerprint = Fingerprint::of(&name, &arguments).map_err(|e| {
-            count_refusal("mcp", "invalid-body");
-            ErrorData::invalid_params(format!("the arguments cannot be fingerprinted: {e}"), None)
-        })?;
+        let fingerprint = Fingerprint::of(&name, &arguments)
+            .map_err(|e| refused(Refusal::InvalidBody(e.to_string()), &name))?;
 
         // The live answer of this call's own run, returned as it is (a replay is decoded from
         // the record instead).
@@ -429,287 +264,39 @@ impl IdempotentTools {
             // still gets it (the effect happened). Fenced: the newer holder's answer stands;
             // too large: the record holds "ran, not kept" for retries; not recorded or not
             // encoded by the codec: the record is left to the lease.
-            Err(Error::Fenced { outcome })
-            | Err(Error::OutcomeTooLarge { outcome, .. })
-            | Err(Error::NotRecorded { outcome, .. })
-            | Err(Error::Encode { outcome, .. }) => {
-                live_or(take_live(), &outcome).map(|r| mark(r, false))
-            }
-            Err(Error::InFlight { retry_after, stale }) => Err(in_flight(retry_after, stale)),
-            Err(Error::FingerprintMismatch) => Err({
-                count_refusal("mcp", "fingerprint-mismatch");
-                ErrorData::new(
-                    FINGERPRINT_MISMATCH,
-                    format!(
-                        "idempotency key already used for a call of {name} with other arguments; nothing ran: use a new key for a new operation"
-                    ),
-                    Some(json!({"type": "urn:idem:problem:fingerprint-mismatch"})),
-                )
-            }),
-            Err(Error::Store(e)) => {
-                tracing::warn!(error = %e, "store failed before the tool ran");
-                Err(ErrorData::new(
-                    STORE_UNAVAILABLE,
-                    "the idempotency store is unavailable; nothing ran, retry later with the same key",
-                    Some(json!({"type": "urn:idem:problem:store-unavailable"})),
-                ))
-            }
-            Err(other) => {
-                tracing::error!(error = %other, "unexpected executor error");
-                Err(ErrorData::internal_error(other.to_string(), None))
-            }
+            Err(error) => match ErrorAnswer::observed(&error, "mcp") {
+                ErrorAnswer::Answer(outcome) => {
+                    live_or(take_live(), outcome).map(|r| mark(r, false))
+                }
+                ErrorAnswer::Refuse(refusal) => Err(refuse(&refusal, &name)),
+            },
         }
     }
-}
 
-fn with_hints(
-    mut annotations: ToolAnnotations,
-    idempotent: bool,
-    destructive: Option<bool>,
-) -> ToolAnnotations {
-    annotations.read_only_hint = Some(false);
-    annotations.idempotent_hint = Some(idempotent);
-    if destructive.is_some() {
-        annotations.destructive_hint = destructive;
-    }
-    annotations
-}
-
-/// The [contract §4](idem_core::contract#refusals) `KeyRequired` refusal.
-fn key_required(tool: &str) -> ErrorData {
-    ErrorData::invalid_params(
-        format!(
-            "{tool} is side-effecting and needs an idempotency key: send params.idempotencyKey or params._meta[\"{}\"], made from your durable workflow step and the same on every retry",
-            key::META_KEY
-        ),
-        Some(json!({"type": "urn:idem:problem:key-required"})),
-    )
-}
-
-/// The refusal of a call without a principal ([contract §1](idem_core::contract#words), scope).
-fn unauthenticated(tool: &str) -> ErrorData {
-    ErrorData::new(
-        UNAUTHENTICATED,
-        format!(
-            "{tool} is side-effecting and this request carries no principal: authenticate (the server scopes idempotency keys by principal); nothing ran"
-        ),
-        Some(json!({"type": "urn:idem:problem:unauthenticated"})),
-    )
-}
-
-/// The [contract §4](idem_core::contract#refusals) `InvalidKey` refusal.
-fn invalid_key(refusal: &KeyRefusal) -> ErrorData {
-    ErrorData::invalid_params(
-        refusal.to_string(),
-        Some(json!({"type": "urn:idem:problem:invalid-key"})),
-    )
-}
-
-fn in_flight(retry_after: Duration, stale: bool) -> ErrorData {
-    let ms = retry_after.as_millis().max(1) as u64;
-    ErrorData::new(
-        IN_FLIGHT,
-        format!(
-            "a call with this idempotency key is still running; retry with the same key after {ms} ms"
-        ),
-        Some(json!({
-            "type": "urn:idem:problem:in-flight",
-            "retryAfterMs": ms,
-            "retryAfterSeconds": retry_after.as_secs_f64().ceil().max(1.0) as u64,
-            "stale": stale,
-        })),
-    )
-}
-
-// Stored outcome statuses: the tool's result (200), its `isError` result (422), an error the
-// tool returned instead of a result (500), a non-final answer that cannot be replayed (202).
-const STATUS_OK: u16 = 200;
-const STATUS_TOOL_ERROR: u16 = 422;
-const STATUS_FAILED: u16 = 500;
-const STATUS_NOT_FINAL: u16 = 202;
-
-fn to_outcome(answer: &Result<CallToolResponse, ErrorData>, tool_error: OutcomeClass) -> Outcome {
-    let built = match answer {
-        Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
-            Outcome::new(STATUS_TOOL_ERROR, result, tool_error)
-        }
-        Ok(CallToolResponse::Complete(result)) => {
-            Outcome::new(STATUS_OK, result, OutcomeClass::Definitive)
-        }
-        // An MRTR `input_required` or a task is not the call's answer yet: nothing to replay.
-        Ok(_) => Outcome::new(
-            STATUS_NOT_FINAL,
-            &json!({"error": "the tool answered with a non-final result"}),
-            OutcomeClass::Retryable,
-        ),
-        Err(e) => Outcome::new(STATUS_FAILED, &json!({"error": e}), OutcomeClass::Retryable),
-    };
-    built.unwrap_or_else(|_| {
-        Outcome::from_json_text(
-            STATUS_FAILED,
-            r#"{"error":{"code":-32603,"message":"the tool's answer could not be serialised"}}"#,
-            OutcomeClass::Retryable,
-        )
-        .expect("a constant JSON text")
-    })
-}
-
-/// A stored outcome as the answer of a replay.
-fn from_outcome(outcome: &Outcome) -> Result<CallToolResponse, ErrorData> {
-    let corrupt = |e: serde_json::Error| {
-        ErrorData::internal_error(format!("the stored result cannot be read: {e}"), None)
-    };
-    if outcome.is_not_kept() {
-        return not_kept(outcome);
-    }
-    match outcome.status() {
-        STATUS_OK | STATUS_TOOL_ERROR => {
-            let result: CallToolResult = serde_json::from_str(outcome.body()).map_err(corrupt)?;
-            Ok(mark(CallToolResponse::Complete(result), true))
-        }
-        STATUS_FAILED => {
-            #[derive(serde::Deserialize)]
-            struct Failed {
-                error: ErrorData,
-            }
-            let failed: Failed = serde_json::from_str(outcome.body()).map_err(corrupt)?;
-            Err(failed.error)
-        }
-        _ => Err(ErrorData::internal_error(
-            "the stored answer is not a final result",
-            None,
-        )),
+    /// [`call`](Self::call) with an rmcp `ToolRouter` as the dispatch: the whole `call_tool` of
+    /// a server whose tools are `#[tool_router]` methods of `server`.
+    pub async fn call_routed<S>(
+        &self,
+        server: &S,
+        router: &ToolRouter<S>,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData>
+    where
+        S: Clone + Send + Sync + 'static,
+    {
+        let (server, router) = (server.clone(), router.clone());
+        self.call(params, context, move |params, context| async move {
+            router
+                .call(ToolCallContext::new(&server, params, context))
+                .await
+        })
+        .await
     }
 }
 
-/// The replay of a call whose result was too large to keep ([contract §2](idem_core::contract#states)): the tool ran and this is
-/// the final answer. A result (`isError` as the original's) whose text says so, with the
-/// problem document under `_meta["io.idem/outcomeNotKept"]`; an error the tool returned stays an
-/// error, with the problem as its `data`.
-fn not_kept(outcome: &Outcome) -> Result<CallToolResponse, ErrorData> {
-    let problem = outcome.body_json();
-    let detail = problem["detail"]
-        .as_str()
-        .unwrap_or("the tool ran, but its result was too large to keep")
-        .to_owned();
-    let text = format!(
-        "The tool ran; its result was not kept by the idempotency store, so it cannot be replayed. Do not call it again under a new key: {detail}"
-    );
-    match outcome.status() {
-        STATUS_OK | STATUS_TOOL_ERROR => {
-            let mut result = if outcome.status() == STATUS_OK {
-                CallToolResult::success(vec![rmcp::model::ContentBlock::text(text)])
-            } else {
-                CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)])
-            };
-            result
-                .meta
-                .get_or_insert_with(MetaObject::default)
-                .0
-                .insert(NOT_KEPT_META_KEY.to_owned(), problem);
-            Ok(mark(CallToolResponse::Complete(result), true))
-        }
-        _ => Err(ErrorData::internal_error(text, Some(problem))),
-    }
-}
-
-fn live_or(
-    live: Option<Result<CallToolResponse, ErrorData>>,
-    outcome: &Outcome,
-) -> Result<CallToolResponse, ErrorData> {
-    live.unwrap_or_else(|| from_outcome(outcome).map(|r| mark(r, false)))
-}
-
-fn mark(response: CallToolResponse, replayed: bool) -> CallToolResponse {
-    match response {
-        CallToolResponse::Complete(mut result) => {
-            result
-                .meta
-                .get_or_insert_with(MetaObject::default)
-                .0
-                .insert(REPLAYED_META_KEY.to_owned(), Value::Bool(replayed));
-            CallToolResponse::Complete(result)
-        }
-        other => other,
-    }
-}
-
-/// Whether `result` is marked as a replay of an earlier call (`_meta["io.idem/replayed"]`).
-pub fn is_replay(result: &CallToolResult) -> bool {
-    result
-        .meta
-        .as_ref()
-        .and_then(|m| m.0.get(REPLAYED_META_KEY))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rmcp::model::ContentBlock as Content;
-
-    #[test]
-    fn outcomes_round_trip_and_classify() {
-        let ok = CallToolResult::success(vec![Content::text("T-1")]);
-        let o = to_outcome(&Ok(ok.clone().into()), OutcomeClass::Definitive);
-        assert_eq!(
-            (o.status(), o.class()),
-            (STATUS_OK, OutcomeClass::Definitive)
-        );
-        let CallToolResponse::Complete(replayed) = from_outcome(&o).unwrap() else {
-            panic!("a complete result")
-        };
-        assert!(is_replay(&replayed));
-        assert_eq!(replayed.content, ok.content);
-
-        let rejected = CallToolResult::error(vec![Content::text("account closed")]);
-        let o = to_outcome(&Ok(rejected.into()), OutcomeClass::Definitive);
-        assert_eq!(
-            (o.status(), o.class()),
-            (STATUS_TOOL_ERROR, OutcomeClass::Definitive)
-        );
-        let o = to_outcome(
-            &Ok(CallToolResult::error(vec![]).into()),
-            OutcomeClass::Retryable,
-        );
-        assert_eq!(o.class(), OutcomeClass::Retryable);
-
-        let failed = ErrorData::internal_error("db down", None);
-        let o = to_outcome(&Err(failed.clone()), OutcomeClass::Definitive);
-        assert_eq!(
-            (o.status(), o.class()),
-            (STATUS_FAILED, OutcomeClass::Retryable)
-        );
-        assert_eq!(from_outcome(&o).unwrap_err(), failed);
-    }
-
-    #[test]
-    fn hints_are_honest() {
-        let a = with_hints(ToolAnnotations::default(), true, Some(false));
-        assert_eq!(
-            (a.read_only_hint, a.idempotent_hint, a.destructive_hint),
-            (Some(false), Some(true), Some(false))
-        );
-        let a = with_hints(ToolAnnotations::default(), false, None);
-        assert_eq!((a.idempotent_hint, a.destructive_hint), (Some(false), None));
-    }
-
-    #[test]
-    fn errors_carry_their_codes_and_delay() {
-        let e = in_flight(Duration::from_millis(1500), false);
-        assert_eq!(e.code, IN_FLIGHT);
-        let data = e.data.unwrap();
-        assert_eq!(data["retryAfterMs"], 1500);
-        assert_eq!(data["retryAfterSeconds"], 2);
-        assert_eq!(
-            key_required("create_ticket").code,
-            ErrorCode::INVALID_PARAMS
-        );
-        assert!(
-            key_required("create_ticket")
-                .message
-                .contains("needs an idempotency key")
-        );
-    }
+/// A refusal the transport makes before the executor, counted in `idem_refusals_total`.
+fn refused(refusal: Refusal, tool: &str) -> ErrorData {
+    count_refusal("mcp", refusal.name());
+    refuse(&refusal, tool)
 }

@@ -23,7 +23,6 @@ use idem_core::{
 use idem_http::IdempotencyLayer;
 use idem_mcp::{IdempotentTools, META_KEY, ToolSettings, is_replay};
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientConfig, ContentBlock, ErrorData,
     RequestMetaObject, ServerCapabilities, ServerConfig,
@@ -80,13 +79,8 @@ impl ServerHandler for Server {
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let this = self.clone();
         self.idem
-            .call(params, context, move |params, context| async move {
-                this.tool_router
-                    .call(ToolCallContext::new(&this, params, context))
-                    .await
-            })
+            .call_routed(self, &self.tool_router, params, context)
             .await
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use idem_core::{MemoryStore, OUTCOME_NOT_KEPT, Policy};
 use idem_mcp::{IdempotentTools, META_KEY, NOT_KEPT_META_KEY, ToolSettings, is_replay};
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientConfig, ContentBlock, ErrorData,
     RequestMetaObject, ServerCapabilities, ServerConfig,
@@ -46,13 +45,8 @@ impl ServerHandler for Server {
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let this = self.clone();
         self.idem
-            .call(params, context, move |params, context| async move {
-                this.tool_router
-                    .call(ToolCallContext::new(&this, params, context))
-                    .await
-            })
+            .call_routed(self, &self.tool_router, params, context)
             .await
     }
 }

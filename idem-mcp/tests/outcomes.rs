@@ -6,10 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::{KeyStore, ListFilter, MemoryStore, Policy, Timestamp};
-use idem_mcp::{IdempotentTools, META_KEY, MissingKey, ToolSettings, UNAUTHENTICATED, is_replay};
+use idem_core::{
+    ClaimAnswer, CompleteAnswer, ExtendAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter,
+    MemoryStore, Outcome, Policy, Record, ReleaseAnswer, Scope, StoreError, Timestamp, Token,
+};
+use idem_mcp::{
+    IdempotentTools, META_KEY, MissingKey, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED,
+    is_replay,
+};
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientConfig, ContentBlock, ErrorCode,
     ErrorData, ListToolsResult, PaginatedRequestParams, RequestMetaObject, ServerCapabilities,
@@ -75,9 +80,7 @@ impl ServerHandler for Server {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(
-            self.idem.describe(self.tool_router.list_all()),
-        ))
+        Ok(self.idem.list_routed(&self.tool_router))
     }
 
     async fn call_tool(
@@ -85,13 +88,8 @@ impl ServerHandler for Server {
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let this = self.clone();
         self.idem
-            .call(params, context, move |params, context| async move {
-                this.tool_router
-                    .call(ToolCallContext::new(&this, params, context))
-                    .await
-            })
+            .call_routed(self, &self.tool_router, params, context)
             .await
     }
 }
@@ -415,4 +413,131 @@ async fn refusals_and_unprotected_calls_are_counted() {
         1,
         "{counters:?}"
     );
+}
+
+/// A [`MemoryStore`] whose claims fail with the error `fail` makes: a store that is down, or one
+/// that answers something it should not have.
+#[derive(Debug)]
+struct FailingClaims {
+    inner: MemoryStore,
+    fail: fn() -> StoreError,
+}
+
+#[idem_core::async_trait]
+impl KeyStore for FailingClaims {
+    async fn claim(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: &Fingerprint,
+        _: &Policy,
+        _: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
+        Err((self.fail)())
+    }
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
+        self.inner
+            .complete(scope, key, token, outcome, policy, now)
+            .await
+    }
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError> {
+        self.inner.release(scope, key, token, now).await
+    }
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError> {
+        self.inner.extend(scope, key, token, lease, now).await
+    }
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
+        self.inner.get(scope, key, now).await
+    }
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_in_flight(older_than, limit).await
+    }
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.inner.list(filter, now, limit).await
+    }
+    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(now, limit).await
+    }
+}
+
+/// As over HTTP (503 `store-unavailable`, 500 `store-error`), a store that is down is told from
+/// one that failed otherwise: [`STORE_UNAVAILABLE`] (retry later with the same key) versus an
+/// internal error of type `store-error`. Neither runs the tool.
+#[tokio::test]
+async fn a_store_that_is_down_is_told_from_a_store_that_failed_and_nothing_runs() {
+    let down = || StoreError::unavailable("test: claim", std::io::Error::other("refused"));
+    let broken = || StoreError::backend("test: claim", std::io::Error::other("constraint"));
+    for (fail, code, name, retry_later) in [
+        (
+            down as fn() -> StoreError,
+            STORE_UNAVAILABLE,
+            "store-unavailable",
+            true,
+        ),
+        (broken, ErrorCode::INTERNAL_ERROR, "store-error", false),
+    ] {
+        let ran = Runs::default();
+        let store = FailingClaims {
+            inner: MemoryStore::new(),
+            fail,
+        };
+        let idem = IdempotentTools::with_store(store, Policy::default())
+            .tool("rejects", ToolSettings::window(Duration::from_secs(2)))
+            .allow_anonymous("test-agent");
+        let client = serve(idem, ran.clone()).await;
+        let err = client
+            .call_tool(call("rejects", Some("k-s")))
+            .await
+            .unwrap_err();
+        let ServiceError::McpError(err) = err else {
+            panic!("a JSON-RPC error")
+        };
+        assert_eq!(err.code, code, "{name}");
+        assert_eq!(
+            err.data.unwrap()["type"],
+            format!("urn:idem:problem:{name}")
+        );
+        assert_eq!(
+            err.message.contains("retry later with the same key"),
+            retry_later,
+            "{}",
+            err.message
+        );
+        assert_eq!(runs(&ran.rejects), 0, "{name}: never a silent proceed");
+    }
 }

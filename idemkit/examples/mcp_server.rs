@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use idemkit::mcp::{IdempotentCaller, IdempotentTools, RetryPolicy, ToolSettings};
 use idemkit::{MemoryStore, Policy};
-use rmcp::handler::server::{router::tool::ToolRouter, tool::ToolCallContext, wrapper::Parameters};
+use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientConfig, ErrorData, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig,
@@ -60,9 +60,7 @@ impl ServerHandler for Tickets {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(
-            self.idem.describe(self.tool_router.list_all()),
-        ))
+        Ok(self.idem.list_routed(&self.tool_router))
     }
 
     async fn call_tool(
@@ -70,13 +68,10 @@ impl ServerHandler for Tickets {
         params: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let this = self.clone(); // the tool runs in a spawned task: a dropped request cannot cut it
-        let run = move |params, cx| async move {
-            this.tool_router
-                .call(ToolCallContext::new(&this, params, cx))
-                .await
-        };
-        self.idem.call(params, cx, run).await
+        // The tool runs in a spawned task: a dropped request cannot cut it halfway.
+        self.idem
+            .call_routed(self, &self.tool_router, params, cx)
+            .await
     }
 }
 

@@ -23,13 +23,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Attempt, CompleteAnswer, OutcomeClass, Policy, StalePolicy, StoreError};
+use idem_core::{
+    Attempt, CompleteAnswer, OutcomeClass, Policy, StalePolicy, StoreError, ToolContract,
+};
 use idem_mcp::key::{lift_http_request, lift_lines};
 use idem_mcp::{IdempotentTools, Principal, ToolSettings};
 use idem_store_sqlite::SqliteStore;
 use idem_store_sqlite::rusqlite::{TransactionBehavior, params};
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content, ErrorData,
@@ -42,9 +43,6 @@ use rmcp::{RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_router};
 use serde_json::json;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// What the store write may cost, added to the processing window.
-const STORE_WRITE: Duration = Duration::from_millis(500);
 
 /// The tenant header the HTTP transport reads (a stand-in for authentication).
 const TENANT_HEADER: &str = "x-tenant-id";
@@ -170,9 +168,7 @@ impl ServerHandler for TicketServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(
-            self.idem.describe(self.tool_router.list_all()),
-        ))
+        Ok(self.idem.list_routed(&self.tool_router))
     }
 
     async fn call_tool(
@@ -180,12 +176,8 @@ impl ServerHandler for TicketServer {
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let this = self.clone();
         self.idem
-            .call(params, context, move |params, context| async move {
-                let call = ToolCallContext::new(&this, params, context);
-                this.tool_router.call(call).await
-            })
+            .call_routed(self, &self.tool_router, params, context)
             .await
     }
 }
@@ -251,19 +243,21 @@ async fn main() -> Result<(), BoxError> {
         })
         .await??;
 
-    let window = args.latency + Duration::from_secs(1);
+    // The tool's processing window is its latency plus a second of margin; the store write
+    // budget is the default.
+    let contract = ToolContract::new(args.latency + Duration::from_secs(1));
     // Takeover is safe here, and only because the ticket and the completion commit together: a
     // record still `processing` after its lease means its holder never committed, so no ticket
     // exists, and a late holder is fenced inside its own transaction (which then rolls back).
     let policy = Policy::builder()
-        .lease(window + STORE_WRITE)
+        .lease(contract.min_client_deadline())
         .stale(StalePolicy::Takeover)
         .build()?;
     let mut idem = IdempotentTools::with_store(store.clone(), policy)
-        .store_write(STORE_WRITE)
+        .store_write(contract.store_write())
         .tool(
             "create_ticket",
-            ToolSettings::window(window)
+            ToolSettings::window(contract.processing_window())
                 .tool_error(OutcomeClass::Definitive)
                 .destructive(false),
         );
