@@ -58,10 +58,7 @@ pub async fn claim_while_lease_runs_is_in_flight(h: Harness) {
         .unwrap();
     assert_eq!(
         answer,
-        ClaimAnswer::InFlight {
-            retry_after: Duration::from_secs(20),
-            stale: false
-        },
+        running(Duration::from_secs(20)),
         "10 s into a 30 s lease, even under Takeover"
     );
     h.advance(Duration::from_millis(19_999));
@@ -71,10 +68,7 @@ pub async fn claim_while_lease_runs_is_in_flight(h: Harness) {
         .unwrap();
     assert_eq!(
         answer,
-        ClaimAnswer::InFlight {
-            retry_after: Duration::from_millis(1),
-            stale: false
-        },
+        running(Duration::from_millis(1)),
         "1 ms before the lease ends"
     );
 }
@@ -111,8 +105,7 @@ pub async fn claim_in_flight_writes_nothing(h: Harness) {
 
 /// `processing`, lease elapsed, `Reconcile` → `InFlight { stale: true }`, no write.
 pub async fn claim_stale_under_reconcile_is_stale_in_flight(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     h.advance(LEASE);
     let answer = store
         .claim(&scope, &key, &fp("a"), &policy(), h.now())
@@ -132,21 +125,13 @@ pub async fn claim_stale_under_reconcile_is_stale_in_flight(h: Harness) {
 
 /// `processing`, lease elapsed, `Takeover` → `Claimed { token + 1, attempt + 1 }`.
 pub async fn claim_stale_under_takeover_claims_next_token(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let first = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    let (store, scope, key, first) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE + Duration::from_secs(1));
     let answer = store
         .claim(&scope, &key, &fp("a"), &takeover(), h.now())
         .await
         .unwrap();
-    let ClaimAnswer::Claimed {
-        token,
-        attempt,
-        kind,
-    } = answer
-    else {
-        panic!("lease elapsed under Takeover: expected Claimed, got {answer:?}");
-    };
+    let (token, attempt, kind) = won(&answer, "lease elapsed under Takeover");
     assert_eq!(kind, ClaimKind::TakenOver);
     assert_eq!(attempt, 2);
     assert_eq!(token.seq, first.seq + 1, "token goes up by one");
@@ -161,8 +146,7 @@ pub async fn claim_stale_under_takeover_claims_next_token(h: Harness) {
 
 /// `completed` → `Replay(outcome)`, no write, whatever the lease or policy.
 pub async fn claim_completed_replays(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
         .await
@@ -185,8 +169,7 @@ pub async fn claim_completed_replays(h: Harness) {
 
 /// `failed_retryable` → `Claimed { token + 1, attempt + 1 }`, back to `processing`.
 pub async fn claim_failed_retryable_claims_again(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let first = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, first) = one_claimed(&h, &policy()).await;
     let done = store
         .complete(&scope, &key, first, &retryable(), &policy(), h.now())
         .await
@@ -197,14 +180,7 @@ pub async fn claim_failed_retryable_claims_again(h: Harness) {
         .claim(&scope, &key, &fp("a"), &policy(), h.now())
         .await
         .unwrap();
-    let ClaimAnswer::Claimed {
-        token,
-        attempt,
-        kind,
-    } = answer
-    else {
-        panic!("failed_retryable: expected Claimed, got {answer:?}");
-    };
+    let (token, attempt, kind) = won(&answer, "failed_retryable");
     assert_eq!((attempt, kind), (2, ClaimKind::Retry));
     assert!(token > first && token.seq == first.seq + 1);
     let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();

@@ -2,13 +2,15 @@
 //! claim can rewrite (absent, expired, `failed_retryable`, stale under takeover) and while the
 //! holder completes or releases.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_core::{
-    ClaimAnswer, ClaimKind, CompleteAnswer, Executor, Policy, RecordState, ReleaseAnswer,
-    Timestamp, Token,
+    ClaimAnswer, ClaimKind, CompleteAnswer, Executor, IdempotencyKey, Policy, RecordState,
+    ReleaseAnswer, Scope, Timestamp, Token,
 };
 use tokio::sync::Barrier;
+use tokio::task::JoinHandle;
 
 use super::*;
 use crate::Harness;
@@ -25,28 +27,72 @@ async fn handles(h: &Harness) -> Vec<Arc<dyn KeyStore>> {
     v
 }
 
+/// A start line: the tasks spawned through it start together, once as many as it was made for
+/// wait at it.
+struct Gate(Arc<Barrier>);
+
+impl Gate {
+    fn new(n: usize) -> Self {
+        Self(Arc::new(Barrier::new(n)))
+    }
+
+    /// Spawns `task`, to start at the gate.
+    fn spawn<T: Send + 'static>(
+        &self,
+        task: impl Future<Output = T> + Send + 'static,
+    ) -> JoinHandle<T> {
+        let gate = self.0.clone();
+        tokio::spawn(async move {
+            gate.wait().await;
+            task.await
+        })
+    }
+}
+
+/// `n` tasks, `task(i)` for each `i`, started together at `gate`; their answers, in order.
+async fn race<T, Fut>(gate: &Gate, n: usize, task: impl Fn(usize) -> Fut) -> Vec<T>
+where
+    T: Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let tasks: Vec<_> = (0..n).map(|i| gate.spawn(task(i))).collect();
+    let mut answers = Vec::with_capacity(n);
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
+}
+
+/// A claim of (scope, key) at `now` with the request `a`, owning what it needs to be spawned.
+fn claim_of(
+    store: &Arc<dyn KeyStore>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    policy: &Policy,
+    now: Timestamp,
+) -> impl Future<Output = ClaimAnswer> + Send + use<> {
+    let (store, scope, key, policy) = (store.clone(), scope.clone(), key.clone(), *policy);
+    async move {
+        store
+            .claim(&scope, &key, &fp("a"), &policy, now)
+            .await
+            .unwrap()
+    }
+}
+
 /// 64 claims of one key, released together through a barrier across 8 handles: exactly one
 /// `Claimed`, every other `InFlight`, and the record holds the winner's token.
 pub async fn concurrency_64_claims_one_key_one_winner(h: Harness) {
     const CLAIMS: usize = 64;
     let stores = handles(&h).await;
     let (scope, key, now) = (h.scope("race"), h.key("wf-1:step-1:create_ticket"), h.now());
-    let gate = Arc::new(Barrier::new(CLAIMS));
-    let mut tasks = Vec::new();
-    for i in 0..CLAIMS {
-        let (store, gate) = (stores[i % HANDLES].clone(), gate.clone());
-        let (scope, key) = (scope.clone(), key.clone());
-        tasks.push(tokio::spawn(async move {
-            gate.wait().await;
-            store
-                .claim(&scope, &key, &fp("a"), &policy(), now)
-                .await
-                .unwrap()
-        }));
-    }
+    let answers = race(&Gate::new(CLAIMS), CLAIMS, |i| {
+        claim_of(&stores[i % HANDLES], &scope, &key, &policy(), now)
+    })
+    .await;
     let mut winners = Vec::new();
-    for task in tasks {
-        match task.await.unwrap() {
+    for answer in answers {
+        match answer {
             ClaimAnswer::Claimed { token, .. } => winners.push(token),
             ClaimAnswer::InFlight { stale: false, .. } => {}
             other => panic!("a concurrent claim answered {other:?}"),
@@ -67,25 +113,17 @@ pub async fn concurrency_200_keys_one_winner_each(h: Harness) {
     const PER_KEY: usize = 4;
     let stores = handles(&h).await;
     let (scope, now) = (h.scope("race"), h.now());
-    let gate = Arc::new(Barrier::new(KEYS * PER_KEY));
-    let mut tasks = Vec::new();
-    for k in 0..KEYS {
-        for c in 0..PER_KEY {
-            let (store, gate) = (stores[(k * PER_KEY + c) % HANDLES].clone(), gate.clone());
-            let (scope, key) = (scope.clone(), h.key(&format!("key-{k}")));
-            tasks.push(tokio::spawn(async move {
-                gate.wait().await;
-                let answer = store
-                    .claim(&scope, &key, &fp("a"), &policy(), now)
-                    .await
-                    .unwrap();
-                (k, answer)
-            }));
-        }
-    }
+    // Claim `i` is the `i % PER_KEY`th of key `i / PER_KEY`.
+    let answers = race(&Gate::new(KEYS * PER_KEY), KEYS * PER_KEY, |i| {
+        let k = i / PER_KEY;
+        let key = h.key(&format!("key-{k}"));
+        let claim = claim_of(&stores[i % HANDLES], &scope, &key, &policy(), now);
+        async move { (k, claim.await) }
+    })
+    .await;
     let mut wins = vec![0usize; KEYS];
-    for task in tasks {
-        match task.await.unwrap() {
+    for answer in answers {
+        match answer {
             (k, ClaimAnswer::Claimed { .. }) => wins[k] += 1,
             (_, ClaimAnswer::InFlight { .. }) => {}
             (k, other) => panic!("key-{k}: a concurrent claim answered {other:?}"),
@@ -119,27 +157,24 @@ async fn executors_race_once(
 ) {
     const CALLERS: usize = 16;
     let effects = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(Barrier::new(CALLERS));
-    let mut tasks = Vec::new();
-    for i in 0..CALLERS {
+    let answers = race(&Gate::new(CALLERS), CALLERS, |i| {
         let executor = Executor::from_arc(stores[i % stores.len()].clone())
             .with_policy(policy())
             .with_clock(h.clock().clone());
-        let (scope, key, effects, gate) =
-            (scope.clone(), key.clone(), effects.clone(), gate.clone());
-        tasks.push(tokio::spawn(async move {
-            gate.wait().await;
+        let (scope, key, effects) = (scope.clone(), key.clone(), effects.clone());
+        async move {
             executor
                 .run(&scope, &key, &fp("charge"), |_| async move {
                     effects.fetch_add(1, Ordering::SeqCst);
                     ok(ticket)
                 })
                 .await
-        }));
-    }
+        }
+    })
+    .await;
     let (mut executed, mut replayed, mut in_flight) = (0, 0, 0);
-    for task in tasks {
-        match task.await.unwrap() {
+    for answer in answers {
+        match answer {
             Ok(e) if !e.is_replay() => executed += 1,
             Ok(e) => {
                 assert_eq!(e.outcome(), &ok(ticket));
@@ -164,115 +199,137 @@ pub const ROUNDS: usize = 4;
 /// Concurrent claims per round of a rewrite race.
 pub const CONTENDERS: usize = 24;
 
-/// `n` claims of (scope, key) at `now`, spread over `stores`, released together by a barrier.
-async fn race_claims(
-    stores: &[Arc<dyn KeyStore>],
-    scope: &idem_core::Scope,
-    key: &idem_core::IdempotencyKey,
-    policy: &Policy,
-    now: Timestamp,
-    n: usize,
-) -> Vec<ClaimAnswer> {
-    let gate = Arc::new(Barrier::new(n));
-    let mut tasks = Vec::with_capacity(n);
-    for i in 0..n {
-        let (store, gate) = (stores[i % stores.len()].clone(), gate.clone());
-        let (scope, key, policy) = (scope.clone(), key.clone(), *policy);
-        tasks.push(tokio::spawn(async move {
-            gate.wait().await;
-            store
-                .claim(&scope, &key, &fp("a"), &policy, now)
-                .await
-                .unwrap()
-        }));
-    }
-    let mut answers = Vec::with_capacity(n);
-    for task in tasks {
-        answers.push(task.await.unwrap());
-    }
-    answers
+/// The handles a rewrite race spreads its claims over, and its scope; each round races on a key
+/// of its own.
+struct Arena {
+    stores: Vec<Arc<dyn KeyStore>>,
+    scope: Scope,
 }
 
-/// Checks one round of a rewrite race on a record whose token was `old`: exactly one `Claimed`
-/// of the expected kind and attempt, every other claim `InFlight` on the winner's running lease,
-/// the stored record the winner's; the old holder is fenced and the winner completes.
-#[allow(clippy::too_many_arguments)]
-async fn assert_one_winner(
-    what: &str,
-    stores: &[Arc<dyn KeyStore>],
-    scope: &idem_core::Scope,
-    key: &idem_core::IdempotencyKey,
-    answers: &[ClaimAnswer],
-    old: Token,
-    expected: (ClaimKind, u32),
-    now: Timestamp,
-) {
-    let winners: Vec<_> = answers
-        .iter()
-        .filter_map(|a| match a {
-            ClaimAnswer::Claimed {
-                token,
-                attempt,
-                kind,
-            } => Some((*token, *attempt, *kind)),
-            _ => None,
+impl Arena {
+    async fn new(h: &Harness) -> Self {
+        Self {
+            stores: handles(h).await,
+            scope: h.scope("race"),
+        }
+    }
+
+    /// Round `round`'s key (`{name}-{round}`), claimed at `now` by a first holder: the key and
+    /// the holder's token.
+    async fn held(
+        &self,
+        h: &Harness,
+        name: &str,
+        round: usize,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> (IdempotencyKey, Token) {
+        let key = h.key(&format!("{name}-{round}"));
+        let old = claim_new(&self.stores[0], &self.scope, &key, &fp("a"), policy, now).await;
+        (key, old)
+    }
+
+    /// [`CONTENDERS`] claims of `key` at `now`, spread over the handles, started together; then
+    /// [`Arena::assert_one_winner`] checks the round.
+    async fn claims_race(
+        &self,
+        what: &str,
+        key: &IdempotencyKey,
+        policy: &Policy,
+        old: Token,
+        expected: (ClaimKind, u32),
+        now: Timestamp,
+    ) {
+        let (stores, scope) = (&self.stores, &self.scope);
+        let answers = race(&Gate::new(CONTENDERS), CONTENDERS, |i| {
+            claim_of(&stores[i % stores.len()], scope, key, policy, now)
         })
-        .collect();
-    assert_eq!(
-        winners.len(),
-        1,
-        "{what}: exactly one of {} concurrent claims wins, got {} winners: {winners:?}",
-        answers.len(),
-        winners.len()
-    );
-    let (token, attempt, kind) = winners[0];
-    assert_eq!(
-        (kind, attempt),
-        expected,
-        "{what}: the winner's kind and attempt"
-    );
-    assert_eq!(
-        token.seq,
-        old.seq + 1,
-        "{what}: the winner's token continues upward from {old:?}: {token:?}"
-    );
-    for answer in answers {
-        assert!(
-            matches!(
-                answer,
-                ClaimAnswer::Claimed { .. } | ClaimAnswer::InFlight { stale: false, .. }
-            ),
-            "{what}: a losing claim must see the winner's running lease (InFlight, not stale), \
-             got {answer:?}"
+        .await;
+        self.assert_one_winner(what, key, &answers, old, expected, now)
+            .await;
+    }
+
+    /// Checks one round of a rewrite race on a record whose token was `old`: exactly one
+    /// `Claimed` of the expected kind and attempt, every other claim `InFlight` on the winner's
+    /// running lease, the stored record the winner's; the old holder is fenced and the winner
+    /// completes.
+    async fn assert_one_winner(
+        &self,
+        what: &str,
+        key: &IdempotencyKey,
+        answers: &[ClaimAnswer],
+        old: Token,
+        expected: (ClaimKind, u32),
+        now: Timestamp,
+    ) {
+        let (stores, scope) = (&self.stores, &self.scope);
+        let winners: Vec<_> = answers
+            .iter()
+            .filter_map(|a| match a {
+                ClaimAnswer::Claimed {
+                    token,
+                    attempt,
+                    kind,
+                } => Some((*token, *attempt, *kind)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            winners.len(),
+            1,
+            "{what}: exactly one of {} concurrent claims wins, got {} winners: {winners:?}",
+            answers.len(),
+            winners.len()
+        );
+        let (token, attempt, kind) = winners[0];
+        assert_eq!(
+            (kind, attempt),
+            expected,
+            "{what}: the winner's kind and attempt"
+        );
+        assert_eq!(
+            token.seq,
+            old.seq + 1,
+            "{what}: the winner's token continues upward from {old:?}: {token:?}"
+        );
+        for answer in answers {
+            assert!(
+                matches!(
+                    answer,
+                    ClaimAnswer::Claimed { .. } | ClaimAnswer::InFlight { stale: false, .. }
+                ),
+                "{what}: a losing claim must see the winner's running lease (InFlight, not stale), \
+                 got {answer:?}"
+            );
+        }
+        let r = stores[stores.len() - 1]
+            .get(scope, key, now)
+            .await
+            .unwrap()
+            .expect("the winner's record");
+        assert_eq!(
+            (r.state, r.token, r.attempt, r.lease_until),
+            (RecordState::Processing, token, attempt, now + LEASE),
+            "{what}: the stored record is the winner's"
+        );
+        assert_all_fenced(&stores[0], scope, key, old, now).await;
+        assert_eq!(
+            stores[1]
+                .complete(scope, key, token, &ok("won"), &policy(), now)
+                .await
+                .unwrap(),
+            CompleteAnswer::Completed,
+            "{what}: the winner completes"
+        );
+        assert_eq!(
+            stores[2]
+                .claim(scope, key, &fp("a"), &policy(), now)
+                .await
+                .unwrap(),
+            ClaimAnswer::Replay(ok("won")),
+            "{what}: the winner's outcome replays"
         );
     }
-    let r = stores[stores.len() - 1]
-        .get(scope, key, now)
-        .await
-        .unwrap()
-        .expect("the winner's record");
-    assert_eq!(
-        (r.state, r.token, r.attempt, r.lease_until),
-        (RecordState::Processing, token, attempt, now + LEASE),
-        "{what}: the stored record is the winner's"
-    );
-    assert_all_fenced(&stores[0], scope, key, old, now).await;
-    assert_eq!(
-        stores[1]
-            .complete(scope, key, token, &ok("won"), &policy(), now)
-            .await
-            .unwrap(),
-        CompleteAnswer::Completed,
-        "{what}: the winner completes"
-    );
-    assert_eq!(
-        stores[2]
-            .claim(scope, key, &fp("a"), &policy(), now)
-            .await
-            .unwrap(),
-        ClaimAnswer::Replay(ok("won")),
-        "{what}: the winner's outcome replays"
-    );
 }
 
 /// [`CONTENDERS`] claims race on an expired record (completed in some rounds, abandoned
@@ -280,32 +337,22 @@ async fn assert_one_winner(
 /// replaces it (`ExpiredReplaced`, attempt 1, the token continuing upward), the others see the
 /// winner's lease.
 pub async fn concurrency_claims_race_on_an_expired_record(h: Harness) {
-    let stores = handles(&h).await;
-    let scope = h.scope("race");
+    let arena = Arena::new(&h).await;
+    let (store, scope) = (&arena.stores[0], &arena.scope);
     for round in 0..ROUNDS {
-        let key = h.key(&format!("expired-{round}"));
         let t0 = h.now();
-        let old = claim_new(&stores[0], &scope, &key, &fp("a"), &policy(), t0).await;
+        let (key, old) = arena.held(&h, "expired", round, &policy(), t0).await;
         if round % 2 == 0 {
-            stores[0]
-                .complete(&scope, &key, old, &ok("old"), &policy(), t0)
+            store
+                .complete(scope, &key, old, &ok("old"), &policy(), t0)
                 .await
                 .unwrap();
         }
-        let at = t0 + TTL;
-        let answers = race_claims(&stores, &scope, &key, &policy(), at, CONTENDERS).await;
         let what = format!("round {round}, expired record");
-        assert_one_winner(
-            &what,
-            &stores,
-            &scope,
-            &key,
-            &answers,
-            old,
-            (ClaimKind::ExpiredReplaced, 1),
-            at,
-        )
-        .await;
+        let expected = (ClaimKind::ExpiredReplaced, 1);
+        arena
+            .claims_race(&what, &key, &policy(), old, expected, t0 + TTL)
+            .await;
     }
 }
 
@@ -313,35 +360,26 @@ pub async fn concurrency_claims_race_on_an_expired_record(h: Harness) {
 /// rounds, a release in others) over [`ROUNDS`] rounds: exactly one claims it again (`Retry`,
 /// attempt 2), the others see the winner's lease. The most common retry pattern there is.
 pub async fn concurrency_claims_race_on_a_failed_retryable_record(h: Harness) {
-    let stores = handles(&h).await;
-    let scope = h.scope("race");
+    let arena = Arena::new(&h).await;
+    let (store, scope) = (&arena.stores[0], &arena.scope);
     let now = h.now();
     for round in 0..ROUNDS {
-        let key = h.key(&format!("retryable-{round}"));
-        let old = claim_new(&stores[0], &scope, &key, &fp("a"), &policy(), now).await;
+        let (key, old) = arena.held(&h, "retryable", round, &policy(), now).await;
         if round % 2 == 0 {
-            let a = stores[0]
-                .complete(&scope, &key, old, &retryable(), &policy(), now)
+            let a = store
+                .complete(scope, &key, old, &retryable(), &policy(), now)
                 .await
                 .unwrap();
             assert_eq!(a, CompleteAnswer::MarkedRetryable);
         } else {
-            let a = stores[0].release(&scope, &key, old, now).await.unwrap();
+            let a = store.release(scope, &key, old, now).await.unwrap();
             assert_eq!(a, ReleaseAnswer::Released);
         }
-        let answers = race_claims(&stores, &scope, &key, &policy(), now, CONTENDERS).await;
         let what = format!("round {round}, failed_retryable record");
-        assert_one_winner(
-            &what,
-            &stores,
-            &scope,
-            &key,
-            &answers,
-            old,
-            (ClaimKind::Retry, 2),
-            now,
-        )
-        .await;
+        let expected = (ClaimKind::Retry, 2);
+        arena
+            .claims_race(&what, &key, &policy(), old, expected, now)
+            .await;
     }
 }
 
@@ -349,65 +387,44 @@ pub async fn concurrency_claims_race_on_a_failed_retryable_record(h: Harness) {
 /// over [`ROUNDS`] rounds: exactly one takes it over (`TakenOver`, attempt 2), the others see
 /// the winner's lease, and the old holder is fenced.
 pub async fn concurrency_claims_race_on_a_stale_record_under_takeover(h: Harness) {
-    let stores = handles(&h).await;
-    let scope = h.scope("race");
+    let arena = Arena::new(&h).await;
     for round in 0..ROUNDS {
-        let key = h.key(&format!("stale-{round}"));
         let t0 = h.now();
-        let old = claim_new(&stores[0], &scope, &key, &fp("a"), &takeover(), t0).await;
+        let (key, old) = arena.held(&h, "stale", round, &takeover(), t0).await;
         let at = t0 + LEASE + Duration::from_millis(round as u64);
-        let answers = race_claims(&stores, &scope, &key, &takeover(), at, CONTENDERS).await;
         let what = format!("round {round}, stale record under Takeover");
-        assert_one_winner(
-            &what,
-            &stores,
-            &scope,
-            &key,
-            &answers,
-            old,
-            (ClaimKind::TakenOver, 2),
-            at,
-        )
-        .await;
+        let expected = (ClaimKind::TakenOver, 2);
+        arena
+            .claims_race(&what, &key, &takeover(), old, expected, at)
+            .await;
     }
 }
 
 /// The holder completes while [`CONTENDERS`] claims arrive, over [`ROUNDS`] rounds: no claim
 /// wins, each sees the holder in flight or replays its outcome, the completion stands.
 pub async fn concurrency_claims_racing_a_completion_never_win(h: Harness) {
-    let stores = handles(&h).await;
-    let scope = h.scope("race");
+    let arena = Arena::new(&h).await;
+    let (stores, scope) = (&arena.stores, &arena.scope);
     let now = h.now();
     for round in 0..ROUNDS {
-        let key = h.key(&format!("completing-{round}"));
-        let holder = claim_new(&stores[0], &scope, &key, &fp("a"), &policy(), now).await;
+        let (key, holder) = arena.held(&h, "completing", round, &policy(), now).await;
         let done = ok(&format!("done-{round}"));
-        let gate = Arc::new(Barrier::new(CONTENDERS + 1));
+        let gate = Gate::new(CONTENDERS + 1);
         let completion = {
-            let (store, gate) = (stores[0].clone(), gate.clone());
+            let store = stores[0].clone();
             let (scope, key, done) = (scope.clone(), key.clone(), done.clone());
-            tokio::spawn(async move {
-                gate.wait().await;
+            gate.spawn(async move {
                 store
                     .complete(&scope, &key, holder, &done, &policy(), now)
                     .await
                     .unwrap()
             })
         };
-        let mut tasks = Vec::new();
-        for i in 0..CONTENDERS {
-            let (store, gate) = (stores[1 + i % (HANDLES - 1)].clone(), gate.clone());
-            let (scope, key) = (scope.clone(), key.clone());
-            tasks.push(tokio::spawn(async move {
-                gate.wait().await;
-                store
-                    .claim(&scope, &key, &fp("a"), &policy(), now)
-                    .await
-                    .unwrap()
-            }));
-        }
-        for task in tasks {
-            let answer = task.await.unwrap();
+        let answers = race(&gate, CONTENDERS, |i| {
+            claim_of(&stores[1 + i % (HANDLES - 1)], scope, &key, &policy(), now)
+        })
+        .await;
+        for answer in answers {
             assert!(
                 matches!(&answer, ClaimAnswer::InFlight { stale: false, .. })
                     || answer == ClaimAnswer::Replay(done.clone()),
@@ -417,7 +434,7 @@ pub async fn concurrency_claims_racing_a_completion_never_win(h: Harness) {
         }
         assert_eq!(completion.await.unwrap(), CompleteAnswer::Completed);
         let r = stores[HANDLES - 1]
-            .get(&scope, &key, now)
+            .get(scope, &key, now)
             .await
             .unwrap()
             .unwrap();
@@ -433,27 +450,21 @@ pub async fn concurrency_claims_racing_a_completion_never_win(h: Harness) {
 /// the holder's, over [`ROUNDS`] rounds: exactly one claims it (`Retry`, attempt 2), every other
 /// caller last saw it in flight, and the stored record is the winner's.
 pub async fn concurrency_claims_racing_a_release_one_winner(h: Harness) {
-    let stores = handles(&h).await;
-    let scope = h.scope("race");
+    let arena = Arena::new(&h).await;
+    let (stores, scope) = (&arena.stores, &arena.scope);
     let now = h.now();
     for round in 0..ROUNDS {
-        let key = h.key(&format!("releasing-{round}"));
-        let holder = claim_new(&stores[0], &scope, &key, &fp("a"), &policy(), now).await;
-        let gate = Arc::new(Barrier::new(CONTENDERS + 1));
+        let (key, holder) = arena.held(&h, "releasing", round, &policy(), now).await;
+        let gate = Gate::new(CONTENDERS + 1);
         let release = {
-            let (store, gate) = (stores[0].clone(), gate.clone());
+            let store = stores[0].clone();
             let (scope, key) = (scope.clone(), key.clone());
-            tokio::spawn(async move {
-                gate.wait().await;
-                store.release(&scope, &key, holder, now).await.unwrap()
-            })
+            gate.spawn(async move { store.release(&scope, &key, holder, now).await.unwrap() })
         };
-        let mut tasks = Vec::new();
-        for i in 0..CONTENDERS {
-            let (store, gate) = (stores[1 + i % (HANDLES - 1)].clone(), gate.clone());
+        let answers = race(&gate, CONTENDERS, |i| {
+            let store = stores[1 + i % (HANDLES - 1)].clone();
             let (scope, key) = (scope.clone(), key.clone());
-            tasks.push(tokio::spawn(async move {
-                gate.wait().await;
+            async move {
                 // Claim until the record is no longer the holder's: then someone won.
                 for _ in 0..100_000 {
                     let answer = store
@@ -476,25 +487,15 @@ pub async fn concurrency_claims_racing_a_release_one_winner(h: Harness) {
                     tokio::task::yield_now().await;
                 }
                 panic!("the holder's release never became visible");
-            }));
-        }
-        let mut answers = Vec::new();
-        for task in tasks {
-            answers.push(task.await.unwrap());
-        }
+            }
+        })
+        .await;
         assert_eq!(release.await.unwrap(), ReleaseAnswer::Released);
         let what = format!("round {round}, claims racing a release");
-        assert_one_winner(
-            &what,
-            &stores,
-            &scope,
-            &key,
-            &answers,
-            holder,
-            (ClaimKind::Retry, 2),
-            now,
-        )
-        .await;
+        let expected = (ClaimKind::Retry, 2);
+        arena
+            .assert_one_winner(&what, &key, &answers, holder, expected, now)
+            .await;
     }
 }
 

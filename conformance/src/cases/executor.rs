@@ -236,13 +236,7 @@ pub async fn executor_slow_holder_past_its_lease_is_recorded(h: Harness) {
         Ok(e) if !e.is_replay() => assert_eq!(e.outcome(), &ok("T-1")),
         other => panic!("a holder whose lease elapsed, not taken over, completes: {other:?}"),
     }
-    let r = h
-        .store()
-        .await
-        .get(&scope, &key, h.now())
-        .await
-        .unwrap()
-        .unwrap();
+    let r = read_back(&h, &scope, &key).await;
     assert_eq!(
         (r.state, r.outcome),
         (RecordState::Completed, Some(ok("T-1")))

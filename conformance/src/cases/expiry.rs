@@ -22,8 +22,7 @@ use crate::Harness;
 
 /// An expired record is absent to `get`, from any handle.
 pub async fn expiry_expired_record_is_absent_to_get(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
         .await
@@ -83,8 +82,7 @@ pub async fn expiry_boundary_is_exact(h: Harness) {
 /// An expired completed record is replaced by a new claim (even for another request), whose
 /// token continues upward; the old outcome is gone.
 pub async fn expiry_expired_completed_is_claimed_again(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let old = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, old) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, old, &ok("T-old"), &policy(), h.now())
         .await
@@ -94,14 +92,7 @@ pub async fn expiry_expired_completed_is_claimed_again(h: Harness) {
         .claim(&scope, &key, &fp("b"), &policy(), h.now())
         .await
         .unwrap();
-    let ClaimAnswer::Claimed {
-        token,
-        attempt,
-        kind,
-    } = answer
-    else {
-        panic!("expired record: expected Claimed, got {answer:?}");
-    };
+    let (token, attempt, kind) = won(&answer, "expired record");
     assert_eq!((attempt, kind), (1, ClaimKind::ExpiredReplaced));
     assert!(
         token > old,
@@ -117,8 +108,7 @@ pub async fn expiry_expired_completed_is_claimed_again(h: Harness) {
 
 /// A holder whose record expired can no longer complete, release or extend.
 pub async fn expiry_holder_cannot_act_after_expiry(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     h.advance(TTL);
     assert_all_fenced(&store, &scope, &key, token, h.now()).await;
     assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);

@@ -9,21 +9,14 @@ use crate::Harness;
 
 /// Definitive outcome → `completed`, outcome stored, expiry renewed to now + ttl.
 pub async fn fencing_complete_definitive_completes(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     h.advance(Duration::from_secs(3));
     let answer = store
         .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
         .await
         .unwrap();
     assert_eq!(answer, CompleteAnswer::Completed);
-    let r = h
-        .store()
-        .await
-        .get(&scope, &key, h.now())
-        .await
-        .unwrap()
-        .unwrap();
+    let r = read_back(&h, &scope, &key).await;
     assert_eq!(r.state, RecordState::Completed);
     assert_eq!(r.outcome, Some(ok("T-1")));
     assert_eq!(r.token, token);
@@ -32,8 +25,7 @@ pub async fn fencing_complete_definitive_completes(h: Harness) {
 
 /// Retryable outcome under `DefinitiveOnly` → `failed_retryable`; the next claim runs again.
 pub async fn fencing_retryable_under_definitive_only_is_failed_retryable(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     let answer = store
         .complete(&scope, &key, token, &retryable(), &policy(), h.now())
         .await
@@ -41,14 +33,7 @@ pub async fn fencing_retryable_under_definitive_only_is_failed_retryable(h: Harn
     assert_eq!(answer, CompleteAnswer::MarkedRetryable);
     let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
     assert_eq!(r.state, RecordState::FailedRetryable);
-    let again = store
-        .claim(&scope, &key, &fp("a"), &policy(), h.now())
-        .await
-        .unwrap();
-    assert!(
-        matches!(again, ClaimAnswer::Claimed { attempt: 2, .. }),
-        "{again:?}"
-    );
+    assert_claimed_again(&store, &scope, &key, h.now()).await;
 }
 
 /// Retryable outcome under `CacheAll` → `completed`; it replays forever.
@@ -75,8 +60,7 @@ pub async fn fencing_retryable_under_cache_all_completes(h: Harness) {
 /// A record completes once: a second `complete` with the same token is `Fenced` and the first
 /// outcome stands.
 pub async fn fencing_second_complete_is_fenced(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
         .await
@@ -136,8 +120,7 @@ pub async fn fencing_stale_token_cannot_complete_after_takeover(h: Harness) {
 
 /// A stale token cannot release the newer holder's claim.
 pub async fn fencing_stale_token_cannot_release(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let old = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    let (store, scope, key, old) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE);
     let (new, _) = claimed(
         &store
@@ -164,8 +147,7 @@ pub async fn fencing_stale_token_cannot_release(h: Harness) {
 
 /// A stale token cannot extend the lease.
 pub async fn fencing_stale_token_cannot_extend(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let old = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    let (store, scope, key, old) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE);
     claimed(
         &store
@@ -201,8 +183,7 @@ pub async fn fencing_unknown_key_is_fenced(h: Harness) {
 
 /// `release` → `failed_retryable` without outcome; the retry claims with the next token.
 pub async fn fencing_release_then_retry(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     assert_eq!(
         store.release(&scope, &key, token, h.now()).await.unwrap(),
         ReleaseAnswer::Released
@@ -230,8 +211,7 @@ pub async fn fencing_release_then_retry(h: Harness) {
 /// `extend` renews the lease: a claim after the original lease is still `InFlight`, not stale,
 /// and even `Takeover` cannot take it.
 pub async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &takeover()).await;
     h.advance(Duration::from_secs(20));
     let answer = store
         .extend(&scope, &key, token, Duration::from_secs(60), h.now())
@@ -244,13 +224,7 @@ pub async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
         .claim(&scope, &key, &fp("a"), &takeover(), h.now())
         .await
         .unwrap();
-    assert_eq!(
-        answer,
-        ClaimAnswer::InFlight {
-            retry_after: Duration::from_secs(20),
-            stale: false
-        }
-    );
+    assert_eq!(answer, running(Duration::from_secs(20)));
     let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
     assert_eq!((r.token, r.lease_until), (token, until));
     assert!(
@@ -268,8 +242,7 @@ pub async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
 
 /// The fingerprint stored at claim is the one on the completed record ([contract §3.3](idem_core::contract#guarantee-3)).
 pub async fn fencing_fingerprint_kept_on_completion(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
         .await
@@ -313,13 +286,7 @@ pub async fn fencing_holder_completes_after_its_lease_elapsed(h: Harness) {
             CompleteAnswer::Completed,
             "{name}: a holder whose lease elapsed, not taken over, completes"
         );
-        let r = h
-            .store()
-            .await
-            .get(&scope, &key, h.now())
-            .await
-            .unwrap()
-            .unwrap();
+        let r = read_back(&h, &scope, &key).await;
         assert_eq!(
             (r.state, r.token, r.outcome),
             (RecordState::Completed, token, Some(ok("late")))
@@ -337,8 +304,7 @@ pub async fn fencing_holder_completes_after_its_lease_elapsed(h: Harness) {
 /// A holder whose lease elapsed, not taken over, still releases: the record is
 /// `failed_retryable` and the next claim is attempt 2.
 pub async fn fencing_holder_releases_after_its_lease_elapsed(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE + Duration::from_secs(5));
     assert_eq!(
         store.release(&scope, &key, token, h.now()).await.unwrap(),
@@ -347,21 +313,13 @@ pub async fn fencing_holder_releases_after_its_lease_elapsed(h: Harness) {
     );
     let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
     assert_eq!((r.state, r.token), (RecordState::FailedRetryable, token));
-    let again = store
-        .claim(&scope, &key, &fp("a"), &policy(), h.now())
-        .await
-        .unwrap();
-    assert!(
-        matches!(again, ClaimAnswer::Claimed { attempt: 2, .. }),
-        "{again:?}"
-    );
+    assert_claimed_again(&store, &scope, &key, h.now()).await;
 }
 
 /// A holder whose lease elapsed, not taken over, still extends: its lease runs again from now,
 /// so a claim, even under `Takeover`, is `InFlight` and not stale.
 pub async fn fencing_holder_extends_after_its_lease_elapsed(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE + Duration::from_secs(5));
     let answer = store
         .extend(&scope, &key, token, LEASE, h.now())
@@ -392,8 +350,7 @@ pub async fn fencing_holder_extends_after_its_lease_elapsed(h: Harness) {
 /// `extend` never shortens a lease: a shorter heartbeat keeps the later deadline (and the
 /// record's expiry), answers it, and a claim between the two deadlines is still `InFlight`.
 pub async fn fencing_extend_never_shortens(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &takeover(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &takeover()).await;
     let long = store
         .extend(&scope, &key, token, Duration::from_secs(600), h.now())
         .await
@@ -440,8 +397,7 @@ pub async fn fencing_extend_never_shortens(h: Harness) {
 /// `extend` refuses a lease of zero whole milliseconds with `StoreError::ZeroLease`, for the
 /// holder as for anyone, and writes nothing.
 pub async fn fencing_extend_refuses_a_zero_lease(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), h.now()).await;
+    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     let before = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
     h.advance(Duration::from_secs(1));
     let stranger = Token::with_id(token.seq + 1, token.id ^ 1);

@@ -3,9 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::future::Future;
+use std::panic::Location;
+
 use idem_core::{
-    ClaimAnswer, Fingerprint, KeyStore, Outcome, OutcomeClass, Policy, StalePolicy, Timestamp,
-    Token,
+    ClaimAnswer, ClaimKind, Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy,
+    Record, Scope, StalePolicy, Timestamp, Token,
 };
 
 use crate::Case;
@@ -143,11 +146,30 @@ pub fn retryable() -> Outcome {
     .expect("outcome")
 }
 
+/// `InFlight` on a running lease (not stale) with `retry_after` left.
+pub fn running(retry_after: Duration) -> ClaimAnswer {
+    ClaimAnswer::InFlight {
+        retry_after,
+        stale: false,
+    }
+}
+
 /// The token and attempt of a `Claimed` answer; panics with `context` otherwise.
 #[track_caller]
 pub fn claimed(answer: &ClaimAnswer, context: &str) -> (Token, u32) {
+    let (token, attempt, _) = won(answer, context);
+    (token, attempt)
+}
+
+/// The token, attempt and kind of a `Claimed` answer; panics with `context` otherwise.
+#[track_caller]
+pub fn won(answer: &ClaimAnswer, context: &str) -> (Token, u32, ClaimKind) {
     match answer {
-        ClaimAnswer::Claimed { token, attempt, .. } => (*token, *attempt),
+        ClaimAnswer::Claimed {
+            token,
+            attempt,
+            kind,
+        } => (*token, *attempt, *kind),
         other => panic!("{context}: expected Claimed, got {other:?}"),
     }
 }
@@ -161,13 +183,7 @@ pub fn ancient(from_year: u64, to_year: u64) -> Timestamp {
 }
 
 /// A store handle and the harness's scope/key for one record.
-pub async fn one(
-    h: &crate::Harness,
-) -> (
-    Arc<dyn KeyStore>,
-    idem_core::Scope,
-    idem_core::IdempotencyKey,
-) {
+pub async fn one(h: &crate::Harness) -> (Arc<dyn KeyStore>, Scope, IdempotencyKey) {
     (
         h.store().await,
         h.scope("s"),
@@ -175,34 +191,96 @@ pub async fn one(
     )
 }
 
+/// [`one`] record, claimed now with the request `a` under `policy`: the store handle, the
+/// address and the holder's token; panics with the answer if the claim does not win.
+#[track_caller]
+pub fn one_claimed<'a>(
+    h: &'a crate::Harness,
+    policy: &'a Policy,
+) -> impl Future<Output = (Arc<dyn KeyStore>, Scope, IdempotencyKey, Token)> + Send + 'a {
+    let caller = Location::caller();
+    async move {
+        let (store, scope, key) = one(h).await;
+        let token = claim_absent(caller, &store, &scope, &key, &fp("a"), policy, h.now()).await;
+        (store, scope, key, token)
+    }
+}
+
 /// Claims a key that must be absent and returns the token; panics with the answer otherwise.
 #[track_caller]
 pub fn claim_new<'a>(
     store: &'a Arc<dyn KeyStore>,
-    scope: &'a idem_core::Scope,
-    key: &'a idem_core::IdempotencyKey,
+    scope: &'a Scope,
+    key: &'a IdempotencyKey,
     fingerprint: &'a Fingerprint,
     policy: &'a Policy,
     now: Timestamp,
-) -> impl std::future::Future<Output = Token> + Send + 'a {
-    let caller = std::panic::Location::caller();
-    async move {
-        let answer = store
-            .claim(scope, key, fingerprint, policy, now)
-            .await
-            .unwrap();
-        match answer {
-            ClaimAnswer::Claimed { token, .. } => token,
-            other => panic!("{caller}: claim of an absent key: expected Claimed, got {other:?}"),
-        }
+) -> impl Future<Output = Token> + Send + 'a {
+    claim_absent(
+        Location::caller(),
+        store,
+        scope,
+        key,
+        fingerprint,
+        policy,
+        now,
+    )
+}
+
+/// [`claim_new`], failing with the location of the case that called it.
+async fn claim_absent(
+    caller: &Location<'_>,
+    store: &Arc<dyn KeyStore>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+    policy: &Policy,
+    now: Timestamp,
+) -> Token {
+    let answer = store
+        .claim(scope, key, fingerprint, policy, now)
+        .await
+        .unwrap();
+    match answer {
+        ClaimAnswer::Claimed { token, .. } => token,
+        other => panic!("{caller}: claim of an absent key: expected Claimed, got {other:?}"),
     }
+}
+
+/// The record at (scope, key) now, read through a new handle (so what was written is committed,
+/// not only visible to its writer); panics if there is none.
+pub async fn read_back(h: &crate::Harness, scope: &Scope, key: &IdempotencyKey) -> Record {
+    h.store()
+        .await
+        .get(scope, key, h.now())
+        .await
+        .unwrap()
+        .expect("a record")
+}
+
+/// Asserts that a claim of (scope, key) at `now`, request `a` under the default policy, claims
+/// it again as attempt 2 (after a retryable outcome or a release).
+pub async fn assert_claimed_again(
+    store: &Arc<dyn KeyStore>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    now: Timestamp,
+) {
+    let again = store
+        .claim(scope, key, &fp("a"), &policy(), now)
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, ClaimAnswer::Claimed { attempt: 2, .. }),
+        "{again:?}"
+    );
 }
 
 /// Asserts that `token` can neither complete, release nor extend (scope, key) at `now`.
 pub async fn assert_all_fenced(
     store: &Arc<dyn KeyStore>,
-    scope: &idem_core::Scope,
-    key: &idem_core::IdempotencyKey,
+    scope: &Scope,
+    key: &IdempotencyKey,
     token: Token,
     now: Timestamp,
 ) {

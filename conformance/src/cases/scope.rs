@@ -7,24 +7,35 @@ use idem_core::{ClaimAnswer, ClaimKind, RecordState, ReleaseAnswer};
 use super::*;
 use crate::Harness;
 
+/// Claims `at` with the request titled `title` under the default policy; the claim must win
+/// (panics with `context` otherwise). Its token.
+#[track_caller]
+fn claim_wins<'a>(
+    store: &'a Arc<dyn KeyStore>,
+    (scope, key): (&'a idem_core::Scope, &'a idem_core::IdempotencyKey),
+    title: &'a str,
+    now: idem_core::Timestamp,
+    context: &'a str,
+) -> impl std::future::Future<Output = idem_core::Token> + Send + 'a {
+    let caller = std::panic::Location::caller();
+    async move {
+        let answer = store
+            .claim(scope, key, &fp(title), &policy(), now)
+            .await
+            .unwrap();
+        match answer {
+            ClaimAnswer::Claimed { token, .. } => token,
+            other => panic!("{caller}: {context}: expected Claimed, got {other:?}"),
+        }
+    }
+}
+
 /// Same key, two scopes: two independent claims and records.
 pub async fn scope_same_key_two_scopes_two_records(h: Harness) {
     let store = h.store().await;
     let (a, b, key) = (h.scope("tenant-a"), h.scope("tenant-b"), h.key("k"));
-    let (ta, _) = claimed(
-        &store
-            .claim(&a, &key, &fp("x"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "scope a",
-    );
-    let (tb, _) = claimed(
-        &store
-            .claim(&b, &key, &fp("y"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "scope b, other request",
-    );
+    let ta = claim_wins(&store, (&a, &key), "x", h.now(), "scope a").await;
+    let tb = claim_wins(&store, (&b, &key), "y", h.now(), "scope b, other request").await;
     assert_ne!(ta, tb);
     store.release(&a, &key, ta, h.now()).await.unwrap();
     let ra = store.get(&a, &key, h.now()).await.unwrap().unwrap();
@@ -43,24 +54,19 @@ pub async fn scope_same_key_two_scopes_two_records(h: Harness) {
 pub async fn scope_no_cross_scope_replay(h: Harness) {
     let store = h.store().await;
     let (a, b, key) = (h.scope("tenant-a"), h.scope("tenant-b"), h.key("k"));
-    let (ta, _) = claimed(
-        &store
-            .claim(&a, &key, &fp("x"), &policy(), h.now())
-            .await
-            .unwrap(),
-        "scope a",
-    );
+    let ta = claim_wins(&store, (&a, &key), "x", h.now(), "scope a").await;
     store
         .complete(&a, &key, ta, &ok("A"), &policy(), h.now())
         .await
         .unwrap();
-    let (tb, _) = claimed(
-        &store
-            .claim(&b, &key, &fp("x"), &policy(), h.now())
-            .await
-            .unwrap(),
+    let tb = claim_wins(
+        &store,
+        (&b, &key),
+        "x",
+        h.now(),
         "scope b must not replay a",
-    );
+    )
+    .await;
     store
         .complete(&b, &key, tb, &ok("B"), &policy(), h.now())
         .await

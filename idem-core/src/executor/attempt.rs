@@ -1,0 +1,183 @@
+//! [`Attempt`], the claim an operation runs under, and the guard that gives a claim back when the
+//! caller goes away before the operation starts.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::Spawner;
+use super::steps::{count_completion, timed};
+use crate::codec::{CodecContext, CodecError, OutcomeCodec, encode_outcome};
+use crate::machine::{ClaimKind, ExtendAnswer};
+use crate::{
+    Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError, Token, downstream_key,
+};
+
+/// The claim an operation runs under, handed to the operation by [`Executor::run`].
+#[derive(Clone)]
+pub struct Attempt {
+    pub(super) store: Arc<dyn KeyStore>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) scope: Scope,
+    pub(super) key: IdempotencyKey,
+    pub(super) token: Token,
+    pub(super) number: u32,
+    pub(super) kind: ClaimKind,
+    pub(super) recorded: Arc<AtomicBool>,
+    pub(super) policy: Policy,
+    pub(super) codec: Option<Arc<dyn OutcomeCodec>>,
+}
+
+impl fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Attempt")
+            .field("scope", &self.scope)
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("number", &self.number)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attempt {
+    /// The scope.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// The fencing token of this claim.
+    pub fn token(&self) -> Token {
+        self.token
+    }
+
+    /// Which attempt this is, from 1.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// How the claim was won.
+    pub fn kind(&self) -> ClaimKind {
+        self.kind
+    }
+
+    /// Renews the lease to `now + lease` (a heartbeat for long work); it never shortens the lease
+    /// (the later deadline wins). `Ok(false)` means the claim was lost: stop, and do not start
+    /// any further effect. A lease of zero whole milliseconds is refused with
+    /// [`StoreError::ZeroLease`] before the store is called.
+    pub async fn extend(&self, lease: Duration) -> Result<bool, StoreError> {
+        crate::machine::check_lease(lease)?;
+        let now = self.clock.now();
+        let answer = timed(
+            &*self.store,
+            "extend",
+            self.store
+                .extend(&self.scope, &self.key, self.token, lease, now),
+        )
+        .await?;
+        Ok(match answer {
+            ExtendAnswer::Extended { lease_until } => {
+                transition!(
+                    DEBUG,
+                    "extended",
+                    lease_until = lease_until.as_millis(),
+                    "lease extended"
+                );
+                true
+            }
+            ExtendAnswer::Fenced => {
+                transition!(
+                    WARN,
+                    "fenced",
+                    op = "extend",
+                    "lease lost to a newer attempt"
+                );
+                count_completion("fenced");
+                false
+            }
+        })
+    }
+
+    /// Tells the executor that the operation has completed the record itself, in the same
+    /// committed transaction as its effect ([contract §6](crate::contract#transactional-completion), transactional completion: e.g.
+    /// `SqliteStore`'s or `PostgresStore`'s completion on the caller's transaction), so the
+    /// executor must not complete it again. Call it only after that transaction committed. Clones
+    /// of the attempt share the mark.
+    pub fn mark_recorded(&self) {
+        self.recorded.store(true, Ordering::SeqCst);
+    }
+
+    /// The executor's policy: the one to pass to a store's transactional completion (e.g.
+    /// `SqliteStore::complete_in`, `PostgresStore::complete_in`), so the record completes under
+    /// the same ttl, cache policy and size limit as the executor's own completions.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The outcome to store for `outcome`: encoded by the executor's [codec](crate::codec)
+    /// (e.g. encrypted), or `outcome` itself without one. Pass this, not the plain outcome, to a
+    /// store's transactional completion, so a record completed in your transaction is stored as
+    /// the executor would store it (and replays through the codec). Return the plain outcome
+    /// from the operation.
+    pub fn encode(&self, outcome: &Outcome) -> Result<Outcome, CodecError> {
+        encode_outcome(
+            self.codec.as_deref(),
+            &CodecContext::new(&self.scope, &self.key),
+            outcome,
+        )
+        .map(|o| o.into_owned())
+    }
+
+    /// The stable key to pass to `provider`'s own idempotency contract; see [`downstream_key`].
+    pub fn downstream_key(&self, provider: &str) -> String {
+        downstream_key(&self.scope, &self.key, provider)
+    }
+}
+
+/// Gives a won claim back if dropped before being disarmed (needs a spawner: the release is
+/// asynchronous).
+pub(super) struct ReleaseOnDrop {
+    pub(super) store: Arc<dyn KeyStore>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) spawner: Spawner,
+    pub(super) scope: Scope,
+    pub(super) key: IdempotencyKey,
+    pub(super) token: Token,
+    pub(super) armed: bool,
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (store, clock) = (self.store.clone(), self.clock.clone());
+        let (scope, key, token) = (self.scope.clone(), self.key.clone(), self.token);
+        (self.spawner)(Box::pin(async move {
+            match timed(
+                &*store,
+                "release",
+                store.release(&scope, &key, token, clock.now()),
+            )
+            .await
+            {
+                Ok(answer) => {
+                    transition!(INFO, "released", scope = %scope, key = %key, token = %token.short(), ?answer,
+                        "caller went away before the operation started; claim released"
+                    )
+                }
+                Err(error) => {
+                    transition!(WARN, "released", scope = %scope, key = %key, token = %token.short(), %error,
+                        "caller went away before the operation started; release failed, the lease will run out"
+                    )
+                }
+            }
+        }));
+    }
+}

@@ -1,0 +1,393 @@
+//! [`Executor`]: claim, run at most once, record, replay.
+//!
+//! The executor and its builder live here; [`Attempt`] (and the guard that gives an abandoned
+//! claim back) in `attempt`; the claim and record steps, the completion and the counters in `steps`.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tracing::Instrument;
+
+use crate::codec::{CodecContext, OutcomeCodec, decode_outcome};
+use crate::machine::{ClaimAnswer, ClaimKind};
+use crate::{
+    Clock, Error, Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Scope,
+    SystemClock,
+};
+
+mod attempt;
+mod steps;
+
+pub use attempt::Attempt;
+pub(crate) use steps::{CompletionError, complete_or_not_kept};
+use steps::{count_claim, count_completion};
+
+/// A future handed to a [`Executor::with_spawner`] spawner.
+pub type BackgroundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+type Spawner = Arc<dyn Fn(BackgroundTask) + Send + Sync>;
+
+/// What [`Executor::run`] returns when it has an outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Execution {
+    /// This call ran the operation, and its outcome was recorded.
+    Executed {
+        /// What the operation answered.
+        outcome: Outcome,
+        /// Which attempt ran it, from 1.
+        attempt: u32,
+    },
+    /// An earlier call ran the operation; this is its stored outcome.
+    Replayed {
+        /// The stored outcome.
+        outcome: Outcome,
+    },
+}
+
+impl Execution {
+    /// The outcome, executed or replayed.
+    pub fn outcome(&self) -> &Outcome {
+        match self {
+            Self::Executed { outcome, .. } | Self::Replayed { outcome } => outcome,
+        }
+    }
+
+    /// The outcome, executed or replayed.
+    pub fn into_outcome(self) -> Outcome {
+        match self {
+            Self::Executed { outcome, .. } | Self::Replayed { outcome } => outcome,
+        }
+    }
+
+    /// Whether this is a replay of an earlier execution.
+    pub fn is_replay(&self) -> bool {
+        matches!(self, Self::Replayed { .. })
+    }
+}
+
+/// Runs operations at most once per (scope, key): claim, run, complete, or replay.
+///
+/// ```
+/// use idem_core::{Executor, Fingerprint, IdempotencyKey, MemoryStore, Outcome, Scope};
+/// use serde_json::json;
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let executor = Executor::new(MemoryStore::new());
+/// let scope = Scope::new("tenant-a/create_ticket").unwrap();
+/// let key = IdempotencyKey::new("wf-1:step-3:create_ticket").unwrap();
+/// let args = json!({"title": "Printer on fire", "account_id": "A-7"});
+/// let fp = Fingerprint::of("create_ticket", &args).unwrap();
+///
+/// let first = executor
+///     .run(&scope, &key, &fp, |_attempt| async { Outcome::definitive(201, &json!({"ticket_id": "T-1"})).unwrap() })
+///     .await
+///     .unwrap();
+/// let again = executor
+///     .run(&scope, &key, &fp, |_attempt| async { unreachable!("never runs twice") })
+///     .await
+///     .unwrap();
+/// assert!(!first.is_replay() && again.is_replay());
+/// assert_eq!(first.outcome(), again.outcome());
+/// # });
+/// ```
+///
+/// # Cancellation ([contract §2](crate::contract#states))
+///
+/// With a spawner ([`Executor::with_spawner`]), the claim and the completion run as background
+/// tasks, so dropping the caller's future cannot lose them: a claim won after the caller went
+/// away (before the operation started) is released, and an outcome that is being recorded is
+/// recorded. Dropping the future while the operation runs leaves the record `processing` (the
+/// effect may have happened) for the lease and reconciliation. Without a spawner, dropping the
+/// future while the claim is in the store may leave a `processing` record behind, which the lease
+/// and reconciliation then settle.
+#[derive(Clone)]
+pub struct Executor {
+    store: Arc<dyn KeyStore>,
+    policy: Policy,
+    clock: Arc<dyn Clock>,
+    spawner: Option<Spawner>,
+    codec: Option<Arc<dyn OutcomeCodec>>,
+}
+
+impl fmt::Debug for Executor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Executor")
+            .field("store", &self.store)
+            .field("policy", &self.policy)
+            .field("clock", &self.clock)
+            .field("spawner", &self.spawner.is_some())
+            .field("codec", &self.codec)
+            .finish()
+    }
+}
+
+impl Executor {
+    /// An executor over `store` with the default policy and the system clock.
+    pub fn new(store: impl KeyStore) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// An executor over a shared store.
+    pub fn from_arc(store: Arc<dyn KeyStore>) -> Self {
+        Self {
+            store,
+            policy: Policy::default(),
+            clock: Arc::new(SystemClock),
+            spawner: None,
+            codec: None,
+        }
+    }
+
+    /// Uses `policy`.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Reads time from `clock`.
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Runs the claim and the completion as background tasks through `spawn`, so a dropped
+    /// caller cannot lose them (see "Cancellation"). With tokio:
+    /// `executor.with_spawner(|task| { tokio::spawn(task); })`.
+    pub fn with_spawner(mut self, spawn: impl Fn(BackgroundTask) + Send + Sync + 'static) -> Self {
+        self.spawner = Some(Arc::new(spawn));
+        self
+    }
+
+    /// Encodes every outcome with `codec` before it is stored and decodes every stored outcome
+    /// before it is replayed (encryption, redaction: see [`codec`](crate::codec)). The status,
+    /// the class, the fingerprint and the record's metadata stay clear. A stored outcome that
+    /// does not decode is [`Error::Decode`]: nothing runs and nothing is replayed.
+    pub fn with_codec(mut self, codec: impl OutcomeCodec) -> Self {
+        self.codec = Some(Arc::new(codec));
+        self
+    }
+
+    /// The codec, if one is set.
+    pub fn codec(&self) -> Option<&Arc<dyn OutcomeCodec>> {
+        self.codec.as_ref()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn KeyStore> {
+        &self.store
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Runs `operation` at most once for (scope, key) and the request `fingerprint`.
+    ///
+    /// - No live record, or a retryable failure before: claims, runs `operation`, records its
+    ///   outcome and returns [`Execution::Executed`].
+    /// - Completed before: returns [`Execution::Replayed`] with the stored outcome, without
+    ///   running `operation`.
+    /// - Otherwise an [`Error`] that says whether the operation ran.
+    pub async fn run<F, Fut>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        operation: F,
+    ) -> Result<Execution, Error>
+    where
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Outcome>,
+    {
+        let span = Self::span(scope, key, fingerprint);
+        let ran = self
+            .run_in_span(scope, key, fingerprint, operation, |o| ((), Ok(o)))
+            .instrument(span)
+            .await?;
+        Ok(match ran {
+            Ran::Executed {
+                outcome, attempt, ..
+            } => Execution::Executed { outcome, attempt },
+            Ran::Replayed(outcome) => Execution::Replayed { outcome },
+        })
+    }
+
+    /// The span of one executor call ([contract §8](crate::contract#observability)).
+    pub(crate) fn span(
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> tracing::Span {
+        tracing::info_span!(
+            "idem.call",
+            scope = %scope,
+            key = %key,
+            fingerprint = fingerprint.short(),
+            attempt = tracing::field::Empty,
+            token = tracing::field::Empty,
+        )
+    }
+
+    /// Claims, runs, records or replays; `to_answer` turns the operation's output into the value
+    /// handed back and the outcome to record.
+    pub(crate) async fn run_in_span<F, Fut, O, V>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        operation: F,
+        to_answer: impl FnOnce(O) -> (V, Result<Outcome, Unserializable>),
+    ) -> Result<Ran<V>, Error>
+    where
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = O>,
+    {
+        let (answer, guard) = self.claim(scope, key, fingerprint).await?;
+        let (token, number, kind) = match answer {
+            ClaimAnswer::Claimed {
+                token,
+                attempt,
+                kind,
+            } => (token, attempt, kind),
+            ClaimAnswer::Replay(stored) => {
+                let cx = CodecContext::new(scope, key);
+                let outcome = match decode_outcome(self.codec.as_deref(), &cx, stored) {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        tracing::error!(error = %e, "stored outcome could not be decoded; nothing ran, nothing replayed");
+                        count_claim("replayed");
+                        return Err(Error::Decode(e));
+                    }
+                };
+                transition!(
+                    INFO,
+                    "replayed",
+                    status = outcome.status(),
+                    "replaying stored outcome"
+                );
+                count_claim("replayed");
+                return Ok(Ran::Replayed(outcome));
+            }
+            ClaimAnswer::InFlight { retry_after, stale } => {
+                transition!(
+                    INFO,
+                    "in_flight",
+                    retry_after_ms = retry_after.as_millis() as u64,
+                    stale,
+                    "operation in flight"
+                );
+                count_claim("in_flight");
+                return Err(Error::InFlight { retry_after, stale });
+            }
+            ClaimAnswer::FingerprintMismatch => {
+                transition!(WARN, "mismatch", "key reused with a different request");
+                count_claim("mismatch");
+                return Err(Error::FingerprintMismatch);
+            }
+        };
+        let span = tracing::Span::current();
+        span.record("attempt", number);
+        span.record("token", token.short());
+        match kind {
+            ClaimKind::TakenOver => {
+                transition!(
+                    WARN,
+                    "taken_over",
+                    attempt = number,
+                    "stale claim taken over"
+                );
+                count_claim("taken_over");
+            }
+            ClaimKind::ExpiredReplaced => {
+                transition!(INFO, "expired_replaced", "expired record replaced");
+                count_claim("claimed");
+            }
+            ClaimKind::New | ClaimKind::Retry => {
+                transition!(INFO, "claimed", attempt = number, ?kind, "claimed");
+                count_claim("claimed");
+            }
+        }
+
+        let attempt = Attempt {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            number,
+            kind,
+            recorded: Arc::new(AtomicBool::new(false)),
+            policy: self.policy,
+            codec: self.codec.clone(),
+        };
+        let recorded = attempt.recorded.clone();
+        // From here on the operation has started: a drop leaves the record `processing`.
+        if let Some(mut guard) = guard {
+            guard.armed = false;
+        }
+        let (value, outcome) = to_answer(operation(attempt).await);
+        let recorded = recorded.load(Ordering::SeqCst);
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(failed) => {
+                // The effect happened: record "ran, answer not kept" rather than leave the record
+                // to run again (as for an outcome too large, contract §2).
+                tracing::error!(error = %failed.source, status = failed.status, "the operation's answer could not be serialised; recorded as 'ran, answer not kept'");
+                if !recorded {
+                    let kept = Outcome::not_serializable(failed.status, failed.class);
+                    if let Err(e) = self.record(scope, key, token, kept).await {
+                        tracing::error!(error = %e, "'ran, answer not kept' could not be recorded either");
+                    }
+                }
+                return Err(Error::Serialize(failed.source));
+            }
+        };
+        if recorded {
+            transition!(
+                INFO,
+                "completed",
+                status = outcome.status(),
+                "outcome recorded by the operation's own transaction"
+            );
+            count_completion("completed");
+            return Ok(Ran::Executed {
+                value,
+                outcome,
+                attempt: number,
+            });
+        }
+        let outcome = self.record(scope, key, token, outcome).await?;
+        Ok(Ran::Executed {
+            value,
+            outcome,
+            attempt: number,
+        })
+    }
+}
+
+/// What [`Executor::run_in_span`] did.
+pub(crate) enum Ran<V> {
+    /// This call ran the operation.
+    Executed {
+        value: V,
+        outcome: Outcome,
+        attempt: u32,
+    },
+    /// A stored outcome, decoded.
+    Replayed(Outcome),
+}
+
+/// An operation's answer that could not be serialised: the status and class it would have had.
+pub(crate) struct Unserializable {
+    pub(crate) status: u16,
+    pub(crate) class: OutcomeClass,
+    pub(crate) source: serde_json::Error,
+}
