@@ -272,14 +272,10 @@ impl Tickets for SqliteTickets {
         &self,
         attempt: &Attempt,
         ticket: NewTicket,
-        policy: Policy,
-        now: Timestamp,
+        _policy: Policy,
+        _now: Timestamp,
     ) -> Result<Created, StoreError> {
-        let (scope, key, token) = (
-            attempt.scope().clone(),
-            attempt.key().clone(),
-            attempt.token(),
-        );
+        let (key, attempt) = (attempt.key().clone(), attempt.clone());
         let store = self.0.clone();
         self.0
             .with_connection(move |conn| {
@@ -293,7 +289,7 @@ impl Tickets for SqliteTickets {
                 )
                 .map_err(db)?;
                 let outcome = ticket.outcome(tx.last_insert_rowid());
-                match store.complete_in(&tx, &scope, &key, token, &outcome, &policy, now)? {
+                match store.complete_in(&tx, &attempt, &outcome)? {
                     CompleteAnswer::Fenced => Ok(Created::Fenced), // dropped: rolled back
                     _ => {
                         tx.commit().map_err(db)?;
@@ -361,10 +357,10 @@ impl Tickets for PostgresTickets {
         &self,
         attempt: &Attempt,
         ticket: NewTicket,
-        policy: Policy,
-        now: Timestamp,
+        _policy: Policy,
+        _now: Timestamp,
     ) -> Result<Created, StoreError> {
-        let (scope, key, token) = (attempt.scope(), attempt.key(), attempt.token());
+        let key = attempt.key();
         let db = |e: sqlx::Error| StoreError::backend("postgres: tickets", e);
         let mut tx = self.0.pool().begin().await.map_err(db)?;
         let id: i64 = sqlx::query_scalar(
@@ -379,11 +375,7 @@ impl Tickets for PostgresTickets {
         .await
         .map_err(db)?;
         let outcome = ticket.outcome(id);
-        match self
-            .0
-            .complete_with_conn(&mut tx, scope, key, token, &outcome, &policy, now)
-            .await?
-        {
+        match self.0.complete_in(&mut tx, attempt, &outcome).await? {
             CompleteAnswer::Fenced => {
                 tx.rollback().await.map_err(db)?;
                 Ok(Created::Fenced)

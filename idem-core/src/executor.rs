@@ -115,6 +115,11 @@ impl Attempt {
         self.kind
     }
 
+    /// Now, by the executor's clock: the time a store's transactional completion writes at.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
     /// Renews the lease to `now + lease` (a heartbeat for long work); it never shortens the lease
     /// (the later deadline wins). `Ok(false)` means the claim was lost: stop, and do not start
     /// any further effect. A lease of zero whole milliseconds is refused with
@@ -155,15 +160,17 @@ impl Attempt {
     /// Tells the executor that the operation has completed the record itself, in the same
     /// committed transaction as its effect ([contract §6](crate::contract#transactional-completion), transactional completion: e.g.
     /// `SqliteStore`'s or `PostgresStore`'s completion on the caller's transaction), so the
-    /// executor must not complete it again. Call it only after that transaction committed. Clones
-    /// of the attempt share the mark.
+    /// executor must not complete it again. The stores' `complete_in(tx, &attempt, &outcome)` mark
+    /// it themselves unless fenced; a completion made any other way calls it after its transaction
+    /// committed. Clones of the attempt share the mark.
     pub fn mark_recorded(&self) {
         self.recorded.store(true, Ordering::SeqCst);
     }
 
-    /// The executor's policy: the one to pass to a store's transactional completion (e.g.
-    /// `SqliteStore::complete_in`, `PostgresStore::complete_in`), so the record completes under
-    /// the same ttl, cache policy and size limit as the executor's own completions.
+    /// The executor's policy: the one a store's transactional completion (e.g.
+    /// `SqliteStore::complete_in`, `PostgresStore::complete_in`, which take the attempt) completes
+    /// under, so the record gets the same ttl, cache policy and size limit as the executor's own
+    /// completions.
     pub fn policy(&self) -> &Policy {
         &self.policy
     }
@@ -349,6 +356,38 @@ impl Executor {
     /// The clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
+    }
+
+    /// The [`Attempt`] of a claim made on the store directly ([`KeyStore::claim`] answered
+    /// `claimed`), with this executor's store, clock, policy and codec: what a store's
+    /// transactional completion takes when the claim did not come from [`Executor::run`] (a
+    /// tool of your own, a test). `None` for any other answer.
+    pub fn attempt_for(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        claim: &ClaimAnswer,
+    ) -> Option<Attempt> {
+        let ClaimAnswer::Claimed {
+            token,
+            attempt,
+            kind,
+        } = *claim
+        else {
+            return None;
+        };
+        Some(Attempt {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            number: attempt,
+            kind,
+            recorded: Arc::new(AtomicBool::new(false)),
+            policy: self.policy,
+            codec: self.codec.clone(),
+        })
     }
 
     /// Runs `operation` at most once for (scope, key) and the request `fingerprint`.
