@@ -94,7 +94,6 @@ impl ServeOptions {
 struct AppState {
     backend: Backend,
     options: ServeOptions,
-    policy: Policy,
     /// Keys whose first unprotected request was hung (demo faults without idem).
     hung: std::sync::Mutex<std::collections::HashSet<String>>,
 }
@@ -168,7 +167,6 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
     let state = Arc::new(AppState {
         backend,
         options,
-        policy,
         hung: Default::default(),
     });
     Router::new()
@@ -187,7 +185,6 @@ pub fn router_without_idem(backend: Backend, options: ServeOptions) -> Router {
     let state = Arc::new(AppState {
         backend,
         options,
-        policy: Policy::default(),
         hung: Default::default(),
     });
     Router::new()

@@ -134,6 +134,9 @@ pub enum StoreError {
     Corrupt {
         /// What was wrong.
         message: String,
+        /// Why it does not parse, when a parser said so.
+        #[source]
+        source: Option<BoxError>,
     },
     /// The store is not set up as it must be (a schema missing, an unsafe server setting).
     #[error("store misconfigured: {message}")]
@@ -166,10 +169,19 @@ impl StoreError {
         }
     }
 
-    /// A [`StoreError::Corrupt`].
+    /// A [`StoreError::Corrupt`] without a source.
     pub fn corrupt(message: impl Into<String>) -> Self {
         Self::Corrupt {
             message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A [`StoreError::Corrupt`] keeping `source` (the parser's or the driver's error).
+    pub fn corrupt_with(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Corrupt {
+            message: message.into(),
+            source: Some(source.into()),
         }
     }
 

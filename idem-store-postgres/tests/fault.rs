@@ -193,7 +193,11 @@ async fn killed_inside_the_transaction_runs_the_effect_once() {
             .unwrap();
         assert!(killed);
         let err = store
-            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .complete_in(
+                &mut tx,
+                &common::attempt(&store, &scope, &key, token, &policy, now),
+                &outcome,
+            )
             .await
             .unwrap_err();
         assert!(err.is_unavailable(), "{err:?}");
@@ -212,7 +216,11 @@ async fn killed_inside_the_transaction_runs_the_effect_once() {
             .await
             .unwrap();
         let answer = store
-            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .complete_in(
+                &mut tx,
+                &common::attempt(&store, &scope, &key, token, &policy, now),
+                &outcome,
+            )
             .await
             .unwrap();
         assert_eq!(answer, CompleteAnswer::Completed);
@@ -297,7 +305,11 @@ async fn run_operation(
                 continue;
             }
             match store
-                .complete_with_conn(&mut tx, scope, key, token, &outcome, &policy, now)
+                .complete_in(
+                    &mut tx,
+                    &common::attempt(store, scope, key, token, &policy, now),
+                    &outcome,
+                )
                 .await
             {
                 Err(e) => unavailable(e),

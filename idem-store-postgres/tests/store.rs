@@ -130,7 +130,11 @@ async fn transactional_completion_rolls_back_with_the_effect() {
         .unwrap();
     assert_eq!(
         store
-            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .complete_in(
+                &mut tx,
+                &common::attempt(&store, &scope, &key, token, &policy, now),
+                &outcome
+            )
             .await
             .unwrap(),
         CompleteAnswer::Completed
@@ -155,7 +159,11 @@ async fn transactional_completion_rolls_back_with_the_effect() {
         .unwrap();
     assert_eq!(
         store
-            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .complete_in(
+                &mut tx,
+                &common::attempt(&store, &scope, &key, token, &policy, now),
+                &outcome
+            )
             .await
             .unwrap(),
         CompleteAnswer::Completed
@@ -179,7 +187,11 @@ async fn transactional_completion_rolls_back_with_the_effect() {
     let mut tx = store.pool().begin().await.unwrap();
     assert_eq!(
         store
-            .complete_with_conn(&mut tx, &scope, &key, token, &outcome, &policy, now)
+            .complete_in(
+                &mut tx,
+                &common::attempt(&store, &scope, &key, token, &policy, now),
+                &outcome
+            )
             .await
             .unwrap(),
         CompleteAnswer::Fenced

@@ -1,48 +1,46 @@
-//! Reading a record hash back, and the answers of the scripts.
+//! Reading a record hash back, and the answers of the scripts, through the columns of
+//! [`idem_core::record::RawRecord`]: Redis keeps every field as text, numbers in decimal.
 
 use std::collections::HashMap;
 
-use idem_core::{
-    Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Record, RecordState, Scope, StoreError,
-    Timestamp, Token,
-};
+use idem_core::record::{RawRecord, integer_from_column, integer_from_text, outcome_from_columns};
+use idem_core::{Outcome, Record, StoreError};
 
 pub(crate) type Fields = HashMap<String, Vec<u8>>;
 
-fn text<'a>(fields: &'a Fields, name: &str) -> Result<&'a str, StoreError> {
-    let bytes = fields
-        .get(name)
-        .ok_or_else(|| StoreError::corrupt(format!("redis record: field {name} is missing")))?;
-    std::str::from_utf8(bytes)
-        .map_err(|_| StoreError::corrupt(format!("redis record: field {name} is not UTF-8")))
+/// Bytes Redis returned, as text.
+pub(crate) fn utf8(what: &str, bytes: &[u8]) -> Result<String, StoreError> {
+    String::from_utf8(bytes.to_vec())
+        .map_err(|e| StoreError::corrupt_with(format!("redis: {what} is not UTF-8"), e))
 }
 
-/// Parses a decimal number written by the store.
-pub(crate) fn number<T: std::str::FromStr>(what: &str, s: &str) -> Result<T, StoreError> {
-    s.parse()
-        .map_err(|_| StoreError::corrupt(format!("redis record: {what} {s:?} is not a number")))
+fn optional_text(fields: &Fields, name: &str) -> Result<Option<String>, StoreError> {
+    fields.get(name).map(|bytes| utf8(name, bytes)).transpose()
 }
 
-fn ts(fields: &Fields, name: &str) -> Result<Timestamp, StoreError> {
-    Ok(Timestamp::from_millis(number(name, text(fields, name)?)?))
+fn text(fields: &Fields, name: &str) -> Result<String, StoreError> {
+    optional_text(fields, name)?
+        .ok_or_else(|| StoreError::corrupt(format!("redis record: field {name} is missing")))
+}
+
+fn int(fields: &Fields, name: &str) -> Result<i64, StoreError> {
+    integer_from_text(name, &text(fields, name)?)
+}
+
+/// A number from a script's answer.
+pub(crate) fn number<T: TryFrom<i64, Error = std::num::TryFromIntError>>(
+    what: &str,
+    s: &str,
+) -> Result<T, StoreError> {
+    integer_from_column(what, integer_from_text(what, s)?)
 }
 
 /// An outcome from its stored parts.
 pub(crate) fn outcome(status: &str, body: &[u8], class: &str) -> Result<Outcome, StoreError> {
-    let status: u16 = number("outcome status", status)?;
-    let class = OutcomeClass::parse(class)
-        .ok_or_else(|| StoreError::corrupt(format!("redis record: outcome class {class:?}")))?;
-    let body = String::from_utf8(body.to_vec())
-        .map_err(|_| StoreError::corrupt("redis record: outcome body is not UTF-8"))?;
-    Outcome::from_json_text(status, body, class)
-        .map_err(|e| StoreError::corrupt(format!("redis record: outcome body is not JSON: {e}")))
-}
-
-/// A token from its stored parts.
-pub(crate) fn token(seq: &str, id: &str) -> Result<Token, StoreError> {
-    let id = Token::parse_id_hex(id)
-        .ok_or_else(|| StoreError::corrupt(format!("redis record: token id {id:?}")))?;
-    Ok(Token::with_id(number("token seq", seq)?, id))
+    let status = integer_from_text("outcome_status", status)?;
+    let body = utf8("outcome_body", body)?;
+    outcome_from_columns(Some(status), Some(body), Some(class))?
+        .ok_or_else(|| StoreError::corrupt("redis: outcome missing"))
 }
 
 /// The record in `fields` (an `HGETALL` reply), or `None` for an empty reply (no such key).
@@ -50,27 +48,25 @@ pub(crate) fn record(fields: &Fields) -> Result<Option<Record>, StoreError> {
     if fields.is_empty() {
         return Ok(None);
     }
-    let state = text(fields, "st")?;
-    let state = RecordState::parse(state)
-        .ok_or_else(|| StoreError::corrupt(format!("redis record: state {state:?}")))?;
-    let outcome = match fields.get("ob") {
-        Some(body) => Some(outcome(text(fields, "os")?, body, text(fields, "oc")?)?),
-        None => None,
-    };
-    Ok(Some(Record {
-        scope: Scope::new(text(fields, "s")?)
-            .map_err(|e| StoreError::corrupt(format!("redis record: scope: {e}")))?,
-        key: IdempotencyKey::new(text(fields, "k")?)
-            .map_err(|e| StoreError::corrupt(format!("redis record: key: {e}")))?,
-        fingerprint: Fingerprint::parse(text(fields, "fp")?)
-            .map_err(|e| StoreError::corrupt(format!("redis record: fingerprint: {e}")))?,
-        state,
-        token: token(text(fields, "seq")?, text(fields, "tid")?)?,
-        attempt: number("attempt", text(fields, "att")?)?,
-        lease_until: ts(fields, "lu")?,
-        outcome,
-        created_at: ts(fields, "ca")?,
-        updated_at: ts(fields, "ua")?,
-        expires_at: ts(fields, "ea")?,
-    }))
+    let outcome_status = optional_text(fields, "os")?
+        .map(|s| integer_from_text("outcome_status", &s))
+        .transpose()?;
+    RawRecord {
+        scope: text(fields, "s")?,
+        key: text(fields, "k")?,
+        fingerprint: text(fields, "fp")?,
+        state: text(fields, "st")?,
+        token_seq: int(fields, "seq")?,
+        token_id: text(fields, "tid")?,
+        attempt: int(fields, "att")?,
+        lease_until: int(fields, "lu")?,
+        outcome_status,
+        outcome_body: optional_text(fields, "ob")?,
+        outcome_class: optional_text(fields, "oc")?,
+        created_at: int(fields, "ca")?,
+        updated_at: int(fields, "ua")?,
+        expires_at: int(fields, "ea")?,
+    }
+    .into_record()
+    .map(Some)
 }

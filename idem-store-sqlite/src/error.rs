@@ -60,17 +60,19 @@ pub(crate) fn classify(context: &str, e: rusqlite::Error) -> StoreError {
             | ErrorCode::OutOfMemory
             | ErrorCode::FileLockingProtocolFailed,
         ) => StoreError::unavailable(format!("sqlite: {context}"), e),
-        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreError::corrupt(format!(
-            "sqlite: {context}: the database file is damaged ({e})"
-        )),
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreError::corrupt_with(
+            format!("sqlite: {context}: the database file is damaged ({e})"),
+            e,
+        ),
         Some(_) => StoreError::backend(format!("sqlite: {context}"), e),
         None => match e {
             rusqlite::Error::InvalidColumnType(..)
             | rusqlite::Error::FromSqlConversionFailure(..)
             | rusqlite::Error::IntegralValueOutOfRange(..)
-            | rusqlite::Error::Utf8Error(..) => StoreError::corrupt(format!(
-                "sqlite: {context}: a stored value does not parse ({e})"
-            )),
+            | rusqlite::Error::Utf8Error(..) => StoreError::corrupt_with(
+                format!("sqlite: {context}: a stored value does not parse ({e})"),
+                e,
+            ),
             other => StoreError::backend(format!("sqlite: {context}"), other),
         },
     }

@@ -186,10 +186,7 @@ async fn complete_in_stores_the_sealed_outcome() {
                     runs.fetch_add(1, Ordering::SeqCst);
                     let answer = outcome();
                     let stored = attempt.encode(&answer).unwrap();
-                    let (a, clock_now) = (
-                        attempt.clone(),
-                        idem_core::Clock::now(&idem_core::SystemClock),
-                    );
+                    let a = attempt.clone();
                     store2
                         .clone()
                         .with_connection(move |conn| {
@@ -198,22 +195,11 @@ async fn complete_in_stores_the_sealed_outcome() {
                                 .unwrap();
                             tx.execute("INSERT INTO charges (id) VALUES ('ch_1')", [])
                                 .unwrap();
-                            store2
-                                .complete_in(
-                                    &tx,
-                                    a.scope(),
-                                    a.key(),
-                                    a.token(),
-                                    &stored,
-                                    a.policy(),
-                                    clock_now,
-                                )
-                                .unwrap();
+                            store2.complete_in(&tx, &a, &stored).unwrap();
                             tx.commit().unwrap();
                         })
                         .await
                         .unwrap();
-                    attempt.mark_recorded();
                     answer
                 },
             )

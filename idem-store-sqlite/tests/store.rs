@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimAnswer, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy,
-    RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
+    Attempt, ClaimAnswer, CompleteAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore,
+    ManualClock, Outcome, Policy, RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
 };
 use idem_store_sqlite::rusqlite::{Connection, TransactionBehavior, params};
 use idem_store_sqlite::{SCHEMA_TABLE, SqliteStore, Synchronous, TableName, TableNameError};
@@ -78,12 +78,26 @@ fn count(conn: &Connection, sql: &str) -> i64 {
     conn.query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
+/// The executor's handle on a claim made directly on the store, with `policy` and a clock at `now`.
+fn attempt_of(
+    store: &SqliteStore,
+    key: &IdempotencyKey,
+    claim: &ClaimAnswer,
+    policy: &Policy,
+    now: Timestamp,
+) -> Attempt {
+    Executor::new(store.clone())
+        .with_policy(*policy)
+        .with_clock(ManualClock::new(now))
+        .attempt_for(&scope(), key, claim)
+        .expect("claimed")
+}
+
 /// The effect and the completion in one transaction of the caller: `commit` decides both.
 fn effect_and_complete(
     store: &SqliteStore,
     conn: &mut Connection,
-    key: &IdempotencyKey,
-    token: Token,
+    attempt: &Attempt,
     commit: bool,
 ) -> CompleteAnswer {
     let tx = conn
@@ -91,12 +105,10 @@ fn effect_and_complete(
         .unwrap();
     tx.execute(
         "INSERT INTO tickets (idem_key, title) VALUES (?1, 'printer on fire')",
-        params![key.as_str()],
+        params![attempt.key().as_str()],
     )
     .unwrap();
-    let answer = store
-        .complete_in(&tx, &scope(), key, token, &ticket("T-1"), &policy(), NOW)
-        .unwrap();
+    let answer = store.complete_in(&tx, attempt, &ticket("T-1")).unwrap();
     if commit {
         tx.commit().unwrap();
     } // else dropped: rolled back
@@ -110,17 +122,17 @@ async fn transactional_completion_rolled_back_leaves_nothing_and_retry_runs_once
     effects_table(&conn);
     let k = key("wf-1:step-1:create_ticket");
 
-    let (token, attempt) = claimed(
-        store
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
-            .await
-            .unwrap(),
-    );
+    let claim = store
+        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .await
+        .unwrap();
+    let (token, attempt) = claimed(claim.clone());
     assert_eq!(attempt, 1);
     // The completion succeeds inside the transaction, then the transaction is rolled back
     // (a later step of the caller failed).
+    let first = attempt_of(store, &k, &claim, &policy(), NOW);
     assert_eq!(
-        effect_and_complete(store, &mut conn, &k, token, false),
+        effect_and_complete(store, &mut conn, &first, false),
         CompleteAnswer::Completed
     );
     assert_eq!(
@@ -134,15 +146,14 @@ async fn transactional_completion_rolled_back_leaves_nothing_and_retry_runs_once
 
     // The holder gives up; the retry claims again, and its effect and completion commit.
     store.release(&scope(), &k, token, NOW).await.unwrap();
-    let (token, attempt) = claimed(
-        store
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
-            .await
-            .unwrap(),
-    );
-    assert_eq!(attempt, 2);
+    let claim = store
+        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .await
+        .unwrap();
+    assert_eq!(claimed(claim.clone()).1, 2);
+    let second = attempt_of(store, &k, &claim, &policy(), NOW);
     assert_eq!(
-        effect_and_complete(store, &mut conn, &k, token, true),
+        effect_and_complete(store, &mut conn, &second, true),
         CompleteAnswer::Completed
     );
     // Every later call replays; the effect happened exactly once.
@@ -168,32 +179,35 @@ async fn transactional_completion_fenced_holder_rolls_back_its_effect() {
         .build()
         .unwrap();
 
-    let (old, _) = claimed(
-        store
-            .claim(&scope(), &k, &fp(), &takeover, NOW)
-            .await
-            .unwrap(),
-    );
+    let old = store
+        .claim(&scope(), &k, &fp(), &takeover, NOW)
+        .await
+        .unwrap();
     let later = NOW + Duration::from_secs(31);
-    let (new, _) = claimed(
-        store
-            .claim(&scope(), &k, &fp(), &takeover, later)
-            .await
-            .unwrap(),
+    let new = store
+        .claim(&scope(), &k, &fp(), &takeover, later)
+        .await
+        .unwrap();
+    let (old, new) = (
+        attempt_of(store, &k, &old, &policy(), NOW),
+        attempt_of(store, &k, &new, &policy(), NOW),
     );
 
     // The paused old holder wakes up: fenced inside its transaction, so it rolls back.
     assert_eq!(
-        effect_and_complete(store, &mut conn, &k, old, false),
+        effect_and_complete(store, &mut conn, &old, false),
         CompleteAnswer::Fenced
     );
     assert_eq!(
-        effect_and_complete(store, &mut conn, &k, new, true),
+        effect_and_complete(store, &mut conn, &new, true),
         CompleteAnswer::Completed
     );
     assert_eq!(count(&conn, "SELECT count(*) FROM tickets"), 1);
     let record = store.get(&scope(), &k, later).await.unwrap().unwrap();
-    assert_eq!((record.state, record.token), (RecordState::Completed, new));
+    assert_eq!(
+        (record.state, record.token),
+        (RecordState::Completed, new.token())
+    );
 }
 
 #[tokio::test]
@@ -201,15 +215,13 @@ async fn transactional_completion_on_a_pooled_connection() {
     let Db { store, .. } = &db();
     effects_table(&store.connection().unwrap());
     let k = key("wf-3:step-1:create_ticket");
-    let (token, _) = claimed(
-        store
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
-            .await
-            .unwrap(),
-    );
-    let (s, k2) = (store.clone(), k.clone());
+    let claim = store
+        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .await
+        .unwrap();
+    let (s, a) = (store.clone(), attempt_of(store, &k, &claim, &policy(), NOW));
     let answer = store
-        .with_connection(move |conn| effect_and_complete(&s, conn, &k2, token, true))
+        .with_connection(move |conn| effect_and_complete(&s, conn, &a, true))
         .await
         .unwrap();
     assert_eq!(answer, CompleteAnswer::Completed);
@@ -226,15 +238,14 @@ async fn transactional_completion_on_a_pooled_connection() {
 async fn complete_in_outside_a_transaction_is_refused() {
     let Db { store, .. } = &db();
     let k = key("wf-4:step-1:create_ticket");
-    let (token, _) = claimed(
-        store
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
-            .await
-            .unwrap(),
-    );
+    let claim = store
+        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .await
+        .unwrap();
+    let attempt = attempt_of(store, &k, &claim, &policy(), NOW);
     let conn = store.connection().unwrap();
     let err = store
-        .complete_in(&conn, &scope(), &k, token, &ticket("T"), &policy(), NOW)
+        .complete_in(&conn, &attempt, &ticket("T"))
         .unwrap_err();
     assert!(matches!(err, StoreError::Misconfigured { .. }), "{err:?}");
     let record = store.get(&scope(), &k, NOW).await.unwrap().unwrap();
@@ -246,11 +257,12 @@ async fn complete_in_refuses_an_outcome_over_the_limit() {
     let Db { store, .. } = &db();
     let small = policy().to_builder().max_outcome_bytes(8).build().unwrap();
     let k = key("wf-5:step-1:create_ticket");
-    let (token, _) = claimed(store.claim(&scope(), &k, &fp(), &small, NOW).await.unwrap());
+    let claim = store.claim(&scope(), &k, &fp(), &small, NOW).await.unwrap();
+    let attempt = attempt_of(store, &k, &claim, &small, NOW);
     let mut conn = store.connection().unwrap();
     let tx = conn.transaction().unwrap();
     let err = store
-        .complete_in(&tx, &scope(), &k, token, &ticket("T-123456"), &small, NOW)
+        .complete_in(&tx, &attempt, &ticket("T-123456"))
         .unwrap_err();
     assert!(matches!(err, StoreError::OutcomeTooLarge(_)), "{err:?}");
 }

@@ -21,7 +21,7 @@ use idemkit::http::IdempotencyLayer;
 use idemkit::http::client::{RetryPolicy, ToolClient};
 use idemkit::postgres::PostgresStore;
 use idemkit::postgres::sqlx::{self, AssertSqlSafe};
-use idemkit::{Attempt, CompleteAnswer, Executor, IdempotencyKey, Outcome, Timestamp};
+use idemkit::{Attempt, CompleteAnswer, Executor, IdempotencyKey, Outcome};
 use serde_json::{Value, json};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -115,10 +115,9 @@ async fn create_ticket(
     Json(args): Json<Value>,
 ) -> Response {
     match insert_and_complete(&app, &attempt, &args).await {
-        Ok(Some(body)) => {
-            attempt.mark_recorded(); // committed with the effect: the layer must not complete it
-            (StatusCode::CREATED, Json(body)).into_response()
-        }
+        // Committed with the effect; complete_in marked the attempt recorded, so the layer does
+        // not complete it again.
+        Ok(Some(body)) => (StatusCode::CREATED, Json(body)).into_response(),
         Ok(None) => (StatusCode::CONFLICT, "lost the claim; no ticket created").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
@@ -142,17 +141,9 @@ async fn insert_and_complete(
     let body = json!({"ticket_id": id});
     // Stored as the executor would store it (its codec, its policy), so the layer replays it.
     let outcome = attempt.encode(&Outcome::definitive(201, &body)?)?;
-    let (scope, key, token, policy) = (
-        attempt.scope(),
-        attempt.key(),
-        attempt.token(),
-        attempt.policy(),
-    );
-    let now = Timestamp::now();
-    let answer = app
-        .store
-        .complete_with_conn(&mut tx, scope, key, token, &outcome, policy, now);
-    if answer.await? == CompleteAnswer::Fenced {
+    // At the attempt's clock, under its policy; marks the attempt recorded unless fenced.
+    let answer = app.store.complete_in(&mut tx, attempt, &outcome).await?;
+    if answer == CompleteAnswer::Fenced {
         tx.rollback().await?;
         return Ok(None);
     }

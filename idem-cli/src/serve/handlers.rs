@@ -112,12 +112,7 @@ pub(super) async fn create_ticket(
         account_id: account_id.to_owned(),
         created_at: rfc3339(now),
     };
-    match app
-        .backend
-        .tickets
-        .create(&attempt, ticket, app.policy, now)
-        .await
-    {
+    match app.backend.tickets.create(&attempt, ticket).await {
         Ok(Created::Ticket { outcome, recorded }) => {
             if recorded {
                 attempt.mark_recorded();

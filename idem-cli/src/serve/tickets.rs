@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use idem_core::{
-    Attempt, Finding, KeyStore, Outcome, OutcomeClass, Policy, Probe, StoreError, Timestamp,
-};
+use idem_core::{Attempt, Finding, KeyStore, Outcome, OutcomeClass, Probe, StoreError};
 use idemkit::postgres::PostgresStore;
 use idemkit::redis::RedisStore;
 use idemkit::sqlite::SqliteStore;
@@ -90,13 +88,7 @@ pub trait Tickets: Send + Sync + 'static {
     async fn insert(&self, key: &str, ticket: &NewTicket) -> Result<i64, BoxError>;
     /// Inserts the ticket for `attempt` and, where the engine allows, completes the record in
     /// the same transaction.
-    async fn create(
-        &self,
-        attempt: &Attempt,
-        ticket: NewTicket,
-        policy: Policy,
-        now: Timestamp,
-    ) -> Result<Created, StoreError>;
+    async fn create(&self, attempt: &Attempt, ticket: NewTicket) -> Result<Created, StoreError>;
     /// Where a ticket does not commit with its record, the probe that finds it for the
     /// reconciler (records left `processing` are then reconciled, never taken over); `None`
     /// where they commit together.

@@ -11,7 +11,8 @@ use super::steps::{count_completion, timed};
 use crate::codec::{CodecContext, CodecError, OutcomeCodec, encode_outcome};
 use crate::machine::{ClaimKind, ExtendAnswer};
 use crate::{
-    Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError, Token, downstream_key,
+    Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError, Timestamp, Token,
+    downstream_key,
 };
 
 /// The claim an operation runs under, handed to the operation by [`Executor::run`].
@@ -67,6 +68,11 @@ impl Attempt {
         self.kind
     }
 
+    /// Now, by the executor's clock: the time a store's transactional completion writes at.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
     /// Renews the lease to `now + lease` (a heartbeat for long work); it never shortens the lease
     /// (the later deadline wins). `Ok(false)` means the claim was lost: stop, and do not start
     /// any further effect. A lease of zero whole milliseconds is refused with
@@ -113,9 +119,10 @@ impl Attempt {
         self.recorded.store(true, Ordering::SeqCst);
     }
 
-    /// The executor's policy: the one to pass to a store's transactional completion (e.g.
-    /// `SqliteStore::complete_in`, `PostgresStore::complete_in`), so the record completes under
-    /// the same ttl, cache policy and size limit as the executor's own completions.
+    /// The executor's policy: the one a store's transactional completion (e.g.
+    /// `SqliteStore::complete_in`, `PostgresStore::complete_in`, which take the attempt) completes
+    /// under, so the record gets the same ttl, cache policy and size limit as the executor's own
+    /// completions.
     pub fn policy(&self) -> &Policy {
         &self.policy
     }

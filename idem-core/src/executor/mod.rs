@@ -189,6 +189,38 @@ impl Executor {
         &self.clock
     }
 
+    /// The [`Attempt`] of a claim made on the store directly ([`KeyStore::claim`] answered
+    /// `claimed`), with this executor's store, clock, policy and codec: what a store's
+    /// transactional completion takes when the claim did not come from [`Executor::run`] (a
+    /// tool of your own, a test). `None` for any other answer.
+    pub fn attempt_for(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        claim: &ClaimAnswer,
+    ) -> Option<Attempt> {
+        let ClaimAnswer::Claimed {
+            token,
+            attempt,
+            kind,
+        } = *claim
+        else {
+            return None;
+        };
+        Some(Attempt {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            number: attempt,
+            kind,
+            recorded: Arc::new(AtomicBool::new(false)),
+            policy: self.policy,
+            codec: self.codec.clone(),
+        })
+    }
+
     /// Runs `operation` at most once for (scope, key) and the request `fingerprint`.
     ///
     /// - No live record, or a retryable failure before: claims, runs `operation`, records its

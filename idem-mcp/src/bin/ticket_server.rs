@@ -60,7 +60,6 @@ struct TicketServer {
     tool_router: ToolRouter<Self>,
     idem: IdempotentTools,
     store: SqliteStore,
-    policy: Policy,
     latency: Duration,
 }
 
@@ -88,10 +87,7 @@ impl TicketServer {
             ));
         };
         match self.insert_and_complete(&attempt, ticket).await {
-            Ok(Some(result)) => {
-                attempt.mark_recorded();
-                Ok(result)
-            }
+            Ok(Some(result)) => Ok(result), // complete_in marked the attempt recorded
             Ok(None) => Err(ErrorData::internal_error(
                 "this attempt lost its claim to a newer one; no ticket was created",
                 None,
@@ -115,9 +111,8 @@ impl TicketServer {
         attempt: &Attempt,
         ticket: NewTicket,
     ) -> Result<Option<CallToolResult>, StoreError> {
-        let (store, idem, policy) = (self.store.clone(), self.idem.clone(), self.policy);
+        let (store, idem) = (self.store.clone(), self.idem.clone());
         let attempt = attempt.clone();
-        let now = idem.executor().clock().now();
         self.store
             .with_connection(move |conn| {
                 let db = |e| StoreError::backend("sqlite: tickets", e);
@@ -132,15 +127,7 @@ impl TicketServer {
                 let id = format!("T-{:06}", tx.last_insert_rowid());
                 let result = CallToolResult::structured(json!({"ticket_id": id}));
                 let outcome = idem.outcome_for("create_ticket", &result);
-                let answer = store.complete_in(
-                    &tx,
-                    attempt.scope(),
-                    attempt.key(),
-                    attempt.token(),
-                    &outcome,
-                    &policy,
-                    now,
-                )?;
+                let answer = store.complete_in(&tx, &attempt, &outcome)?;
                 if answer == CompleteAnswer::Fenced {
                     return Ok(None); // dropped: rolled back
                 }
@@ -280,7 +267,6 @@ async fn main() -> Result<(), BoxError> {
         tool_router: TicketServer::tool_router(),
         idem,
         store,
-        policy,
         latency: args.latency,
     };
 

@@ -140,3 +140,26 @@ pub async fn wait_until_blocked_on_a_lock(admin: &PgPool, app: &str) {
         tokio::task::yield_now().await;
     }
 }
+
+/// The executor's handle on the claim of `token` made directly on the store, with `policy` and a
+/// clock at `now`: what `PostgresStore::complete_in` takes. (Only the token, policy and clock
+/// matter to a completion; the attempt number and kind are placeholders.)
+pub fn attempt(
+    store: &PostgresStore,
+    scope: &idem_core::Scope,
+    key: &idem_core::IdempotencyKey,
+    token: idem_core::Token,
+    policy: &idem_core::Policy,
+    now: idem_core::Timestamp,
+) -> idem_core::Attempt {
+    let claim = idem_core::ClaimAnswer::Claimed {
+        token,
+        attempt: 1,
+        kind: idem_core::ClaimKind::New,
+    };
+    idem_core::Executor::new(store.clone())
+        .with_policy(*policy)
+        .with_clock(idem_core::ManualClock::new(now))
+        .attempt_for(scope, key, &claim)
+        .expect("claimed")
+}

@@ -1,6 +1,6 @@
 //! Tickets in the PostgreSQL database, next to the records.
 
-use idem_core::{Attempt, CompleteAnswer, Policy, Probe, StoreError, Timestamp};
+use idem_core::{Attempt, CompleteAnswer, Probe, StoreError};
 use idemkit::postgres::{PostgresStore, sqlx};
 
 use super::{BoxError, CREATE_TICKETS, Created, DOUBLE_EFFECTS, INSERT_TICKET, NewTicket, Tickets};
@@ -41,23 +41,13 @@ impl Tickets for PostgresTickets {
         Ok(insert(self.0.pool(), key, ticket).await?)
     }
 
-    async fn create(
-        &self,
-        attempt: &Attempt,
-        ticket: NewTicket,
-        policy: Policy,
-        now: Timestamp,
-    ) -> Result<Created, StoreError> {
-        let (scope, key, token) = (attempt.scope(), attempt.key(), attempt.token());
+    async fn create(&self, attempt: &Attempt, ticket: NewTicket) -> Result<Created, StoreError> {
+        let key = attempt.key();
         let db = |e: sqlx::Error| StoreError::backend("postgres: tickets", e);
         let mut tx = self.0.pool().begin().await.map_err(db)?;
         let id = insert(&mut *tx, key.as_str(), &ticket).await.map_err(db)?;
         let outcome = ticket.outcome(id);
-        match self
-            .0
-            .complete_with_conn(&mut tx, scope, key, token, &outcome, &policy, now)
-            .await?
-        {
+        match self.0.complete_in(&mut tx, attempt, &outcome).await? {
             CompleteAnswer::Fenced => {
                 tx.rollback().await.map_err(db)?;
                 Ok(Created::Fenced)

@@ -1,6 +1,6 @@
 //! Tickets on a standalone Redis server, found by the reconciler's probe.
 
-use idem_core::{Attempt, Finding, Outcome, OutcomeClass, Policy, Probe, StoreError, Timestamp};
+use idem_core::{Attempt, Finding, Outcome, OutcomeClass, Probe, StoreError};
 use idemkit::redis::redis::{self, AsyncCommands, aio::ConnectionManager};
 
 use super::{BoxError, Created, NewTicket, Tickets};
@@ -52,13 +52,7 @@ impl Tickets for RedisTickets {
         Ok(id)
     }
 
-    async fn create(
-        &self,
-        attempt: &Attempt,
-        ticket: NewTicket,
-        _policy: Policy,
-        _now: Timestamp,
-    ) -> Result<Created, StoreError> {
+    async fn create(&self, attempt: &Attempt, ticket: NewTicket) -> Result<Created, StoreError> {
         let db = |e: redis::RedisError| StoreError::unavailable("redis: tickets", e);
         let mut conn = self.0.clone();
         let id: i64 = conn.incr("idem-demo:ticket-seq", 1).await.map_err(db)?;

@@ -1,6 +1,6 @@
 //! Tickets in the SQLite file, next to the records.
 
-use idem_core::{Attempt, CompleteAnswer, Policy, Probe, StoreError, Timestamp};
+use idem_core::{Attempt, CompleteAnswer, Probe, StoreError};
 use idemkit::sqlite::SqliteStore;
 use idemkit::sqlite::rusqlite::{self, TransactionBehavior};
 
@@ -50,18 +50,8 @@ impl Tickets for SqliteTickets {
             .await??)
     }
 
-    async fn create(
-        &self,
-        attempt: &Attempt,
-        ticket: NewTicket,
-        policy: Policy,
-        now: Timestamp,
-    ) -> Result<Created, StoreError> {
-        let (scope, key, token) = (
-            attempt.scope().clone(),
-            attempt.key().clone(),
-            attempt.token(),
-        );
+    async fn create(&self, attempt: &Attempt, ticket: NewTicket) -> Result<Created, StoreError> {
+        let (key, attempt) = (attempt.key().clone(), attempt.clone());
         let store = self.0.clone();
         self.0
             .with_connection(move |conn| {
@@ -71,7 +61,7 @@ impl Tickets for SqliteTickets {
                     .map_err(db)?;
                 let id = insert(&tx, key.as_str(), &ticket).map_err(db)?;
                 let outcome = ticket.outcome(id);
-                match store.complete_in(&tx, &scope, &key, token, &outcome, &policy, now)? {
+                match store.complete_in(&tx, &attempt, &outcome)? {
                     CompleteAnswer::Fenced => Ok(Created::Fenced), // dropped: rolled back
                     _ => {
                         tx.commit().map_err(db)?;

@@ -1,0 +1,141 @@
+//! The statements behind each operation: a claim's rounds, a fenced update, a completion on any
+//! executor (the pool, or the caller's transaction).
+
+use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer};
+use idem_core::{
+    IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp, Token,
+};
+use sqlx::{Postgres, Row, SqlStr};
+
+use crate::PostgresStore;
+use crate::conflict::retry_conflicts;
+use crate::row::{big, bind_record, record_from_row, ts};
+
+impl PostgresStore {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn complete_on<'e, E>(
+        &self,
+        executor: E,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, sqlx::Error>
+    where
+        E: sqlx::Executor<'e, Database = Postgres>,
+    {
+        let state = machine::completed_state(outcome, policy);
+        let updated = sqlx::query(self.sql.complete.clone())
+            .bind(scope.as_str())
+            .bind(key.as_str())
+            .bind(big(token.seq))
+            .bind(token.id_hex())
+            .bind(ts(now))
+            .bind(state.as_str())
+            .bind(i32::from(outcome.status()))
+            .bind(outcome.body())
+            .bind(outcome.class().as_str())
+            .bind(ts(now + policy.ttl()))
+            .execute(executor)
+            .await?
+            .rows_affected();
+        Ok(match (updated, state) {
+            (0, _) => CompleteAnswer::Fenced,
+            (_, RecordState::Completed) => CompleteAnswer::Completed,
+            _ => CompleteAnswer::MarkedRetryable,
+        })
+    }
+
+    pub(crate) async fn read(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<Option<Record>, sqlx::Error> {
+        let row = sqlx::query(self.sql.select_any.clone())
+            .bind(scope.as_str())
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => Some(record_from_row(&row).map_err(|e| sqlx::Error::Decode(e.into()))?),
+            None => None,
+        })
+    }
+
+    /// One round of a claim: `Ok(Some(answer))` when decided, `Ok(None)` when the record changed
+    /// under us and the round must be run again.
+    pub(crate) async fn claim_round(
+        &self,
+        req: ClaimRequest<'_>,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<Option<ClaimAnswer>, sqlx::Error> {
+        // Assume the key is new: a first execution costs this one statement, and so does a
+        // replay (it reads the existing record in the same statement, writing nothing).
+        let fresh = machine::claim(None, req, now, policy);
+        let Some(record) = &fresh.write else {
+            return Ok(Some(fresh.answer));
+        };
+        let row = bind_record(sqlx::query(self.sql.insert.clone()), record)
+            .fetch_one(&self.pool)
+            .await?;
+        if row.try_get::<i64, _>("inserted")? == 1 {
+            return Ok(Some(fresh.answer));
+        }
+        let found = if row.try_get::<Option<String>, _>("scope")?.is_some() {
+            Some(record_from_row(&row).map_err(|e| sqlx::Error::Decode(e.into()))?)
+        } else {
+            // A conflict, yet no row in the statement's snapshot: the insert waited on a
+            // concurrent inserter that committed after the snapshot was taken. A separate
+            // statement takes a new snapshot and sees the row (idem_core::contract §7).
+            self.read(req.scope, req.key).await?
+        };
+        let Some(found) = found else {
+            return Ok(None); // purged meanwhile: insert again
+        };
+        let decided = machine::claim(Some(&found), req, now, policy);
+        let Some(write) = decided.write else {
+            return Ok(Some(decided.answer)); // replay, in flight, mismatch: nothing written
+        };
+        let replaced = bind_record(sqlx::query(self.sql.replace.clone()), &write)
+            .bind(big(found.token.seq))
+            .bind(found.token.id_hex())
+            .bind(found.state.as_str())
+            .bind(ts(found.lease_until))
+            .bind(ts(found.expires_at))
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok((replaced == 1).then_some(decided.answer))
+    }
+
+    #[allow(clippy::too_many_arguments)] // the address, the token and time, and one extra value
+    pub(crate) async fn fenced_update(
+        &self,
+        op: &'static str,
+        sql: &SqlStr,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+        extra: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let updated = retry_conflicts(op, || {
+            let mut query = sqlx::query(sql.clone())
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .bind(big(token.seq))
+                .bind(token.id_hex())
+                .bind(ts(now));
+            if let Some(extra) = extra {
+                query = query.bind(extra);
+            }
+            query.execute(&self.pool)
+        })
+        .await?
+        .rows_affected();
+        Ok(updated == 1)
+    }
+}

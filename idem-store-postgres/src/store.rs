@@ -1,0 +1,207 @@
+//! [`KeyStore`] for [`PostgresStore`]: each operation is one statement (a claim, a few rounds),
+//! deciding with the rules of [`idem_core::machine`].
+
+use std::time::Duration;
+
+use idem_core::machine::{
+    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
+    Timestamp, Token, async_trait,
+};
+
+use crate::PostgresStore;
+use crate::conflict::{MAX_CLAIM_ROUNDS, claim_error, conflict_backoff, retry_conflicts};
+use crate::error::{classify, is_transient_conflict};
+use crate::row::{big, record_from_row, timestamp, ts};
+use crate::schema::{self, trusted};
+
+#[async_trait]
+impl KeyStore for PostgresStore {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
+        let req = ClaimRequest::new(scope, key, fingerprint);
+        for round in 1..=MAX_CLAIM_ROUNDS {
+            match self.claim_round(req, policy, now).await {
+                Ok(Some(answer)) => return Ok(answer),
+                Ok(None) => continue,
+                Err(e) if is_transient_conflict(&e) => conflict_backoff(round).await,
+                Err(e) => return Err(claim_error(e)),
+            }
+        }
+        tracing::warn!(%scope, %key, "claim gave up: the record kept changing");
+        Err(StoreError::Unavailable {
+            message: format!(
+                "postgres claim: the record changed {MAX_CLAIM_ROUNDS} times while claiming; try again"
+            ),
+            source: None,
+        })
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
+        machine::check_outcome_size(outcome, policy)?;
+        retry_conflicts("complete", || {
+            self.complete_on(&self.pool, scope, key, token, outcome, policy, now)
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError> {
+        let sql = &self.sql.release;
+        Ok(
+            if self
+                .fenced_update("release", sql, scope, key, token, now, None)
+                .await?
+            {
+                ReleaseAnswer::Released
+            } else {
+                ReleaseAnswer::Fenced
+            },
+        )
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError> {
+        machine::check_lease(lease)?;
+        // One fenced UPDATE that keeps the later deadline and returns the one stored; run again
+        // on a serialization failure or deadlock, as every write is.
+        let row = retry_conflicts("extend", || {
+            sqlx::query(self.sql.extend.clone())
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .bind(big(token.seq))
+                .bind(token.id_hex())
+                .bind(ts(now))
+                .bind(ts(now + lease))
+                .fetch_optional(&self.pool)
+        })
+        .await?;
+        Ok(match row {
+            Some(row) => ExtendAnswer::Extended {
+                lease_until: timestamp(&row, "lease_until")?,
+            },
+            None => ExtendAnswer::Fenced,
+        })
+    }
+
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(self.sql.get.clone())
+            .bind(scope.as_str())
+            .bind(key.as_str())
+            .bind(ts(now))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify("get", e))?;
+        row.as_ref().map(record_from_row).transpose()
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let rows = sqlx::query(self.sql.list_in_flight.clone())
+            .bind(ts(older_than))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| classify("list_in_flight", e))?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        // Only the filters that are set, so each is served by its index (state and age by
+        // `(state, updated_at)` / `(updated_at)`, scope by the primary key).
+        let mut sql = format!(
+            "SELECT {} FROM {} WHERE expires_at > $1",
+            schema::COLUMNS,
+            self.sql.qualified
+        );
+        let mut n = 1;
+        for (set, column) in [
+            (filter.state.is_some(), "state = "),
+            (filter.scope.is_some(), "scope = "),
+            (filter.updated_before.is_some(), "updated_at <= "),
+        ] {
+            if set {
+                n += 1;
+                sql.push_str(&format!(" AND {column}${n}"));
+            }
+        }
+        sql.push_str(&format!(
+            " ORDER BY updated_at, scope, key LIMIT ${}",
+            n + 1
+        ));
+        let mut query = sqlx::query(trusted(sql)).bind(ts(now));
+        if let Some(state) = filter.state {
+            query = query.bind(state.as_str());
+        }
+        if let Some(scope) = &filter.scope {
+            query = query.bind(scope.as_str());
+        }
+        if let Some(before) = filter.updated_before {
+            query = query.bind(ts(before));
+        }
+        let rows = query
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| classify("list", e))?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let deleted = sqlx::query(self.sql.purge.clone())
+            .bind(ts(now))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| classify("purge_expired", e))?
+            .rows_affected();
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+}

@@ -1,0 +1,139 @@
+//! The connections of a handle and the write lock of a database file: every operation runs on a
+//! pooled connection on tokio's blocking pool, and every write in one `IMMEDIATE` transaction.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use idem_core::machine::Transition;
+use idem_core::{IdempotencyKey, Record, Scope, StoreError};
+use rusqlite::{Connection, TransactionBehavior};
+use tokio::sync::Semaphore;
+
+use crate::builder::Config;
+use crate::error::at;
+use crate::schema::{self, TableName};
+use crate::{SqliteStore, row};
+
+pub(crate) struct Inner {
+    pub(crate) config: Config,
+    pub(crate) table: TableName,
+    pub(crate) sql: schema::Sql,
+    pub(crate) max_connections: usize,
+    pub(crate) idle: Mutex<Vec<Connection>>,
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) writer: Arc<Mutex<()>>,
+}
+
+/// The process-wide write lock of a database file. Within one process, writers queue on it
+/// (first come, first served, no timeout), so SQLite's busy handler (which polls with sleeps and
+/// gives up after the busy timeout) only arbitrates between processes.
+pub(crate) fn file_write_lock(path: PathBuf) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Weak<Mutex<()>>>>> = OnceLock::new();
+    let mut locks = LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(lock) = locks.get(&path).and_then(Weak::upgrade) {
+        return lock;
+    }
+    locks.retain(|_, weak| weak.strong_count() > 0);
+    let lock = Arc::new(Mutex::new(()));
+    locks.insert(path, Arc::downgrade(&lock));
+    lock
+}
+
+impl Inner {
+    pub(crate) fn write_lock(&self) -> MutexGuard<'_, ()> {
+        // The guarded data is `()`: a panic while holding it leaves nothing half-done.
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn take_connection(&self) -> Result<Connection, StoreError> {
+        let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match pooled {
+            Some(conn) => Ok(conn),
+            None => self.config.connect(),
+        }
+    }
+
+    pub(crate) fn give_back(&self, conn: Connection) {
+        // A connection left inside a transaction (it cannot be after our own calls, which commit
+        // or roll back) would poison the next user: drop it instead.
+        if conn.is_autocommit() {
+            self.idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(conn);
+        }
+    }
+
+    /// Runs `f` in an `IMMEDIATE` transaction (after the process-wide write lock) and commits.
+    pub(crate) fn write_tx<A>(
+        &self,
+        conn: &Connection,
+        f: impl FnOnce(&Connection) -> Result<A, StoreError>,
+    ) -> Result<A, StoreError> {
+        let _writer = self.write_lock();
+        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+            .map_err(at("begin immediate"))?;
+        let answer = f(&tx)?;
+        tx.commit().map_err(at("commit"))?;
+        Ok(answer)
+    }
+
+    /// Reads the record, applies `rule`, writes its result: the body of every write operation.
+    pub(crate) fn apply<A>(
+        &self,
+        conn: &Connection,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        rule: impl FnOnce(Option<&Record>) -> Result<Transition<A>, StoreError>,
+    ) -> Result<A, StoreError> {
+        let found = row::read(conn, &self.sql, scope, key)?;
+        let transition = rule(found.as_ref())?;
+        if let Some(record) = &transition.write {
+            row::write(conn, &self.sql, record, found.as_ref())?;
+        }
+        Ok(transition.answer)
+    }
+}
+
+impl SqliteStore {
+    /// Runs `f` on a pooled connection on tokio's blocking pool. At most `max_connections` at
+    /// once per handle; the connection goes back to the pool unless the store was unavailable.
+    pub(crate) async fn run<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&Inner, &mut Connection) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let permit = self
+            .inner
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| StoreError::backend("sqlite: connection pool closed", e))?;
+        let inner = self.inner.clone();
+        // If the caller's future is dropped, the blocking call still finishes (and commits): a
+        // claim made that way is left to its lease, as idem_core::contract §2 says of cancellation.
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let mut conn = inner.take_connection()?;
+            let result = f(&inner, &mut conn);
+            if !matches!(result, Err(StoreError::Unavailable { .. })) {
+                inner.give_back(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| {
+            if e.is_cancelled() {
+                // The runtime is shutting down: the store is not there to answer, try again.
+                StoreError::unavailable("sqlite: the blocking task was cancelled", e)
+            } else {
+                StoreError::backend("sqlite: the blocking task panicked", e)
+            }
+        })?
+    }
+}

@@ -1,0 +1,168 @@
+//! [`KeyStore`] for [`SqliteStore`]: each operation reads the record, decides with the rules of
+//! [`idem_core::machine`] and writes, in one transaction.
+
+use std::time::Duration;
+
+use idem_core::machine::{
+    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
+    Timestamp, Token, async_trait,
+};
+use rusqlite::params;
+
+use crate::error::at;
+use crate::{SqliteStore, row};
+
+#[async_trait]
+impl KeyStore for SqliteStore {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
+        let (scope, key, fingerprint, policy) =
+            (scope.clone(), key.clone(), fingerprint.clone(), *policy);
+        self.run(move |inner, conn| {
+            let req = ClaimRequest::new(&scope, &key, &fingerprint);
+            // Read-only answers (replay, in flight, mismatch) are decided from one SELECT, which
+            // sees one committed state: no write lock, so replays do not queue behind writers.
+            let found = row::read(conn, &inner.sql, &scope, &key)?;
+            let first = machine::claim(found.as_ref(), req, now, &policy);
+            if first.write.is_none() {
+                return Ok(first.answer);
+            }
+            // A claim that writes reads and decides again under the write lock.
+            inner.write_tx(conn, |tx| {
+                inner.apply(tx, &scope, &key, |found| {
+                    Ok(machine::claim(found, req, now, &policy))
+                })
+            })
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
+        machine::check_outcome_size(outcome, policy)?;
+        let (scope, key, outcome, policy) = (scope.clone(), key.clone(), outcome.clone(), *policy);
+        self.run(move |inner, conn| {
+            inner.write_tx(conn, |tx| {
+                inner.apply(tx, &scope, &key, |found| {
+                    Ok(machine::complete(found, token, &outcome, now, &policy)?)
+                })
+            })
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError> {
+        let (scope, key) = (scope.clone(), key.clone());
+        self.run(move |inner, conn| {
+            inner.write_tx(conn, |tx| {
+                inner.apply(tx, &scope, &key, |found| {
+                    Ok(machine::release(found, token, now))
+                })
+            })
+        })
+        .await
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError> {
+        // Refused before any transaction is opened.
+        machine::check_lease(lease)?;
+        let (scope, key) = (scope.clone(), key.clone());
+        self.run(move |inner, conn| {
+            inner.write_tx(conn, |tx| {
+                inner.apply(tx, &scope, &key, |found| {
+                    Ok(machine::extend(found, token, lease, now)?)
+                })
+            })
+        })
+        .await
+    }
+
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
+        let (scope, key) = (scope.clone(), key.clone());
+        self.run(move |inner, conn| {
+            Ok(row::read(conn, &inner.sql, &scope, &key)?.filter(|r| !r.is_expired(now)))
+        })
+        .await
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(move |inner, conn| {
+            row::read_all(
+                conn,
+                &inner.sql.list_in_flight,
+                params![row::ts_to_sql(older_than), limit],
+            )
+        })
+        .await
+    }
+
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let filter = filter.clone();
+        self.run(move |inner, conn| {
+            let (sql, params) = inner.sql.list(&filter, now, limit);
+            row::read_all(conn, &sql, rusqlite::params_from_iter(params))
+        })
+        .await
+    }
+
+    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(move |inner, conn| {
+            let _writer = inner.write_lock();
+            conn.prepare_cached(&inner.sql.purge)
+                .map_err(at("purge: prepare"))?
+                .execute(params![row::ts_to_sql(now), limit])
+                .map_err(at("purge"))
+        })
+        .await
+    }
+
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+}
