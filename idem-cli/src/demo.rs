@@ -1,6 +1,7 @@
 //! `idem demo`: simulated agents retrying a real tool under injected faults, effects counted at
 //! the sink.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -10,6 +11,7 @@ use idem_http::client::{ClientError, RetryPolicy, ToolClient};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
+use crate::exit::Failure;
 use crate::serve::{
     Backend, BoxError, DEMO_FAULT_HEADER, ServeOptions, TENANT_HEADER, router, router_without_idem,
 };
@@ -301,4 +303,76 @@ pub fn table(with: &DemoReport, without: Option<&DemoReport>) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `idem demo`: runs the demo on `store` (a fresh SQLite file in a temp directory, removed
+/// afterwards, when `None`) with the options `options` makes for it, prints the closing table
+/// (and the same traffic without idem when `without_idem`), and fails if any operation produced
+/// two tickets.
+pub async fn run_cli(
+    store: Option<StoreUrl>,
+    options: impl FnOnce(StoreUrl) -> DemoOptions,
+    without_idem: bool,
+) -> Result<(), Failure> {
+    let _temp;
+    let store = match store {
+        Some(store) => store,
+        None => {
+            let dir = std::env::temp_dir().join(format!("idem-demo-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(Failure::other)?;
+            _temp = RemoveOnDrop(dir.clone());
+            format!("sqlite://{}", dir.join("demo.db").display()).parse()?
+        }
+    };
+    let options = options(store);
+    println!(
+        "idem demo: {} operations, {} at a time, tool latency {} ms, store {}",
+        options.operations,
+        options.concurrency,
+        options.tool_latency.as_millis(),
+        options.store
+    );
+    println!(
+        "faults: attempt deadlines shorter than the tool, duplicate concurrent sends, a repeat after success, holders that crash mid-flight"
+    );
+    let with = run(&options, true).await.map_err(demo_failure)?;
+    let without = if without_idem {
+        eprintln!("the same traffic without idem:");
+        Some(run(&options, false).await.map_err(demo_failure)?)
+    } else {
+        None
+    };
+    println!();
+    print!("{}", table(&with, without.as_ref()));
+    if with.double_effects > 0 {
+        return Err(Failure::suite_failed(format!(
+            "{} operations produced two tickets",
+            with.double_effects
+        )));
+    }
+    if let Some(w) = without {
+        println!(
+            "\nwithout idem the same traffic produced {} duplicate tickets over {} operations.",
+            w.tickets - w.operations as i64,
+            w.double_effects
+        );
+    }
+    Ok(())
+}
+
+/// A store that cannot be opened keeps its exit code (usage or store unavailable).
+fn demo_failure(e: BoxError) -> Failure {
+    match e.downcast::<idemkit::OpenError>() {
+        Ok(e) => Failure::from(*e),
+        Err(e) => Failure::other(e),
+    }
+}
+
+/// Removes a directory when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

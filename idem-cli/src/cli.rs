@@ -1,0 +1,214 @@
+//! The command line: what `idem` accepts, as clap types. `main.rs` dispatches it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use idem_cli::exit::EXIT_CODES;
+use idem_core::{IdempotencyKey, Scope};
+
+/// The store when neither `--store` nor `IDEM_STORE` names one.
+pub(crate) const DEFAULT_STORE: &str = "sqlite://idem.db";
+
+#[derive(Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "Exactly-once side effects for retried agent tool calls",
+    after_help = EXIT_CODES
+)]
+pub(crate) struct Cli {
+    /// The store, for every command: sqlite://PATH, postgres://…, redis://…, rediss://…,
+    /// redis+cluster://HOST:PORT?node=HOST:PORT. Accepted before or after the
+    /// command. A text without a scheme is refused (write sqlite://idem.db for a file).
+    /// Default: sqlite://idem.db (demo: a fresh SQLite file in a temp directory).
+    #[arg(
+        long,
+        global = true,
+        env = "IDEM_STORE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub(crate) store: Option<String>,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Serve the reference tool `POST /tools/create_ticket` behind the idempotency layer.
+    ///
+    /// Creates or upgrades its tables on start (the records and `tickets`).
+    ///
+    /// WHO IS ASKING: without --tokens the tenant (whose records a request reads and writes) is
+    /// the X-Tenant-Id header AS SENT, UNAUTHENTICATED: anyone who reaches the server can act as
+    /// any tenant and replay its answers. Run it that way only behind an authenticating proxy
+    /// that sets X-Tenant-Id itself (and strips the client's), or on loopback. To run it
+    /// exposed, give --tokens FILE: then every tool request needs `Authorization: Bearer TOKEN`
+    /// (401 otherwise) and X-Tenant-Id is ignored.
+    #[command(after_help = EXIT_CODES)]
+    Serve {
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        addr: SocketAddr,
+        /// How long the tool works before answering, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        tool_latency_ms: u64,
+        /// Bearer tokens mapped to tenants: one `TOKEN TENANT` per line (`#` comments, blank
+        /// lines ignored; a token is 16-512 characters of A-Z a-z 0-9 - . _ ~ + / =). With it a
+        /// tool request needs `Authorization: Bearer TOKEN` (else 401) and X-Tenant-Id is
+        /// ignored; without it X-Tenant-Id is trusted as sent and must come from an
+        /// authenticating proxy.
+        #[arg(long, value_name = "FILE")]
+        tokens: Option<PathBuf>,
+        /// Serve the idem metrics in the Prometheus text format at `GET http://ADDR/metrics`,
+        /// on a listener of its own (so it can stay on an internal address while the tool is
+        /// exposed; it has no authentication).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
+    },
+    /// Simulated agents retry a real tool under injected faults; effects counted at the sink.
+    ///
+    /// Starts the reference tool server on a loopback port (a fresh SQLite file in a temp
+    /// directory unless --store or IDEM_STORE names a store) and sends every operation through
+    /// the retrying client, with per-attempt deadlines shorter than the tool, duplicate
+    /// concurrent sends, a repeat after success, and holders that crash mid-flight. Exits 6 if
+    /// any operation produced two tickets.
+    #[command(after_help = EXIT_CODES)]
+    Demo {
+        /// How many operations.
+        #[arg(long, default_value_t = 200)]
+        operations: usize,
+        /// How many operations run at once.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// How long the tool works, in milliseconds.
+        #[arg(long, default_value_t = 60)]
+        tool_latency_ms: u64,
+        /// Also run the same traffic against the same tool without idem, side by side.
+        #[arg(long)]
+        without_idem: bool,
+    },
+    /// Create or upgrade the store's schema (the only command besides `serve` that changes
+    /// it; needs a role allowed to). On Redis: load the scripts and check the settings.
+    #[command(after_help = EXIT_CODES)]
+    Migrate {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect and settle keys. `ls` and `show` only read; none of them changes the schema.
+    #[command(after_help = EXIT_CODES)]
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Delete expired records in bounded batches until none are left.
+    #[command(after_help = EXIT_CODES)]
+    Purge {
+        /// Records per batch.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure idem's first execution and replay against the bare engine operations on the same
+    /// store (insert-if-absent + update, and a read), as ratios. Creates a scratch table
+    /// `idem_bench_raw` on SQL stores.
+    #[command(after_help = EXIT_CODES)]
+    Bench {
+        /// Operations of each kind.
+        #[arg(long, default_value_t = 1000)]
+        operations: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the public conformance suite against a live store (in scopes of its own) and print
+    /// pass/fail per case as each finishes: does this PostgreSQL or Redis setup really give the
+    /// guarantees? First prints a `warning:` line for each server setting that can lose an
+    /// acknowledged claim (asynchronous replicas, synchronous_commit off, eviction, persistence
+    /// off). Exits 6 if a case fails.
+    #[command(after_help = EXIT_CODES)]
+    Conformance {
+        /// Print JSON Lines: {"type":"warning"|"case"|"summary", …}, one per line as it happens.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum KeysCommand {
+    /// List records, least recently written first; every filter is served by an index.
+    Ls {
+        /// Only records in this state: processing, completed or failed_retryable.
+        #[arg(long, value_parser = parse_state)]
+        state: Option<idem_core::RecordState>,
+        /// Only records last written at least this long ago (e.g. 10m, 2h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Option<Duration>,
+        /// Only records of this scope.
+        #[arg(long)]
+        scope: Option<Scope>,
+        /// At most this many records.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one record, its outcome body pretty-printed.
+    Show {
+        /// The scope, e.g. `public/%2Ftools%2Fcreate_ticket`.
+        scope: Scope,
+        /// The key.
+        key: IdempotencyKey,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Settle a stuck key by hand: complete it with the outcome in FILE
+    /// (`{"status": 201, "body": {...}}`). Refuses a completed record, and a running lease
+    /// unless --force. The holder is fenced: its late completion is refused.
+    Resolve {
+        /// The scope.
+        scope: Scope,
+        /// The key.
+        key: IdempotencyKey,
+        /// A JSON file `{"status": …, "body": …}`.
+        #[arg(long)]
+        outcome: PathBuf,
+        /// Settle it although its holder's lease still runs: you know the holder is dead. The
+        /// holder's token is fenced, so should it be alive after all, its completion is
+        /// refused. The record's timestamps count from the end of the overridden lease.
+        #[arg(long)]
+        force: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give a stuck key back so that the next retry runs the operation. Refuses a completed
+    /// record, and a running lease unless --force. The holder is fenced.
+    Release {
+        /// The scope.
+        scope: Scope,
+        /// The key.
+        key: IdempotencyKey,
+        /// Release it although its holder's lease still runs: you know the holder is dead. The
+        /// holder's token is fenced, so should it be alive after all, its completion is
+        /// refused. The record's timestamps count from the end of the overridden lease.
+        #[arg(long)]
+        force: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_state(s: &str) -> Result<idem_core::RecordState, String> {
+    idem_core::RecordState::parse(s).ok_or_else(|| {
+        format!("{s:?} is not a state: use processing, completed or failed_retryable")
+    })
+}
