@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use idem_cli::bench;
 use idem_cli::demo::{self, DemoOptions};
 use idem_cli::exit::{EXIT_CODES, Failure};
 use idem_cli::ops;
@@ -121,16 +122,35 @@ enum Command {
         json: bool,
     },
     /// Measure idem's first execution and replay against the bare engine operations on the same
-    /// store (insert-if-absent + update, and a read), as ratios. Creates a scratch table
-    /// `idem_bench_raw` on SQL stores.
+    /// store and pool (insert-if-absent + update, and a read; on Redis also two trivial
+    /// `EVALSHA`), interleaved: p50, p99 and mean, and their ratios. Creates a scratch table
+    /// `idem_bench_raw` on SQL stores; prefilled records are deleted at the end (on Redis they
+    /// expire within the hour).
     #[command(after_help = EXIT_CODES)]
     Bench {
-        /// Operations of each kind.
+        /// Operations of each kind in all, shared among the callers.
         #[arg(long, default_value_t = 1000)]
         operations: usize,
+        /// Concurrent callers, each with keys of its own, on the same pool.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Live records to prefill before measuring; several (comma-separated, e.g.
+        /// 10000,100000) are measured in ascending order in one run, filling incrementally.
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        records: Vec<u64>,
+        /// Measure first executions for this long (e.g. 10s) instead of `--operations`, then
+        /// replay as many.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Draw p50 and p99 against live records into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// Earlier `--json` reports (other stores or concurrencies) to draw in the same plot.
+        #[arg(long, value_name = "REPORT.json", requires = "plot")]
+        plot_with: Vec<PathBuf>,
     },
     /// Run the public conformance suite against a live store (in scopes of its own) and print
     /// pass/fail per case as each finishes: does this PostgreSQL or Redis setup really give the
@@ -301,9 +321,23 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Conformance { json } => conformance(store_or_default(), json).await,
-        Command::Bench { operations, json } => {
+        Command::Bench {
+            operations,
+            concurrency,
+            records,
+            duration,
+            json,
+            plot,
+            plot_with,
+        } => {
             let store = store_or_default();
-            let report = ops::bench(&store, operations)
+            let opts = bench::BenchOptions {
+                operations,
+                concurrency,
+                records,
+                duration,
+            };
+            let report = bench::bench(&store, &opts)
                 .await
                 .map_err(|e| e.context(format!("bench on {store}")))?;
             if json {
@@ -311,6 +345,21 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             } else {
                 println!("idem bench on {store}");
                 print!("{report}");
+            }
+            if let Some(plot) = plot {
+                let mut reports = Vec::new();
+                for path in &plot_with {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+                    let value = serde_json::from_str(&text)
+                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+                    reports.push(
+                        bench::BenchReport::from_json(&value)
+                            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?,
+                    );
+                }
+                reports.push(report);
+                bench::plot(&plot, &reports).map_err(Failure::other)?;
             }
             Ok(())
         }
