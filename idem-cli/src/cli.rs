@@ -115,16 +115,35 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Measure idem's first execution and replay against the bare engine operations on the same
-    /// store (insert-if-absent + update, and a read), as ratios. Creates a scratch table
-    /// `idem_bench_raw` on SQL stores.
+    /// store and pool (insert-if-absent + update, and a read; on Redis also two trivial
+    /// `EVALSHA`), interleaved: p50, p99 and mean, and their ratios. Creates a scratch table
+    /// `idem_bench_raw` on SQL stores; prefilled records are deleted at the end (on Redis they
+    /// expire within the hour).
     #[command(after_help = EXIT_CODES)]
     Bench {
-        /// Operations of each kind.
+        /// Operations of each kind in all, shared among the callers.
         #[arg(long, default_value_t = 1000)]
         operations: usize,
+        /// Concurrent callers, each with keys of its own, on the same pool.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Live records to prefill before measuring; several (comma-separated, e.g.
+        /// 10000,100000) are measured in ascending order in one run, filling incrementally.
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        records: Vec<u64>,
+        /// Measure first executions for this long (e.g. 10s) instead of `--operations`, then
+        /// replay as many.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Draw p50 and p99 against live records into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// Earlier `--json` reports (other stores or concurrencies) to draw in the same plot.
+        #[arg(long, value_name = "REPORT.json", requires = "plot")]
+        plot_with: Vec<PathBuf>,
     },
     /// Run the public conformance suite against a live store (in scopes of its own) and print
     /// pass/fail per case as each finishes: does this PostgreSQL or Redis setup really give the

@@ -1,5 +1,6 @@
 //! The `idem` binary's library: the reference tool server and store URLs, usable from tests.
 
+pub mod bench;
 pub mod demo;
 pub mod exit;
 pub mod ops;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use idem_cli::bench;
 use idem_cli::demo::{self, DemoOptions};
 use idem_cli::exit::Failure;
 use idem_cli::ops;
@@ -105,9 +106,23 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Conformance { json } => conformance(store_or_default(), json).await,
-        Command::Bench { operations, json } => {
+        Command::Bench {
+            operations,
+            concurrency,
+            records,
+            duration,
+            json,
+            plot,
+            plot_with,
+        } => {
             let store = store_or_default();
-            let report = ops::bench(&store, operations)
+            let opts = bench::BenchOptions {
+                operations,
+                concurrency,
+                records,
+                duration,
+            };
+            let report = bench::bench(&store, &opts)
                 .await
                 .map_err(|e| e.context(format!("bench on {store}")))?;
             if json {
@@ -115,6 +130,21 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             } else {
                 println!("idem bench on {store}");
                 print!("{report}");
+            }
+            if let Some(plot) = plot {
+                let mut reports = Vec::new();
+                for path in &plot_with {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+                    let value = serde_json::from_str(&text)
+                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+                    reports.push(
+                        bench::BenchReport::from_json(&value)
+                            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?,
+                    );
+                }
+                reports.push(report);
+                bench::plot(&plot, &reports).map_err(Failure::other)?;
             }
             Ok(())
         }

@@ -1,6 +1,9 @@
-//! idem on Redis against raw Redis on the same connection: a first execution (claim +
-//! complete) and a replay, next to a raw `SET NX PX` and a raw `EVALSHA` of a trivial script.
-//! Sequential calls on one multiplexed connection, so the numbers are round-trip latencies.
+//! idem on Redis against its peer `idempotent` 0.3 (its Valkey/Redis store) and against the
+//! floor of raw Redis, on the same server, side by side in one run: a first execution (claim +
+//! complete) and a replay, at p50, p99 and mean. The floor of a first execution is two trivial
+//! `EVALSHA` (idem's claim and complete are one script each), of a replay one `GET`. The kinds
+//! are interleaved call by call (rotating which goes first), sequential on one multiplexed
+//! connection each, so the numbers are round-trip latencies under the same conditions.
 //!
 //! ```text
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p idem-store-redis --bench redis
@@ -18,81 +21,54 @@ use idem_core::{
 };
 use idem_store_redis::RedisStore;
 use idem_store_redis::redis::{self, Script, aio::ConnectionManager};
+use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
+use idempotent::store::valkey::ValkeyStore;
+use idempotent::store::{IdempotencyStore, InsertResult};
+use idempotent::{CachedResponse, IdempotencyEntry, Metadata};
 
 fn per_call(total: Duration, n: usize) -> f64 {
     total.as_secs_f64() * 1e6 / n as f64
 }
 
+/// p50, p99 and mean of `samples`, µs.
+fn stats(samples: &mut [Duration]) -> [f64; 3] {
+    samples.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let rank = |q: f64| us(samples[((q * samples.len() as f64).ceil() as usize).max(1) - 1]);
+    let mean = samples.iter().map(|d| us(*d)).sum::<f64>() / samples.len() as f64;
+    [rank(0.50), rank(0.99), mean]
+}
+
 async fn run(url: &str, n: usize) {
     let client = redis::Client::open(url).unwrap();
-    let manager = ConnectionManager::new(client).await.unwrap();
-    let mut raw = manager.clone();
+    let manager = ConnectionManager::new(client.clone()).await.unwrap();
+    let mut raw = ConnectionManager::new(client.clone()).await.unwrap();
     let store =
         RedisStore::from_connection_manager(manager).with_gc_margin(Duration::from_secs(60));
     let run = format!("{:08x}", rand::random::<u32>());
+    let peer = ValkeyStore::with_prefix(client, Some(&format!("idem-bench-peer:{run}")))
+        .await
+        .unwrap();
     let scope = Scope::new(format!("idem-bench/{run}")).unwrap();
     let policy = Policy::builder()
         .ttl(Duration::from_secs(120))
         .lease(Duration::from_secs(30))
         .build()
         .unwrap();
-    let fp = Fingerprint::of("create_ticket", &serde_json::json!({"title": "bench"})).unwrap();
-    let outcome = Outcome::definitive(
-        201,
-        &serde_json::json!({"ticket_id": "T-1", "status": "open"}),
-    )
-    .unwrap();
+    let args = serde_json::json!({"title": "bench"});
+    let fp = Fingerprint::of("create_ticket", &args).unwrap();
+    let answer = serde_json::json!({"ticket_id": "T-1", "status": "open"});
+    let outcome = Outcome::definitive(201, &answer).unwrap();
+    let peer_fp = DefaultFingerprintStrategy.compute("create_ticket", args.to_string().as_bytes());
+    let peer_response = CachedResponse {
+        status_code: 201,
+        metadata: Metadata::default(),
+        body: answer.to_string().into_bytes().into(),
+    };
     let trivial = Script::new("return 1");
     let now = Timestamp::now();
 
-    // Warm up: connection, script cache.
-    for i in 0..200 {
-        let key = IdempotencyKey::new(format!("warm-{i}")).unwrap();
-        if let ClaimAnswer::Claimed { token, .. } =
-            store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
-        {
-            store
-                .complete(&scope, &key, token, &outcome, &policy, now)
-                .await
-                .unwrap();
-        }
-        let _: i64 = trivial
-            .key(format!("idem-bench:{run}:warm"))
-            .invoke_async(&mut raw)
-            .await
-            .unwrap();
-    }
-
-    let started = Instant::now();
-    for i in 0..n {
-        let ok: Option<String> = redis::cmd("SET")
-            .arg(format!("idem-bench:{run}:set:{i}"))
-            .arg("1")
-            .arg("NX")
-            .arg("PX")
-            .arg(60_000)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        assert!(ok.is_some());
-    }
-    let set_nx = per_call(started.elapsed(), n);
-
-    let started = Instant::now();
-    for i in 0..n {
-        let _: i64 = trivial
-            .key(format!("idem-bench:{run}:eval:{i}"))
-            .invoke_async(&mut raw)
-            .await
-            .unwrap();
-    }
-    let evalsha = per_call(started.elapsed(), n);
-
-    let keys: Vec<IdempotencyKey> = (0..n)
-        .map(|i| IdempotencyKey::new(format!("op-{i}")).unwrap())
-        .collect();
-    let started = Instant::now();
-    for key in &keys {
+    let idem_first = async |key: &IdempotencyKey| {
         let ClaimAnswer::Claimed { token, .. } =
             store.claim(&scope, key, &fp, &policy, now).await.unwrap()
         else {
@@ -102,30 +78,146 @@ async fn run(url: &str, n: usize) {
             .complete(&scope, key, token, &outcome, &policy, now)
             .await
             .unwrap();
-    }
-    let first = per_call(started.elapsed(), n);
+    };
+    let peer_first = async |key: &idempotent::IdempotencyKey| {
+        let entry = IdempotencyEntry::new(peer_fp, Duration::from_secs(120));
+        let InsertResult::Claimed { fencing_token } =
+            peer.try_insert(key, entry.clone()).await.unwrap()
+        else {
+            panic!("fresh key")
+        };
+        peer.complete(key, entry.complete(peer_response.clone()), fencing_token)
+            .await
+            .unwrap();
+    };
+    let peer_replay = async |key: &idempotent::IdempotencyKey| {
+        let entry = IdempotencyEntry::new(peer_fp, Duration::from_secs(120));
+        let InsertResult::Exists(idempotent::entry::ExistingEntry::Completed(done)) =
+            peer.try_insert(key, entry).await.unwrap()
+        else {
+            panic!("a completed key")
+        };
+        assert_eq!(done.response().status_code, 201);
+    };
+    let floor_first = async |conn: &mut ConnectionManager, key: &str| {
+        for _ in 0..2 {
+            let _: i64 = trivial.key(key).invoke_async(conn).await.unwrap();
+        }
+    };
 
-    let started = Instant::now();
-    for key in &keys {
-        let answer = store.claim(&scope, key, &fp, &policy, now).await.unwrap();
-        assert!(matches!(answer, ClaimAnswer::Replay(_)));
+    // Warm up: connections, script caches.
+    for i in 0..200 {
+        idem_first(&IdempotencyKey::new(format!("warm-{i}")).unwrap()).await;
+        peer_first(&idempotent::IdempotencyKey::new(format!("warm-{i}")).unwrap()).await;
+        floor_first(&mut raw, &format!("idem-bench:{run}:warm")).await;
     }
-    let replay = per_call(started.elapsed(), n);
 
+    let keys: Vec<IdempotencyKey> = (0..n)
+        .map(|i| IdempotencyKey::new(format!("op-{i}")).unwrap())
+        .collect();
+    let peer_keys: Vec<idempotent::IdempotencyKey> = (0..n)
+        .map(|i| idempotent::IdempotencyKey::new(format!("op-{i}")).unwrap())
+        .collect();
+    // [idem, idempotent, floor] × [first, replay]
+    let mut first: [Vec<Duration>; 3] = Default::default();
+    let mut replay: [Vec<Duration>; 3] = Default::default();
+    for i in 0..n {
+        let raw_key = format!("idem-bench:{run}:raw:{i}");
+        for turn in 0..3 {
+            let which = (i + turn) % 3;
+            let t = Instant::now();
+            match which {
+                0 => idem_first(&keys[i]).await,
+                1 => peer_first(&peer_keys[i]).await,
+                _ => floor_first(&mut raw, &raw_key).await,
+            }
+            first[which].push(t.elapsed());
+            if which == 2 {
+                // The key the floor's replay reads (not timed).
+                let _: () = redis::cmd("SET")
+                    .arg(&raw_key)
+                    .arg(answer.to_string())
+                    .arg("PX")
+                    .arg(120_000)
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    for i in 0..n {
+        for turn in 0..3 {
+            let which = (i + turn) % 3;
+            let t = Instant::now();
+            match which {
+                0 => {
+                    let answer = store
+                        .claim(&scope, &keys[i], &fp, &policy, now)
+                        .await
+                        .unwrap();
+                    assert!(matches!(answer, ClaimAnswer::Replay(_)));
+                }
+                1 => peer_replay(&peer_keys[i]).await,
+                _ => {
+                    let got: Option<String> = redis::cmd("GET")
+                        .arg(format!("idem-bench:{run}:raw:{i}"))
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
+                    assert!(got.is_some());
+                }
+            }
+            replay[which].push(t.elapsed());
+        }
+    }
+
+    let (first_mean, replay_mean) = (stats(&mut first[0])[2], stats(&mut replay[0])[2]);
     println!(
-        "redis bench: {n} sequential calls each, one multiplexed connection to {}",
+        "redis bench: {n} calls of each kind, interleaved, sequential; one multiplexed connection each to {}",
         redact(url)
     );
-    println!("  raw SET NX PX            {set_nx:8.1} µs/call");
-    println!("  raw EVALSHA (return 1)   {evalsha:8.1} µs/call");
-    println!("  idem first execution     {first:8.1} µs/call  (claim + complete: 2 round trips)");
     println!(
-        "  idem replay              {replay:8.1} µs/call  (claim answering Replay: 1 round trip)"
+        "  {:<44}{:>9}{:>9}{:>9}{:>11}{:>11}",
+        "", "p50 µs", "p99 µs", "mean µs", "p50 / idem", "p99 / idem"
     );
-    println!("  first execution / SET NX  {:5.2}x", first / set_nx);
-    println!("  first execution / EVALSHA {:5.2}x", first / evalsha);
-    println!("  replay / SET NX           {:5.2}x", replay / set_nx);
-    println!("  replay / EVALSHA          {:5.2}x", replay / evalsha);
+    for (kind, samples, names) in [
+        (
+            "first execution",
+            &mut first,
+            [
+                "idem (claim + complete)",
+                "idempotent 0.3 (try_insert + complete)",
+                "floor: 2 × EVALSHA return 1",
+            ],
+        ),
+        (
+            "replay",
+            &mut replay,
+            [
+                "idem (claim → Replay)",
+                "idempotent 0.3 (try_insert → Exists)",
+                "floor: GET",
+            ],
+        ),
+    ] {
+        println!("  {kind}");
+        let s: Vec<[f64; 3]> = samples.iter_mut().map(|v| stats(v)).collect();
+        for (name, st) in names.iter().zip(&s) {
+            println!(
+                "    {name:<42}{:>9.1}{:>9.1}{:>9.1}{:>10.2}×{:>10.2}×",
+                st[0],
+                st[1],
+                st[2],
+                st[0] / s[0][0],
+                st[1] / s[0][1]
+            );
+        }
+        println!(
+            "    idem / floor: p50 {:.2}×, p99 {:.2}×",
+            s[0][0] / s[2][0],
+            s[0][1] / s[2][1]
+        );
+    }
 
     // With `with_wait_for_replicas`: the same first executions and replays, each write confirmed
     // by the replicas (the server needs that many replicas).
@@ -164,11 +256,11 @@ async fn run(url: &str, n: usize) {
     println!("  with WAIT {replicas} (each write confirmed by {replicas} replica(s)):");
     println!(
         "  idem first execution     {first_wait:8.1} µs/call  (claim + confirm + complete + confirm: 4 round trips), {:5.2}x without",
-        first_wait / first
+        first_wait / first_mean
     );
     println!(
         "  idem replay              {replay_wait:8.1} µs/call  (no write, no WAIT), {:5.2}x without",
-        replay_wait / replay
+        replay_wait / replay_mean
     );
 }
 

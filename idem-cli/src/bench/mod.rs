@@ -1,0 +1,382 @@
+//! `idem bench`: idem's first execution and replay against the bare engine operations on the
+//! same store, at p50, p99 and mean, for one or many callers, at growing numbers of live
+//! records, as a table, JSON or an SVG plot.
+
+mod plot;
+mod raw;
+mod report;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::{
+    ClaimAnswer, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock,
+};
+use serde_json::json;
+use tokio::task::JoinSet;
+
+pub use plot::plot;
+pub use report::{BenchReport, Comparison, Point, Stats};
+
+use crate::exit::Failure;
+use crate::ops::open;
+use idemkit::StoreUrl;
+use raw::Raw;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How much to measure.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Operations of each kind in all, shared among the callers (ignored with `duration`).
+    pub operations: usize,
+    /// Concurrent callers, each with keys of its own, on the same pool.
+    pub concurrency: usize,
+    /// Live records to prefill before each measurement, ascending (`[0]`: none).
+    pub records: Vec<u64>,
+    /// Measure first executions for this long (then replay as many), instead of `operations`.
+    pub duration: Option<Duration>,
+}
+
+/// `idem bench --store URL`: for each `records` value in turn, prefills the store up to that
+/// many live records, then measures idem against the bare engine operations.
+pub async fn bench(url: &StoreUrl, opts: &BenchOptions) -> Result<BenchReport, Failure> {
+    let opened = open(url).await?;
+    let raw = Raw::open(&opened).await.map_err(Failure::store)?;
+    run(opened.store(), raw, opts).await.map_err(Failure::store)
+}
+
+/// The bench's shared inputs.
+struct Setup {
+    store: Arc<dyn KeyStore>,
+    raw: Raw,
+    run: String,
+    fp: Fingerprint,
+    policy: Policy,
+    outcome: Outcome,
+}
+
+async fn run(
+    store: Arc<dyn KeyStore>,
+    raw: Raw,
+    opts: &BenchOptions,
+) -> Result<BenchReport, BoxError> {
+    let run = format!("{:016x}", rand::random::<u64>());
+    let args = json!({"title": "bench", "priority": 2});
+    let fingerprint_us = {
+        let t = Instant::now();
+        for _ in 0..1000 {
+            std::hint::black_box(Fingerprint::of("create_ticket", &args)?);
+        }
+        t.elapsed().as_secs_f64() * 1e6 / 1000.0
+    };
+    let setup = Arc::new(Setup {
+        store,
+        raw,
+        fp: Fingerprint::of("create_ticket", &args)?,
+        policy: Policy::default(),
+        outcome: Outcome::definitive(201, &json!({"ticket_id": "T-1", "status": "open"}))?,
+        run,
+    });
+    let fill_scope = format!("idem-bench/{}/fill", setup.run);
+    let mut report = BenchReport {
+        engine: setup.raw.engine().to_owned(),
+        concurrency: opts.concurrency.max(1),
+        fingerprint_us,
+        points: Vec::new(),
+    };
+    let result = async {
+        let base_bytes = setup.raw.store_bytes().await?;
+        let mut filled = 0;
+        let mut records = opts.records.clone();
+        records.sort_unstable();
+        records.dedup();
+        for (i, &target) in records.iter().enumerate() {
+            if target > filled {
+                prefill(&setup, &fill_scope, filled, target).await?;
+                filled = target;
+            }
+            let store_bytes = setup.raw.store_bytes().await?;
+            let mut point = measure(&setup, &format!("p{i}"), opts).await?;
+            point.records = filled;
+            point.store_bytes = store_bytes;
+            point.bytes_per_record =
+                (filled > 0).then(|| store_bytes.saturating_sub(base_bytes) as f64 / filled as f64);
+            report.points.push(point);
+        }
+        Ok::<_, BoxError>(())
+    }
+    .await;
+    setup.raw.clean(&setup.run, &fill_scope).await?;
+    result.map(|()| report)
+}
+
+/// Brings the prefilled records from `from` to `to`: in one SQL statement on SQLite and
+/// PostgreSQL; through the store (claim + complete, 64 at a time on the multiplexed connection)
+/// on Redis, whose record format belongs to its scripts.
+async fn prefill(setup: &Arc<Setup>, fill_scope: &str, from: u64, to: u64) -> Result<(), BoxError> {
+    if setup
+        .raw
+        .prefill(&setup.run, fill_scope, &setup.fp, from, to)
+        .await?
+    {
+        return Ok(());
+    }
+    const WORKERS: u64 = 64;
+    let policy = Policy::builder().ttl(raw::FILL_TTL).build()?;
+    let scope = Scope::new(fill_scope)?;
+    let mut workers = JoinSet::new();
+    for w in 0..WORKERS {
+        let (setup, policy, scope) = (setup.clone(), policy, scope.clone());
+        workers.spawn(async move {
+            let mut i = from + w;
+            while i < to {
+                let key = IdempotencyKey::new(format!("f-{i}"))?;
+                let now = SystemClock.now();
+                if let ClaimAnswer::Claimed { token, .. } = setup
+                    .store
+                    .claim(&scope, &key, &setup.fp, &policy, now)
+                    .await?
+                {
+                    setup
+                        .store
+                        .complete(&scope, &key, token, &setup.outcome, &policy, now)
+                        .await?;
+                }
+                i += WORKERS;
+            }
+            Ok::<_, BoxError>(())
+        });
+    }
+    while let Some(done) = workers.join_next().await {
+        done??;
+    }
+    Ok(())
+}
+
+/// Samples of one caller.
+#[derive(Default)]
+struct Samples {
+    idem_first: Vec<Duration>,
+    claim: Vec<Duration>,
+    complete: Vec<Duration>,
+    raw_first: Vec<Duration>,
+    floor_first: Vec<Duration>,
+    idem_replay: Vec<Duration>,
+    raw_replay: Vec<Duration>,
+    read_idem_row: Vec<Duration>,
+}
+
+impl Samples {
+    fn extend(&mut self, other: Samples) {
+        self.idem_first.extend(other.idem_first);
+        self.claim.extend(other.claim);
+        self.complete.extend(other.complete);
+        self.raw_first.extend(other.raw_first);
+        self.floor_first.extend(other.floor_first);
+        self.idem_replay.extend(other.idem_replay);
+        self.raw_replay.extend(other.raw_replay);
+        self.read_idem_row.extend(other.read_idem_row);
+    }
+}
+
+/// Runs `opts.concurrency` callers at once, each interleaving idem and raw operations on keys
+/// of its own, and gathers their latencies.
+async fn measure(setup: &Arc<Setup>, tag: &str, opts: &BenchOptions) -> Result<Point, BoxError> {
+    let callers = opts.concurrency.max(1);
+    let per_caller = opts.operations.div_ceil(callers).max(1);
+    let deadline = opts.duration.map(|d| Instant::now() + d);
+    let mut tasks = JoinSet::new();
+    for c in 0..callers {
+        let setup = setup.clone();
+        let scope = Scope::new(format!("idem-bench/{}/{tag}", setup.run))?;
+        let prefix = format!("c{c}-");
+        // Operations of this caller: a share of `operations` (the first callers take one more).
+        let share = if deadline.is_some() {
+            usize::MAX
+        } else {
+            per_caller.min(opts.operations.saturating_sub(c * per_caller))
+        };
+        tasks.spawn(async move { caller(&setup, &scope, &prefix, share, deadline).await });
+    }
+    let mut all = Samples::default();
+    while let Some(done) = tasks.join_next().await {
+        all.extend(done??);
+    }
+    let optional = |v: &mut Vec<Duration>| (!v.is_empty()).then(|| Stats::of(v));
+    Ok(Point {
+        first: Comparison {
+            idem: Stats::of(&mut all.idem_first),
+            raw: Stats::of(&mut all.raw_first),
+        },
+        replay: Comparison {
+            idem: Stats::of(&mut all.idem_replay),
+            raw: Stats::of(&mut all.raw_replay),
+        },
+        first_floor: optional(&mut all.floor_first),
+        claim: Stats::of(&mut all.claim),
+        complete: Stats::of(&mut all.complete),
+        read_idem_row: optional(&mut all.read_idem_row),
+        ..Point::default()
+    })
+}
+
+/// One caller: first executions of `count` new keys (or until `deadline`), then a replay of
+/// each; idem and raw alternate which goes first, so neither always follows the other.
+async fn caller(
+    setup: &Setup,
+    scope: &Scope,
+    prefix: &str,
+    count: usize,
+    deadline: Option<Instant>,
+) -> Result<Samples, BoxError> {
+    let (store, raw) = (&setup.store, &setup.raw);
+    let mut s = Samples::default();
+    let mut keys = Vec::new();
+    let raw_key =
+        |key: &IdempotencyKey| format!("idem-bench:{}:{}:{key}", setup.run, scope.as_str());
+    let mut i = 0;
+    while i < count && deadline.is_none_or(|d| Instant::now() < d) {
+        let key = IdempotencyKey::new(format!("{prefix}{i}"))?;
+        let rk = raw_key(&key);
+        for idem_turn in [i % 2 == 0, i % 2 != 0] {
+            let t = Instant::now();
+            if idem_turn {
+                let ClaimAnswer::Claimed { token, .. } = store
+                    .claim(scope, &key, &setup.fp, &setup.policy, SystemClock.now())
+                    .await?
+                else {
+                    return Err("a fresh bench key was not claimed".into());
+                };
+                let claimed = t.elapsed();
+                store
+                    .complete(
+                        scope,
+                        &key,
+                        token,
+                        &setup.outcome,
+                        &setup.policy,
+                        SystemClock.now(),
+                    )
+                    .await?;
+                let all = t.elapsed();
+                s.idem_first.push(all);
+                s.claim.push(claimed);
+                s.complete.push(all - claimed);
+            } else {
+                raw.write(&rk).await?;
+                s.raw_first.push(t.elapsed());
+                let t = Instant::now();
+                if raw.floor_first(&rk).await?.is_some() {
+                    s.floor_first.push(t.elapsed());
+                }
+            }
+        }
+        keys.push((key, rk));
+        i += 1;
+    }
+    for (i, (key, rk)) in keys.iter().enumerate() {
+        for idem_turn in [i % 2 == 0, i % 2 != 0] {
+            let t = Instant::now();
+            if idem_turn {
+                let answer = store
+                    .claim(scope, key, &setup.fp, &setup.policy, SystemClock.now())
+                    .await?;
+                s.idem_replay.push(t.elapsed());
+                if !matches!(answer, ClaimAnswer::Replay(_)) {
+                    return Err(format!("expected a replay, got {answer:?}").into());
+                }
+            } else {
+                raw.read(rk).await?;
+                s.raw_replay.push(t.elapsed());
+                let t = Instant::now();
+                if raw
+                    .read_idem_row(scope.as_str(), key.as_str())
+                    .await?
+                    .is_some()
+                {
+                    s.read_idem_row.push(t.elapsed());
+                }
+            }
+        }
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut samples: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
+        let s = Stats::of(&mut samples);
+        assert_eq!((s.n, s.p50, s.p99, s.mean), (100, 50.0, 99.0, 50.5));
+        assert_eq!(Stats::of(&mut []), Stats::default());
+    }
+
+    /// Prefills on SQLite, measures several callers at two sizes, plots, and cleans up: the
+    /// prefilled records were there while measuring and are gone after; the measured ones stay.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_prefill_measure_plot_and_clean() {
+        let dir = std::env::temp_dir().join(format!("idem-bench-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url: StoreUrl = format!("sqlite://{}", dir.join("b.db").display())
+            .parse()
+            .unwrap();
+        idemkit::OpenOptions::new()
+            .migrate(true)
+            .open(&url)
+            .await
+            .unwrap();
+        let opts = BenchOptions {
+            operations: 10,
+            concurrency: 3,
+            records: vec![300, 0],
+            duration: None,
+        };
+        let report = bench(&url, &opts).await.unwrap();
+        assert_eq!(report.engine, "sqlite");
+        let sizes: Vec<u64> = report.points.iter().map(|p| p.records).collect();
+        assert_eq!(sizes, [0, 300], "ascending");
+        for p in &report.points {
+            assert_eq!((p.first.idem.n, p.first.raw.n), (10, 10));
+            assert_eq!((p.replay.idem.n, p.replay.raw.n), (10, 10));
+            assert!(p.first.idem.p50 > 0.0 && p.first.idem.p99 >= p.first.idem.p50);
+            assert_eq!(p.read_idem_row.map(|s| s.n), Some(10));
+            assert!(p.first_floor.is_none(), "no EVALSHA floor on SQL");
+        }
+        assert!(report.points[1].bytes_per_record.unwrap() > 50.0);
+        let json = report.to_json();
+        assert_eq!(json["operations"], 10);
+        assert_eq!(BenchReport::from_json(&json).unwrap().points.len(), 2);
+
+        let conn = rusqlite_count(&dir.join("b.db"));
+        assert_eq!(
+            conn,
+            (20, 0),
+            "20 measured records stay, the 300 prefilled are gone"
+        );
+
+        let svg = dir.join("plot.svg");
+        plot(&svg, &[report.clone(), report]).unwrap();
+        let drawn = std::fs::read_to_string(&svg).unwrap();
+        assert!(drawn.starts_with("<svg") && drawn.contains("sqlite ×3 idem p50"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// (measured records, prefilled records) in the bench file.
+    fn rusqlite_count(path: &std::path::Path) -> (i64, i64) {
+        let store = idemkit::sqlite::SqliteStore::open(path).unwrap();
+        let conn = store.connection().unwrap();
+        let count = |pattern: &str| {
+            conn.query_row(
+                "SELECT count(*) FROM idem_records WHERE scope LIKE ?1",
+                [pattern],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        (count("idem-bench/%/p%"), count("idem-bench/%/fill"))
+    }
+}

@@ -1,0 +1,99 @@
+//! `idem bench --plot FILE.svg`: p50 and p99 against live records, one panel for first
+//! executions and one for replays; idem solid, the bare engine operations dashed.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::{BenchReport, Comparison, Point};
+
+/// Draws `reports` (one store and concurrency each) into the SVG file `path`.
+pub fn plot(path: &Path, reports: &[BenchReport]) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
+    let root = SVGBackend::new(path, (1200, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let panels = root.split_evenly((1, 2));
+    type Pick = fn(&Point) -> Comparison;
+    let kinds: [(&str, Pick); 2] = [
+        ("first execution (claim + complete)", |p| p.first),
+        ("replay (claim of a completed key)", |p| p.replay),
+    ];
+    let records = |p: &Point| p.records.max(1) as f64;
+    let x_max = reports
+        .iter()
+        .flat_map(|r| r.points.iter().map(records))
+        .fold(10.0, f64::max)
+        * 2.0;
+    for (panel, (title, pick)) in panels.iter().zip(kinds) {
+        let y_max = reports
+            .iter()
+            .flat_map(|r| r.points.iter().map(pick))
+            .flat_map(|c| [c.idem.p99, c.raw.p99])
+            .filter(|v| v.is_finite())
+            .fold(1.0, f64::max)
+            * 1.1;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(56)
+            .build_cartesian_2d((0.5..x_max).log_scale(), 0.0..y_max)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("live records")
+            .y_desc("latency µs")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (i, r) in reports.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let name = format!("{} ×{}", r.engine, r.concurrency);
+            type Get = fn(&Comparison) -> f64;
+            let lines: [(&str, Get, bool, u32); 4] = [
+                ("idem p50", |c| c.idem.p50, true, 2),
+                ("idem p99", |c| c.idem.p99, true, 1),
+                ("raw p50", |c| c.raw.p50, false, 2),
+                ("raw p99", |c| c.raw.p99, false, 1),
+            ];
+            for (label, get, solid, width) in lines {
+                let data: Vec<(f64, f64)> = r
+                    .points
+                    .iter()
+                    .map(|p| (records(p), get(&pick(p))))
+                    .filter(|(_, y)| y.is_finite())
+                    .collect();
+                let style = color.stroke_width(width);
+                let legend = format!("{name} {label}");
+                if solid {
+                    chart
+                        .draw_series(LineSeries::new(data.clone(), style))
+                        .map_err(|e| err(&e))?
+                        .label(legend)
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
+                } else {
+                    chart
+                        .draw_series(DashedLineSeries::new(data.clone(), 6, 4, style))
+                        .map_err(|e| err(&e))?
+                        .label(legend)
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 6, y)], style));
+                }
+                chart
+                    .draw_series(
+                        data.iter()
+                            .map(|&(x, y)| Circle::new((x, y), 2, style.filled())),
+                    )
+                    .map_err(|e| err(&e))?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 11))
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))
+}

@@ -1,0 +1,134 @@
+//! What the HTTP layer adds to a handler: a bare axum handler against the same handler behind
+//! `IdempotencyLayer` on a `MemoryStore` (so the store's round trips cost next to nothing),
+//! in-process through the router as a tower service (no sockets). Bare calls, first executions
+//! (a new key) and replays are interleaved; p50, p99 and mean per kind, and the layer's overhead
+//! beyond the bare handler.
+//!
+//! ```text
+//! cargo bench -p idem-http --bench layer
+//! ```
+//!
+//! `IDEM_BENCH_ITERATIONS` (default 20000) sets the calls of each kind. Under `cargo test
+//! --benches` (no `--bench` argument) it runs 50 of each, as a smoke test.
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use http_body_util::BodyExt;
+use idem_core::{Executor, MemoryStore};
+use idem_http::IdempotencyLayer;
+use serde_json::{Value, json};
+use tower_service::Service;
+
+async fn create_ticket(axum::Json(args): axum::Json<Value>) -> (StatusCode, axum::Json<Value>) {
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({"ticket_id": "T-1", "title": args["title"], "status": "open"})),
+    )
+}
+
+fn request(key: Option<&str>) -> Request<Body> {
+    let mut req = Request::builder()
+        .method("POST")
+        .uri("/tools/create_ticket")
+        .header("content-type", "application/json");
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    req.body(Body::from(r#"{"title":"bench","priority":2}"#))
+        .unwrap()
+}
+
+/// One call through `app`, answered and its body read to the end.
+async fn call(app: &mut Router, req: Request<Body>) -> Duration {
+    let t = Instant::now();
+    let res = app.call(req).await.unwrap();
+    let status = res.status();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let took = t.elapsed();
+    assert_eq!(status, StatusCode::CREATED, "{body:?}");
+    took
+}
+
+struct Stats {
+    p50: f64,
+    p99: f64,
+    mean: f64,
+}
+
+fn stats(samples: &mut [Duration]) -> Stats {
+    samples.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let rank = |q: f64| us(samples[((q * samples.len() as f64).ceil() as usize).max(1) - 1]);
+    Stats {
+        p50: rank(0.50),
+        p99: rank(0.99),
+        mean: samples.iter().map(|d| us(*d)).sum::<f64>() / samples.len() as f64,
+    }
+}
+
+async fn run(n: usize) {
+    let mut bare = Router::new().route("/tools/create_ticket", post(create_ticket));
+    let executor = Executor::new(MemoryStore::new()).with_spawner(|task| {
+        tokio::spawn(task);
+    });
+    let mut layered = Router::new()
+        .route("/tools/create_ticket", post(create_ticket))
+        .route_layer(IdempotencyLayer::new(executor, |_| Ok("bench".to_owned())));
+
+    for i in 0..200 {
+        call(&mut bare, request(None)).await;
+        call(&mut layered, request(Some(&format!("warm-{i}")))).await;
+    }
+    let (mut b, mut first, mut replay) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let key = format!("op-{i}");
+        b.push(call(&mut bare, request(None)).await);
+        first.push(call(&mut layered, request(Some(&key))).await);
+        // The replay of the key before, so the record is settled (the completion ran).
+        if i > 0 {
+            replay.push(call(&mut layered, request(Some(&format!("op-{}", i - 1)))).await);
+        }
+    }
+    let (b, first, replay) = (stats(&mut b), stats(&mut first), stats(&mut replay));
+    println!(
+        "idem-http layer bench: {n} calls of each kind, in-process (tower Service::call), MemoryStore"
+    );
+    println!("  {:<28}{:>9}{:>9}{:>9}", "", "p50 µs", "p99 µs", "mean µs");
+    for (name, s) in [
+        ("bare axum handler", &b),
+        ("layer, first execution", &first),
+        ("layer, replay", &replay),
+    ] {
+        println!("  {name:<28}{:>9.1}{:>9.1}{:>9.1}", s.p50, s.p99, s.mean);
+    }
+    for (name, s) in [("first execution", &first), ("replay", &replay)] {
+        println!(
+            "  layer overhead, {name:<16} p50 +{:.1} µs ({:.2}×)  p99 +{:.1} µs ({:.2}×)",
+            s.p50 - b.p50,
+            s.p50 / b.p50,
+            s.p99 - b.p99,
+            s.p99 / b.p99
+        );
+    }
+}
+
+fn main() {
+    // `cargo test --benches` runs benches with --bench absent: keep that quick.
+    let n = if std::env::args().any(|a| a == "--bench") {
+        std::env::var("IDEM_BENCH_ITERATIONS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000)
+    } else {
+        50
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(run(n));
+}
