@@ -143,11 +143,11 @@ impl PostgresStore {
     /// fenced `UPDATE` under the attempt's policy and at its clock's now. Pass the outcome through
     /// [`Attempt::encode`] first if the executor has a codec.
     ///
-    /// Unless the answer is [`CompleteAnswer::Fenced`], the attempt is marked recorded
-    /// ([`Attempt::mark_recorded`]), so the executor does not complete the record again. The answer
-    /// describes the transaction's view: `Completed` is only durable once the caller commits. If
-    /// the transaction rolls back, the record stays `processing` with the same token, for its lease.
-    /// If the answer is `Fenced`, roll back: the effect must not happen either.
+    /// The answer describes the transaction's view: `Completed` is only durable once the caller
+    /// commits. Once it has committed, call [`Attempt::mark_recorded`], so the executor does not
+    /// complete the record again; if the transaction rolls back, the record stays `processing`
+    /// with the same token and the executor records the operation's own outcome as usual. If the
+    /// answer is [`CompleteAnswer::Fenced`], roll back: the effect must not happen either.
     ///
     /// Unlike [`KeyStore::complete`](idem_core::KeyStore::complete), this cannot run the statement
     /// again after a serialization failure or deadlock (the caller's transaction is aborted): it
@@ -164,7 +164,10 @@ impl PostgresStore {
     /// let outcome = Outcome::definitive(201, &serde_json::json!({"ticket": 1}))?;
     /// match store.complete_in(&mut tx, attempt, &attempt.encode(&outcome)?).await? {
     ///     CompleteAnswer::Fenced => tx.rollback().await?, // lost the claim: undo the effect
-    ///     _ => tx.commit().await?,
+    ///     _ => {
+    ///         tx.commit().await?;
+    ///         attempt.mark_recorded(); // the executor must not complete it again
+    ///     }
     /// }
     /// # Ok(()) }
     /// ```
@@ -181,9 +184,6 @@ impl PostgresStore {
             .complete_on(conn, scope, key, token, outcome, policy, attempt.now())
             .await
             .map_err(|e| classify("complete", e))?;
-        if answer != CompleteAnswer::Fenced {
-            attempt.mark_recorded();
-        }
         Ok(answer)
     }
 }

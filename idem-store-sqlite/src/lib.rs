@@ -125,11 +125,10 @@ impl SqliteStore {
     /// without committing: the caller's effect and the completion commit together or not at all.
     /// Pass the outcome through [`Attempt::encode`] first if the executor has a codec.
     ///
-    /// Unless the answer is [`CompleteAnswer::Fenced`], the attempt is marked recorded
-    /// ([`Attempt::mark_recorded`]): the executor will not complete the record again (if the
-    /// transaction then fails to commit, the record stays `processing` for its lease, with the
-    /// effect rolled back). If the answer is `Fenced`, nothing was written for the record: roll
-    /// the transaction back, so the effect does not happen either.
+    /// Once the transaction has committed, call [`Attempt::mark_recorded`], so the executor does
+    /// not complete the record again; if it does not commit, don't (the executor then records the
+    /// operation's own outcome as usual). If the answer is [`CompleteAnswer::Fenced`], nothing was
+    /// written for the record: roll the transaction back, so the effect does not happen either.
     ///
     /// Begin the transaction with [`TransactionBehavior::Immediate`](rusqlite::TransactionBehavior)
     /// (a deferred transaction that reads then writes can fail with `SQLITE_BUSY` whatever the busy
@@ -158,9 +157,6 @@ impl SqliteStore {
                     policy,
                 )?)
             })?;
-        if answer != CompleteAnswer::Fenced {
-            attempt.mark_recorded();
-        }
         Ok(answer)
     }
 }

@@ -197,6 +197,7 @@ async fn complete_in_stores_the_sealed_outcome() {
                                 .unwrap();
                             store2.complete_in(&tx, &a, &stored).unwrap();
                             tx.commit().unwrap();
+                            a.mark_recorded();
                         })
                         .await
                         .unwrap();

@@ -111,6 +111,7 @@ fn effect_and_complete(
     let answer = store.complete_in(&tx, attempt, &ticket("T-1")).unwrap();
     if commit {
         tx.commit().unwrap();
+        attempt.mark_recorded();
     } // else dropped: rolled back
     answer
 }

@@ -115,8 +115,7 @@ async fn create_ticket(
     Json(args): Json<Value>,
 ) -> Response {
     match insert_and_complete(&app, &attempt, &args).await {
-        // Committed with the effect; complete_in marked the attempt recorded, so the layer does
-        // not complete it again.
+        // Committed with the effect and marked recorded, so the layer does not complete it again.
         Ok(Some(body)) => (StatusCode::CREATED, Json(body)).into_response(),
         Ok(None) => (StatusCode::CONFLICT, "lost the claim; no ticket created").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
@@ -141,13 +140,14 @@ async fn insert_and_complete(
     let body = json!({"ticket_id": id});
     // Stored as the executor would store it (its codec, its policy), so the layer replays it.
     let outcome = attempt.encode(&Outcome::definitive(201, &body)?)?;
-    // At the attempt's clock, under its policy; marks the attempt recorded unless fenced.
+    // At the attempt's clock, under its policy.
     let answer = app.store.complete_in(&mut tx, attempt, &outcome).await?;
     if answer == CompleteAnswer::Fenced {
         tx.rollback().await?;
         return Ok(None);
     }
     tx.commit().await?;
+    attempt.mark_recorded(); // committed with the ticket: the executor must not complete it again
     Ok(Some(body))
 }
 

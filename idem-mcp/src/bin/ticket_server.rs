@@ -87,7 +87,10 @@ impl TicketServer {
             ));
         };
         match self.insert_and_complete(&attempt, ticket).await {
-            Ok(Some(result)) => Ok(result), // complete_in marked the attempt recorded
+            Ok(Some(result)) => {
+                attempt.mark_recorded(); // committed with the ticket: not to be completed again
+                Ok(result)
+            }
             Ok(None) => Err(ErrorData::internal_error(
                 "this attempt lost its claim to a newer one; no ticket was created",
                 None,
