@@ -106,6 +106,20 @@ impl FailoverReport {
     pub fn all_accounted_for(&self) -> bool {
         self.unlisted == 0 && self.absent == 0 && self.unsettled == 0 && self.errors.is_empty()
     }
+
+    /// Panics (printing the report) unless the run kept the guarantee: no key's tool ran twice,
+    /// every key is [accounted for](FailoverReport::all_accounted_for), and every key ended
+    /// completed, retryable or listed for reconciliation.
+    #[track_caller]
+    pub fn assert_no_claim_lost(&self) {
+        assert_eq!(self.double_effects, 0, "{self}");
+        assert!(self.all_accounted_for(), "{self}");
+        assert_eq!(
+            self.completed + self.retryable + self.for_reconciliation,
+            self.keys,
+            "{self}"
+        );
+    }
 }
 
 impl fmt::Display for FailoverReport {

@@ -143,6 +143,7 @@ use idem_core::{IdempotencyKey, KeyStore, ManualClock, Scope, Timestamp};
 
 pub mod cases;
 pub mod failover;
+pub mod kit;
 pub mod model;
 
 pub use model::{ModelConfig, ModelFailure, ModelStats, check_model, run_model};

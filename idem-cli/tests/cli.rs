@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use idem_conformance::kit::{self, TempDir};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
     Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp,
@@ -23,30 +24,18 @@ const NOT_FOUND: i32 = 4;
 const REFUSED: i32 = 5;
 const SUITE_FAILED: i32 = 6;
 
-/// A temp directory removed on drop.
-struct Dir(PathBuf);
+/// A temporary directory of the test's own, removed on drop.
+struct Dir(TempDir);
 
 impl Dir {
     fn new() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!("idem-cli-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
+        Self(kit::temp_dir("idem-cli"))
     }
 
     fn db(&self, name: &str) -> (PathBuf, String) {
-        let path = self.0.join(name);
+        let path = self.0.path().join(name);
         let url = format!("sqlite://{}", path.display());
         (path, url)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -90,6 +79,23 @@ fn key(k: &str) -> IdempotencyKey {
 
 fn fp() -> Fingerprint {
     Fingerprint::of("t", &json!({})).unwrap()
+}
+
+/// The holder of `running` was alive after all: its late completion is refused (`Fenced`).
+async fn assert_late_completion_fenced(store: &dyn KeyStore, holder: idem_core::Token) {
+    let late = Outcome::definitive(201, &json!({"ticket_id": "T-late"})).unwrap();
+    let answer = store
+        .complete(
+            &scope(),
+            &key("running"),
+            holder,
+            &late,
+            &Policy::default(),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer, CompleteAnswer::Fenced);
 }
 
 /// A migrated SQLite store holding `running` (a live holder, lease for an hour) and `done`
@@ -291,12 +297,7 @@ fn read_only_commands_never_change_the_schema() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_commands_never_change_a_postgres_schema() {
-    let Ok(base) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "IDEM_TEST_POSTGRES_URL is not set under CI"
-        );
-        eprintln!("skipped: IDEM_TEST_POSTGRES_URL is not set (scripts/test sets it)");
+    let Some(base) = kit::postgres_url() else {
         return;
     };
     use idemkit::postgres::sqlx::{self, Connection as _};
@@ -381,19 +382,7 @@ async fn force_release_overrides_a_live_lease_and_the_holder_stays_fenced() {
     assert_eq!(record.state, RecordState::FailedRetryable);
     assert_ne!(record.token, holder);
     // The holder was alive after all: its completion is refused and changes nothing.
-    let late = Outcome::definitive(201, &json!({"ticket_id": "T-late"})).unwrap();
-    let answer = store
-        .complete(
-            &scope(),
-            &key("running"),
-            holder,
-            &late,
-            &Policy::default(),
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(answer, CompleteAnswer::Fenced);
+    assert_late_completion_fenced(&*store, holder).await;
     assert_eq!(state(store).await.state, RecordState::FailedRetryable);
 }
 
@@ -402,7 +391,7 @@ async fn force_resolve_completes_a_live_claim_and_the_holder_stays_fenced() {
     let dir = Dir::new();
     let (_, url) = dir.db("resolve.db");
     let (store, holder) = migrated(&url).await;
-    let file = dir.0.join("outcome.json");
+    let file = dir.0.path().join("outcome.json");
     std::fs::write(
         &file,
         r#"{"status": 201, "body": {"ticket_id": "T-found"}}"#,
@@ -425,19 +414,7 @@ async fn force_resolve_completes_a_live_claim_and_the_holder_stays_fenced() {
     forced.push("--force");
     let out = run(&forced);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let late = Outcome::definitive(201, &json!({"ticket_id": "T-late"})).unwrap();
-    let answer = store
-        .complete(
-            &scope(),
-            &key("running"),
-            holder,
-            &late,
-            &Policy::default(),
-            Timestamp::now(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(answer, CompleteAnswer::Fenced);
+    assert_late_completion_fenced(&*store, holder).await;
     let record = store
         .get(&scope(), &key("running"), Timestamp::now())
         .await
@@ -613,7 +590,7 @@ async fn purge_reports_json_and_writes_no_carriage_return_into_a_pipe() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["deleted"], 5);
     assert_eq!(v["batches"], 3);
-    let left: i64 = Connection::open(dir.0.join("purge.db"))
+    let left: i64 = Connection::open(dir.0.path().join("purge.db"))
         .unwrap()
         .query_row("SELECT count(*) FROM idem_records", [], |r| r.get(0))
         .unwrap();

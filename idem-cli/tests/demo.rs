@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use idem_cli::demo::{self, DemoOptions};
+use idem_conformance::kit;
 use idemkit::StoreUrl;
 
 fn options(store: StoreUrl) -> DemoOptions {
@@ -37,60 +38,32 @@ async fn check(store: StoreUrl) {
     println!("{}", demo::table(&with, Some(&without)));
 }
 
-fn temp_sqlite() -> (StoreUrl, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!(
-        "idem-demo-test-{}-{:x}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    (
-        format!("sqlite://{}", dir.join("demo.db").display())
-            .parse()
-            .unwrap(),
-        dir,
-    )
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
+/// Runs `check` against `backend`'s store (a fresh SQLite file, or the server the test script
+/// provides; skipped without it outside CI).
+async fn check_on(backend: &str) {
+    if let Some((url, _dir)) = kit::store_url(backend, "demo.db") {
+        check(url.parse().unwrap()).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn demo_on_sqlite() {
-    let (store, dir) = temp_sqlite();
-    check(store).await;
-    let _ = std::fs::remove_dir_all(dir);
+    check_on("sqlite").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn demo_on_postgres() {
-    match std::env::var("IDEM_TEST_POSTGRES_URL") {
-        Ok(url) => check(url.parse().unwrap()).await,
-        Err(_) if std::env::var_os("CI").is_some() => {
-            panic!("IDEM_TEST_POSTGRES_URL is not set under CI: run scripts/test")
-        }
-        Err(_) => eprintln!("skipped: IDEM_TEST_POSTGRES_URL is not set (scripts/test sets it)"),
-    }
+    check_on("postgres").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn demo_on_redis() {
-    match std::env::var("IDEM_TEST_REDIS_URL") {
-        Ok(url) => check(url.parse().unwrap()).await,
-        Err(_) if std::env::var_os("CI").is_some() => {
-            panic!("IDEM_TEST_REDIS_URL is not set under CI: run scripts/test")
-        }
-        Err(_) => eprintln!("skipped: IDEM_TEST_REDIS_URL is not set (scripts/test sets it)"),
-    }
+    check_on("redis").await;
 }
 
 #[test]
 fn the_binary_prints_the_table_and_exits_zero() {
-    let (store, dir) = temp_sqlite();
+    let (store, dir) = kit::store_url("sqlite", "demo.db").unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
         .args([
             "demo",
@@ -101,10 +74,10 @@ fn the_binary_prints_the_table_and_exits_zero() {
             "--tool-latency-ms",
             "30",
         ])
-        .args(["--store", &store.to_string()])
+        .args(["--store", &store])
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir_all(dir);
+    drop(dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");

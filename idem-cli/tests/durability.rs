@@ -2,10 +2,11 @@
 //! claim, against servers this test starts itself with those settings (free loopback ports, temp
 //! dirs; the shared servers are never touched).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
+
+use idem_conformance::kit::{self, free_port, skip};
 
 fn idem(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -14,27 +15,20 @@ fn idem(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn temp_dir(prefix: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("{prefix}-{:016x}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Skips (after saying why) when `what` is missing; under `CI` that is a failure.
-fn skip(what: &str) {
-    let why = format!("{what}: skipping (scripts/test provides it)");
-    if std::env::var_os("CI").is_some() {
-        panic!("{why}; under CI a missing server is a failure");
-    }
-    eprintln!("{why}");
+/// `idem conformance --store url`, which must pass: the warnings it printed.
+fn conformance_warnings(url: &str) -> Vec<String> {
+    let out = idem(&["conformance", "--store", url]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("warning: "))
+        .map(str::to_owned)
+        .collect()
 }
 
 fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
@@ -95,7 +89,7 @@ fn conformance_warns_about_redis_replicas_eviction_and_no_persistence() {
     if sh("redis-server", &["--version"]).status.code() != Some(0) {
         return skip("redis-server is not installed");
     }
-    let dir = temp_dir("idem-cli-redis-durability");
+    let dir = kit::temp_dir("idem-cli-redis-durability").keep();
     let (master, replica) = (free_port(), free_port());
     let servers = Redis {
         ports: vec![replica, master],
@@ -108,21 +102,7 @@ fn conformance_warns_about_redis_replicas_eviction_and_no_persistence() {
         let out = sh("redis-cli", &["-p", &master_addr, "info", "replication"]);
         String::from_utf8_lossy(&out.stdout).contains("state=online")
     });
-    let out = idem(&[
-        "conformance",
-        "--store",
-        &format!("redis://127.0.0.1:{master}"),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let warnings: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("warning: "))
-        .collect();
+    let warnings = conformance_warnings(&format!("redis://127.0.0.1:{master}"));
     for (setting, risk) in [
         (
             "replicate asynchronously",
@@ -175,10 +155,12 @@ impl Drop for Postgres {
 
 #[test]
 fn conformance_warns_about_postgres_synchronous_commit_off_and_asynchronous_replicas() {
-    let Some(bin) = std::env::var_os("IDEM_TEST_PG_BINDIR").map(PathBuf::from) else {
-        return skip("IDEM_TEST_PG_BINDIR is not set");
+    let Some(bin) =
+        kit::env_url("IDEM_TEST_PG_BINDIR", "the PostgreSQL binaries").map(PathBuf::from)
+    else {
+        return;
     };
-    let dir = temp_dir("idem-cli-pg-durability");
+    let dir = kit::temp_dir("idem-cli-pg-durability").keep();
     let as_postgres = sh("id", &["-u"]).stdout.starts_with(b"0");
     if as_postgres {
         assert!(
@@ -250,17 +232,7 @@ fn conformance_warns_about_postgres_synchronous_commit_off_and_asynchronous_repl
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
     let migrated = idem(&["migrate", "--store", &url]);
     assert!(migrated.status.success(), "{migrated:?}");
-    let out = idem(&["conformance", "--store", &url]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let warnings: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("warning: "))
-        .collect();
+    let warnings = conformance_warnings(&url);
     for (setting, risk) in [
         ("synchronous_commit is off", "a server crash can lose it"),
         (

@@ -5,6 +5,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_conformance::kit::{self, TempDir, unique};
 use idem_core::machine::ClaimAnswer;
 use idem_core::{
     Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp,
@@ -13,18 +14,11 @@ use idemkit::OpenOptions;
 use serde_json::{Value, json};
 
 struct Fixture {
-    dir: Option<std::path::PathBuf>,
+    /// The SQLite file's directory, removed on drop.
+    _dir: Option<TempDir>,
     url: String,
     store: Arc<dyn KeyStore>,
     scope: Scope,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
 }
 
 fn idem(args: &[&str]) -> Output {
@@ -41,36 +35,11 @@ fn text(out: &Output) -> (String, String) {
     )
 }
 
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
-}
-
-/// The URL of `backend`'s store: a fresh SQLite file, or the PostgreSQL / Redis the test script
-/// provides (`None` when unset outside CI: skipped).
-fn store_url(backend: &str) -> Option<(String, Option<std::path::PathBuf>)> {
-    if backend == "sqlite" {
-        let dir = std::env::temp_dir().join(unique("idem-ops"));
-        std::fs::create_dir_all(&dir).unwrap();
-        // The fixture migrates it (operator commands never do).
-        let path = dir.join("ops.db");
-        return Some((format!("sqlite://{}", path.display()), Some(dir)));
-    }
-    let var = match backend {
-        "postgres" => "IDEM_TEST_POSTGRES_URL",
-        _ => "IDEM_TEST_REDIS_URL",
-    };
-    match std::env::var(var) {
-        Ok(url) => Some((url, None)),
-        Err(_) if std::env::var_os("CI").is_some() => panic!("{var} is not set under CI"),
-        Err(_) => {
-            eprintln!("skipped: {var} is not set (scripts/test sets it)");
-            None
-        }
-    }
+/// The URL of `backend`'s store: a fresh SQLite file (migrated by the fixture: operator commands
+/// never do), or the PostgreSQL / Redis the test script provides (`None` when unset outside CI:
+/// skipped).
+fn store_url(backend: &str) -> Option<(String, Option<TempDir>)> {
+    kit::store_url(backend, "ops.db")
 }
 
 /// Records in a scope of the test's own: `stuck-1`, `stuck-2` (processing, lease long elapsed),
@@ -130,7 +99,7 @@ async fn fixture(backend: &str) -> Option<Fixture> {
     }
     Some(Fixture {
         url,
-        dir,
+        _dir: dir,
         store,
         scope,
     })
@@ -442,14 +411,11 @@ fn bench_prints_ratios(url: &str) {
 #[test]
 fn conformance_and_bench_run_against_every_live_store() {
     for backend in ["sqlite", "postgres", "redis"] {
-        if let Some((url, dir)) = store_url(backend) {
+        if let Some((url, _dir)) = store_url(backend) {
             let migrated = idem(&["migrate", "--store", &url]);
             assert!(migrated.status.success(), "{:?}", text(&migrated));
             conformance_passes(&url);
             bench_prints_ratios(&url);
-            if let Some(dir) = dir {
-                let _ = std::fs::remove_dir_all(dir);
-            }
         }
     }
 }

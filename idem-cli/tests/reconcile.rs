@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_conformance::kit::{self, TempDir, unique};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
     Clock, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Probe,
@@ -34,38 +35,8 @@ impl Probe for Helpdesk {
     }
 }
 
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
-}
-
-async fn store(backend: &str) -> Option<(Arc<dyn KeyStore>, Option<std::path::PathBuf>)> {
-    let (url, dir) = match backend {
-        "sqlite" => {
-            let dir = std::env::temp_dir().join(unique("idem-reconcile"));
-            std::fs::create_dir_all(&dir).unwrap();
-            let path = dir.join("r.db");
-            (format!("sqlite://{}", path.display()), Some(dir))
-        }
-        _ => {
-            let var = if backend == "postgres" {
-                "IDEM_TEST_POSTGRES_URL"
-            } else {
-                "IDEM_TEST_REDIS_URL"
-            };
-            match std::env::var(var) {
-                Ok(url) => (url, None),
-                Err(_) if std::env::var_os("CI").is_some() => panic!("{var} is not set under CI"),
-                Err(_) => {
-                    eprintln!("skipped: {var} is not set");
-                    return None;
-                }
-            }
-        }
-    };
+async fn store(backend: &str) -> Option<(Arc<dyn KeyStore>, Option<TempDir>)> {
+    let (url, dir) = kit::store_url(backend, "r.db")?;
     Some((
         OpenOptions::new()
             .migrate(true)
@@ -204,11 +175,8 @@ macro_rules! on_backends {
     ($($backend:ident),*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $backend() {
-            if let Some((store, dir)) = store(stringify!($backend)).await {
+            if let Some((store, _dir)) = store(stringify!($backend)).await {
                 scenarios(store).await;
-                if let Some(dir) = dir {
-                    let _ = std::fs::remove_dir_all(dir);
-                }
             }
         }
     )*};

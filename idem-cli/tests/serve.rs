@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_cli::serve::{Backend, ServeOptions, router};
+use idem_conformance::kit::{self, TempDir, unique};
 use idem_core::ManualClock;
 use idemkit::StoreUrl;
 use serde_json::{Value, json};
@@ -19,57 +20,13 @@ struct Server {
     _dir: Option<TempDir>,
 }
 
-/// A temporary directory removed on drop.
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn unique(prefix: &str) -> String {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
-}
-
 async fn start(backend: &str, latency: Duration) -> Option<Server> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let (url, dir) = match backend {
-        "sqlite" => {
-            let dir = std::env::temp_dir().join(unique("idem-serve"));
-            std::fs::create_dir_all(&dir).unwrap();
-            (
-                format!("sqlite://{}", dir.join("idem.db").display())
-                    .parse::<StoreUrl>()
-                    .unwrap(),
-                Some(TempDir(dir)),
-            )
-        }
-        server => {
-            let var = match server {
-                "postgres" => "IDEM_TEST_POSTGRES_URL",
-                _ => "IDEM_TEST_REDIS_URL",
-            };
-            match std::env::var(var) {
-                Ok(url) => (url.parse::<StoreUrl>().unwrap(), None),
-                Err(_) if std::env::var_os("CI").is_some() => {
-                    panic!("{var} is not set under CI: run scripts/test")
-                }
-                Err(_) => {
-                    eprintln!("skipped: {var} is not set (scripts/test sets it)");
-                    return None;
-                }
-            }
-        }
-    };
+    let (url, dir) = kit::store_url(backend, "idem.db")?;
+    let url = url.parse::<StoreUrl>().unwrap();
     let backend = Backend::open(&url).await.expect("store opens");
     let clock = ManualClock::starting_now();
     let options = ServeOptions {

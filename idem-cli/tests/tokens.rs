@@ -3,41 +3,17 @@
 //! header is trusted as sent. Tickets are counted in the SQLite file.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use idem_cli::serve::Backend;
+use idem_conformance::kit;
 use serde_json::{Value, json};
 
 const ACME: &str = "tok-acme-7f3a9c1e5b";
 const GLOBEX: &str = "tok-globex-2d8b6e4f0a";
-
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
-}
-
-/// A temporary directory, removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(unique("idem-tokens"));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A running `idem serve` child process and everything it wrote to stderr.
 struct Serving {
@@ -125,9 +101,9 @@ async fn unauthenticated(resp: reqwest::Response) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_tokens_a_bearer_is_required_and_x_tenant_id_is_ignored() {
-    let dir = Dir::new();
-    let db = dir.0.join("idem.db");
-    let file = dir.0.join("tokens.txt");
+    let dir = kit::temp_dir("idem-tokens");
+    let db = dir.path().join("idem.db");
+    let file = dir.path().join("tokens.txt");
     std::fs::write(
         &file,
         format!("# token tenant\n{ACME} acme\n\n{GLOBEX}   globex\n"),
@@ -202,8 +178,8 @@ async fn with_tokens_a_bearer_is_required_and_x_tenant_id_is_ignored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_tokens_the_header_is_trusted_and_the_server_says_so() {
-    let dir = Dir::new();
-    let db = dir.0.join("idem.db");
+    let dir = kit::temp_dir("idem-tokens");
+    let db = dir.path().join("idem.db");
     let s = Serving::start(&db, &[]);
     let resp = s.post("k-h", &[("x-tenant-id", "acme")]).await;
     assert_eq!(resp.status(), 201);
@@ -225,12 +201,12 @@ async fn without_tokens_the_header_is_trusted_and_the_server_says_so() {
 
 #[test]
 fn a_bad_tokens_file_is_refused_without_echoing_a_token() {
-    let dir = Dir::new();
-    let file = dir.0.join("tokens.txt");
+    let dir = kit::temp_dir("idem-tokens");
+    let file = dir.path().join("tokens.txt");
     std::fs::write(&file, format!("{ACME} acme\n{ACME} again\n")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["serve", "--addr", "127.0.0.1:0", "--store"])
-        .arg(format!("sqlite://{}", dir.0.join("idem.db").display()))
+        .arg(format!("sqlite://{}", dir.path().join("idem.db").display()))
         .args(["--tokens", file.to_str().unwrap()])
         .output()
         .unwrap();

@@ -2,143 +2,23 @@
 //! heartbeats. Store-independent behaviour is in the conformance suite.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_conformance::kit::{Fault, FaultStore, Op};
+use idem_core::machine::CompleteAnswer;
 use idem_core::{
     Error, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, RecordState, Scope, StoreError, Timestamp, Token, async_trait,
+    Policy, Record, RecordState, Scope, StoreError, Timestamp,
 };
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
-/// A MemoryStore whose claim and complete can be held at a gate or made to fail, and which
-/// counts calls.
-#[derive(Debug, Default)]
-struct Knobs {
-    claim_gate: Option<Semaphore>,
-    complete_gate: Option<Semaphore>,
-    fail_claim: AtomicBool,
-    fail_complete: AtomicBool,
-    releases: AtomicUsize,
-    completes: AtomicUsize,
-    called: Notify,
-}
-
-#[derive(Debug, Clone)]
-struct TestStore {
-    inner: MemoryStore,
-    knobs: Arc<Knobs>,
-}
-
-fn down() -> StoreError {
-    StoreError::unavailable(
-        "test: store is down",
-        std::io::Error::other("connection refused"),
-    )
-}
-
-#[async_trait]
-impl KeyStore for TestStore {
-    async fn claim(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        policy: &Policy,
-        now: Timestamp,
-    ) -> Result<ClaimAnswer, StoreError> {
-        if let Some(gate) = &self.knobs.claim_gate {
-            gate.acquire().await.unwrap().forget();
-        }
-        if self.knobs.fail_claim.load(Ordering::SeqCst) {
-            return Err(down());
-        }
-        self.inner.claim(scope, key, fingerprint, policy, now).await
-    }
-
-    async fn complete(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        outcome: &Outcome,
-        policy: &Policy,
-        now: Timestamp,
-    ) -> Result<CompleteAnswer, StoreError> {
-        if let Some(gate) = &self.knobs.complete_gate {
-            gate.acquire().await.unwrap().forget();
-        }
-        if self.knobs.fail_complete.load(Ordering::SeqCst) {
-            return Err(down());
-        }
-        let answer = self
-            .inner
-            .complete(scope, key, token, outcome, policy, now)
-            .await;
-        self.knobs.completes.fetch_add(1, Ordering::SeqCst);
-        self.knobs.called.notify_one();
-        answer
-    }
-
-    async fn release(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        now: Timestamp,
-    ) -> Result<ReleaseAnswer, StoreError> {
-        let answer = self.inner.release(scope, key, token, now).await;
-        self.knobs.releases.fetch_add(1, Ordering::SeqCst);
-        self.knobs.called.notify_one();
-        answer
-    }
-
-    async fn extend(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        lease: Duration,
-        now: Timestamp,
-    ) -> Result<ExtendAnswer, StoreError> {
-        self.inner.extend(scope, key, token, lease, now).await
-    }
-
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        self.inner.get(scope, key, now).await
-    }
-
-    async fn list_in_flight(
-        &self,
-        older_than: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        self.inner.list_in_flight(older_than, limit).await
-    }
-
-    async fn list(
-        &self,
-        filter: &idem_core::ListFilter,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        self.inner.list(filter, now, limit).await
-    }
-
-    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
-        self.inner.purge_expired(now, limit).await
-    }
-}
-
 struct Setup {
-    store: TestStore,
+    /// Counts the calls that reached the MemoryStore; faults and gates are programmed on it.
+    store: FaultStore<MemoryStore>,
+    /// Notified after every `release` and `complete` that reached the MemoryStore.
+    called: Arc<Notify>,
     clock: ManualClock,
     executor: Executor,
     scope: Scope,
@@ -147,11 +27,16 @@ struct Setup {
     effects: Arc<AtomicUsize>,
 }
 
-fn setup(knobs: Knobs, policy: Policy) -> Setup {
-    let store = TestStore {
-        inner: MemoryStore::new(),
-        knobs: Arc::new(knobs),
-    };
+fn setup(policy: Policy) -> Setup {
+    let store = FaultStore::new(MemoryStore::new());
+    let called = Arc::new(Notify::new());
+    for op in [Op::Release, Op::Complete] {
+        let called = called.clone();
+        store.after(op, move |_| {
+            called.notify_one();
+            std::future::ready(())
+        });
+    }
     let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
     let executor = Executor::new(store.clone())
         .with_policy(policy)
@@ -161,6 +46,7 @@ fn setup(knobs: Knobs, policy: Policy) -> Setup {
         });
     Setup {
         store,
+        called,
         clock,
         executor,
         scope: Scope::new("tenant/tool").unwrap(),
@@ -180,6 +66,20 @@ impl Setup {
             .get(&self.scope, &self.key, idem_core::Clock::now(&self.clock))
             .await
             .unwrap()
+    }
+
+    /// From now on every `op` waits at the returned gate (closed) for a permit of its own.
+    fn gate(&self, op: Op) -> Arc<Semaphore> {
+        let gate = Arc::new(Semaphore::new(0));
+        let waits = gate.clone();
+        self.store.before(op, move |_| {
+            let waits = waits.clone();
+            async move {
+                waits.acquire().await.unwrap().forget();
+                Ok(())
+            }
+        });
+        gate
     }
 
     /// Runs the call in a task whose operation counts an effect and then waits on `hold`.
@@ -210,24 +110,19 @@ impl Setup {
 
 #[tokio::test]
 async fn caller_dropped_before_the_operation_started_releases_the_claim() {
-    let s = setup(
-        Knobs {
-            claim_gate: Some(Semaphore::new(0)),
-            ..Knobs::default()
-        },
-        Policy::default(),
-    );
+    let s = setup(Policy::default());
+    let gate = s.gate(Op::Claim);
     let call = s.spawn_call(None);
     tokio::task::yield_now().await;
     // The caller goes away while its claim is still in the store.
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
     // The store now answers: the claim is won, but nobody is there to run the operation.
-    s.store.knobs.claim_gate.as_ref().unwrap().add_permits(1);
-    tokio::time::timeout(Duration::from_secs(10), s.store.knobs.called.notified())
+    gate.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(10), s.called.notified())
         .await
         .expect("the abandoned claim is released");
-    assert_eq!(s.store.knobs.releases.load(Ordering::SeqCst), 1);
+    assert_eq!(s.store.calls(Op::Release), 1);
     assert_eq!(
         s.effects.load(Ordering::SeqCst),
         0,
@@ -240,14 +135,14 @@ async fn caller_dropped_before_the_operation_started_releases_the_claim() {
         "released, so a retry may run it"
     );
     // And the retry does run it, once.
-    s.store.knobs.claim_gate.as_ref().unwrap().add_permits(1);
+    gate.add_permits(1);
     assert!(!s.spawn_call(None).await.unwrap().unwrap().is_replay());
     assert_eq!(s.effects.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
 async fn caller_dropped_while_the_operation_runs_leaves_it_processing() {
-    let s = setup(Knobs::default(), Policy::default());
+    let s = setup(Policy::default());
     let hold = Arc::new(Semaphore::new(0));
     let call = s.spawn_call(Some(hold.clone()));
     while s.effects.load(Ordering::SeqCst) == 0 {
@@ -259,7 +154,7 @@ async fn caller_dropped_while_the_operation_runs_leaves_it_processing() {
         tokio::task::yield_now().await;
     }
     assert_eq!(
-        s.store.knobs.releases.load(Ordering::SeqCst),
+        s.store.calls(Op::Release),
         0,
         "never guess it did not happen"
     );
@@ -276,13 +171,8 @@ async fn caller_dropped_while_the_operation_runs_leaves_it_processing() {
 
 #[tokio::test]
 async fn caller_dropped_while_recording_still_records_the_outcome() {
-    let s = setup(
-        Knobs {
-            complete_gate: Some(Semaphore::new(0)),
-            ..Knobs::default()
-        },
-        Policy::default(),
-    );
+    let s = setup(Policy::default());
+    let gate = s.gate(Op::Complete);
     let call = s.spawn_call(None);
     while s.effects.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
@@ -290,21 +180,21 @@ async fn caller_dropped_while_recording_still_records_the_outcome() {
     tokio::task::yield_now().await;
     call.abort();
     let _ = call.await;
-    s.store.knobs.complete_gate.as_ref().unwrap().add_permits(1);
-    tokio::time::timeout(Duration::from_secs(10), s.store.knobs.called.notified())
+    gate.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(10), s.called.notified())
         .await
         .expect("the completion runs to the end");
     let r = s.record().await.unwrap();
     assert_eq!((r.state, r.outcome), (RecordState::Completed, Some(ok())));
-    s.store.knobs.complete_gate.as_ref().unwrap().add_permits(1);
+    gate.add_permits(1);
     assert!(s.spawn_call(None).await.unwrap().unwrap().is_replay());
     assert_eq!(s.effects.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
 async fn store_down_at_claim_runs_nothing() {
-    let s = setup(Knobs::default(), Policy::default());
-    s.store.knobs.fail_claim.store(true, Ordering::SeqCst);
+    let s = setup(Policy::default());
+    s.store.fail_next(Op::Claim, usize::MAX, Fault::Unavailable);
     let err = s.spawn_call(None).await.unwrap().unwrap_err();
     match &err {
         Error::Store(e) => assert!(e.is_unavailable()),
@@ -321,8 +211,9 @@ async fn store_down_at_claim_runs_nothing() {
 
 #[tokio::test]
 async fn store_down_at_completion_reports_the_outcome_and_leaves_processing() {
-    let s = setup(Knobs::default(), Policy::default());
-    s.store.knobs.fail_complete.store(true, Ordering::SeqCst);
+    let s = setup(Policy::default());
+    s.store
+        .fail_next(Op::Complete, usize::MAX, Fault::Unavailable);
     let err = s.spawn_call(None).await.unwrap().unwrap_err();
     match &err {
         Error::NotRecorded { outcome, source } => {
@@ -334,7 +225,7 @@ async fn store_down_at_completion_reports_the_outcome_and_leaves_processing() {
     assert!(err.operation_ran());
     assert_eq!(s.record().await.unwrap().state, RecordState::Processing);
     // The store is back; the retry is in flight, not a second effect.
-    s.store.knobs.fail_complete.store(false, Ordering::SeqCst);
+    s.store.heal();
     assert!(matches!(
         s.spawn_call(None).await.unwrap(),
         Err(Error::InFlight { .. })
@@ -349,7 +240,7 @@ async fn store_down_at_completion_reports_the_outcome_and_leaves_processing() {
 #[tokio::test]
 async fn oversized_outcome_completes_as_not_kept_and_retries_get_that_final_answer() {
     let policy = Policy::builder().max_outcome_bytes(8).build().unwrap();
-    let s = setup(Knobs::default(), policy);
+    let s = setup(policy);
     let err = s.spawn_call(None).await.unwrap().unwrap_err();
     let Error::OutcomeTooLarge {
         outcome,
@@ -389,7 +280,7 @@ async fn oversized_outcome_completes_as_not_kept_and_retries_get_that_final_answ
 #[tokio::test]
 async fn oversized_retryable_outcome_is_marked_retryable_not_stuck() {
     let policy = Policy::builder().max_outcome_bytes(8).build().unwrap();
-    let s = setup(Knobs::default(), policy);
+    let s = setup(policy);
     let failing = Outcome::retryable(503, &json!({"error": "upstream down"})).unwrap();
     let run = |o: Outcome| {
         let effects = s.effects.clone();
@@ -413,7 +304,7 @@ async fn oversized_retryable_outcome_is_marked_retryable_not_stuck() {
 
 #[tokio::test]
 async fn a_zero_heartbeat_is_refused_before_the_store_is_called() {
-    let s = setup(Knobs::default(), Policy::default());
+    let s = setup(Policy::default());
     let result = s
         .executor
         .run(&s.scope, &s.key, &s.fp, |attempt| async move {
@@ -437,7 +328,7 @@ async fn heartbeat_extends_and_reports_a_lost_claim() {
         .stale(idem_core::StalePolicy::Takeover)
         .build()
         .unwrap();
-    let s = setup(Knobs::default(), policy);
+    let s = setup(policy);
     let clock = s.clock.clone();
     let executor2 = s.executor.clone();
     let (scope, key, fp) = (s.scope.clone(), s.key.clone(), s.fp.clone());
@@ -477,7 +368,7 @@ async fn heartbeat_extends_and_reports_a_lost_claim() {
 
 #[tokio::test]
 async fn an_operation_that_recorded_its_own_outcome_is_not_completed_twice() {
-    let s = setup(Knobs::default(), Policy::default());
+    let s = setup(Policy::default());
     let store = s.store.clone();
     let clock = s.clock.clone();
     let execution = s
@@ -504,7 +395,7 @@ async fn an_operation_that_recorded_its_own_outcome_is_not_completed_twice() {
         .unwrap();
     assert!(!execution.is_replay());
     assert_eq!(
-        s.store.knobs.completes.load(Ordering::SeqCst),
+        s.store.calls(Op::Complete),
         1,
         "completed once, by the operation"
     );

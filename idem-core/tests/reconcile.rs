@@ -62,6 +62,15 @@ fn world() -> World {
 }
 
 impl World {
+    /// The record of `key` now (it must exist).
+    async fn record(&self, key: &IdempotencyKey) -> Record {
+        self.store
+            .get(&self.scope, key, self.clock.now())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
     fn reconciler(&self) -> Reconciler<Helpdesk> {
         Reconciler::new(
             Arc::new(self.store.clone()),
@@ -117,12 +126,7 @@ async fn an_effect_that_happened_is_completed_and_replays() {
     w.clock.advance(Duration::from_secs(31));
     let report = w.reconciler().run_once().await.unwrap();
     assert_eq!((report.examined, report.completed), (1, 1));
-    let r = w
-        .store
-        .get(&w.scope, &key, w.clock.now())
-        .await
-        .unwrap()
-        .unwrap();
+    let r = w.record(&key).await;
     assert_eq!(r.state, RecordState::Completed);
     // The retry replays the reconciled answer; no second ticket.
     let again = w
@@ -153,15 +157,7 @@ async fn an_effect_that_did_not_happen_is_released_and_runs_once_on_retry() {
     w.clock.advance(Duration::from_secs(31));
     let report = w.reconciler().run_once().await.unwrap();
     assert_eq!((report.examined, report.released), (1, 1));
-    assert_eq!(
-        w.store
-            .get(&w.scope, &key, w.clock.now())
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        RecordState::FailedRetryable
-    );
+    assert_eq!(w.record(&key).await.state, RecordState::FailedRetryable);
     let helpdesk = w.helpdesk.clone();
     let (scope, k2) = (w.scope.clone(), key.clone());
     let run = w
@@ -189,12 +185,7 @@ async fn unknown_is_left_and_reported_with_the_original_holder_fenced() {
     let report = w.reconciler().run_once().await.unwrap();
     assert_eq!(report.unknown.len(), 1);
     assert_eq!(report.unknown[0].key, key);
-    let r = w
-        .store
-        .get(&w.scope, &key, w.clock.now())
-        .await
-        .unwrap()
-        .unwrap();
+    let r = w.record(&key).await;
     assert_eq!(r.state, RecordState::Processing, "left processing");
     assert_ne!(r.token, old, "taken over: the original holder is fenced");
     // A retry meanwhile is in flight, not a second effect.

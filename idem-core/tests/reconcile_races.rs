@@ -1,156 +1,20 @@
 //! The reconciler honours how its takeover claim was won (a record released, retried, expired or
 //! purged meanwhile is skipped, unprobed, and not left `processing`), and one record's failure
-//! does not stop the pass. A store wrapper changes the record at the worst moment: right after
-//! the reconciler lists it, or right after it reads it back.
+//! does not stop the pass. A `FaultStore` hook changes the record at the worst moment: right
+//! after the reconciler lists it, or right after it reads it back.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_conformance::kit::{FaultStore, Op};
+use idem_core::machine::{ClaimAnswer, ReleaseAnswer};
 use idem_core::{
-    Clock, Executor, Finding, Fingerprint, IdempotencyKey, KeyStore, ListFilter, ManualClock,
-    MemoryStore, Outcome, Policy, Probe, Reconciler, Record, RecordState, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Clock, Executor, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
+    Outcome, Policy, Probe, Reconciler, Record, RecordState, Scope, StoreError, Timestamp, Token,
+    async_trait,
 };
 use serde_json::json;
-
-/// What the wrapper does to the record, and when.
-#[derive(Debug, Clone, Copy)]
-enum Meddle {
-    /// The holder releases its claim right after `list_in_flight`.
-    ReleaseAfterList(Token),
-    /// The holder releases its claim right after the reconciler's `get`.
-    ReleaseAfterGet(Token),
-    /// Everything expired by then is purged right after the reconciler's `get`.
-    PurgeAfterGet(Timestamp),
-}
-
-#[derive(Debug, Default)]
-struct Meddler {
-    inner: MemoryStore,
-    meddle: Mutex<Option<Meddle>>,
-    /// `complete` of this key fails as if the store were down.
-    fail_complete: Mutex<Option<IdempotencyKey>>,
-}
-
-impl Meddler {
-    async fn meddle(&self, scope: &Scope, key: &IdempotencyKey, after_get: bool) {
-        let action = *self.meddle.lock().unwrap();
-        match action {
-            Some(Meddle::ReleaseAfterList(token)) if !after_get => {
-                self.release_at(scope, key, token).await;
-            }
-            Some(Meddle::ReleaseAfterGet(token)) if after_get => {
-                self.release_at(scope, key, token).await;
-            }
-            Some(Meddle::PurgeAfterGet(at)) if after_get => {
-                assert!(self.inner.purge_expired(at, 100).await.unwrap() > 0);
-            }
-            _ => return,
-        }
-        *self.meddle.lock().unwrap() = None;
-    }
-
-    async fn release_at(&self, scope: &Scope, key: &IdempotencyKey, token: Token) {
-        let record = self
-            .inner
-            .get(scope, key, Timestamp::from_millis(0))
-            .await
-            .unwrap()
-            .unwrap();
-        let answer = self
-            .inner
-            .release(scope, key, token, record.lease_until)
-            .await
-            .unwrap();
-        assert_eq!(answer, ReleaseAnswer::Released);
-    }
-}
-
-#[async_trait]
-impl KeyStore for Meddler {
-    async fn claim(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        policy: &Policy,
-        now: Timestamp,
-    ) -> Result<ClaimAnswer, StoreError> {
-        self.inner.claim(scope, key, fingerprint, policy, now).await
-    }
-    async fn complete(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        outcome: &Outcome,
-        policy: &Policy,
-        now: Timestamp,
-    ) -> Result<CompleteAnswer, StoreError> {
-        if self.fail_complete.lock().unwrap().as_ref() == Some(key) {
-            return Err(StoreError::unavailable(
-                "test: store down",
-                std::io::Error::other("refused"),
-            ));
-        }
-        self.inner
-            .complete(scope, key, token, outcome, policy, now)
-            .await
-    }
-    async fn release(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        now: Timestamp,
-    ) -> Result<ReleaseAnswer, StoreError> {
-        self.inner.release(scope, key, token, now).await
-    }
-    async fn extend(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        lease: Duration,
-        now: Timestamp,
-    ) -> Result<ExtendAnswer, StoreError> {
-        self.inner.extend(scope, key, token, lease, now).await
-    }
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        let found = self.inner.get(scope, key, now).await;
-        self.meddle(scope, key, true).await;
-        found
-    }
-    async fn list_in_flight(
-        &self,
-        older_than: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        let listed = self.inner.list_in_flight(older_than, limit).await?;
-        for r in &listed {
-            self.meddle(&r.scope, &r.key, false).await;
-        }
-        Ok(listed)
-    }
-    async fn list(
-        &self,
-        filter: &ListFilter,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        self.inner.list(filter, now, limit).await
-    }
-    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
-        self.inner.purge_expired(now, limit).await
-    }
-}
 
 /// A probe that counts its calls and answers per key: `happened-big` with an outcome over the
 /// limit, `happened-*` with a small one, anything else not found.
@@ -174,7 +38,7 @@ impl Probe for CountingProbe {
 }
 
 struct World {
-    store: Arc<Meddler>,
+    store: Arc<FaultStore<MemoryStore>>,
     clock: ManualClock,
     policy: Policy,
     probe: CountingProbe,
@@ -184,7 +48,7 @@ struct World {
 
 fn world() -> World {
     World {
-        store: Arc::new(Meddler::default()),
+        store: Arc::new(FaultStore::new(MemoryStore::new())),
         clock: ManualClock::new(Timestamp::from_millis(1_700_000_000_000)),
         policy: Policy::builder()
             .lease(Duration::from_secs(30))
@@ -224,10 +88,43 @@ impl World {
 
     async fn record(&self, key: &IdempotencyKey) -> Option<Record> {
         self.store
-            .inner
+            .inner()
             .get(&self.scope, key, self.clock.now())
             .await
             .unwrap()
+    }
+
+    /// Right after the reconciler's next `op` (for a listing: right after it lists the record),
+    /// the holder of `token` releases that record.
+    fn release_after(&self, op: Op, token: Token) {
+        let inner = self.store.inner();
+        self.store.after_once(op, move |call| {
+            let inner = inner.clone();
+            async move {
+                let (scope, key) = (call.scope.unwrap(), call.key.unwrap());
+                let record = inner
+                    .get(&scope, &key, Timestamp::from_millis(0))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let answer = inner
+                    .release(&scope, &key, token, record.lease_until)
+                    .await
+                    .unwrap();
+                assert_eq!(answer, ReleaseAnswer::Released);
+            }
+        });
+    }
+
+    /// One reconciler pass over a single stale record that someone changed meanwhile: it is
+    /// examined, skipped, not released and not probed.
+    async fn pass_skips_it_unprobed(&self) {
+        let report = self.reconciler().run_once().await.unwrap();
+        assert_eq!(
+            (report.examined, report.skipped, report.released),
+            (1, 1, 0)
+        );
+        assert_eq!(self.probes(), 0, "not probed");
     }
 
     fn probes(&self) -> usize {
@@ -256,13 +153,8 @@ async fn released_after_listing_is_skipped_without_a_write() {
     let w = world();
     let (key, token) = w.stale_claim("k-1").await;
     w.clock.advance(Duration::from_secs(31));
-    *w.store.meddle.lock().unwrap() = Some(Meddle::ReleaseAfterList(token));
-    let report = w.reconciler().run_once().await.unwrap();
-    assert_eq!(
-        (report.examined, report.skipped, report.released),
-        (1, 1, 0)
-    );
-    assert_eq!(w.probes(), 0, "not probed");
+    w.release_after(Op::ListInFlight, token);
+    w.pass_skips_it_unprobed().await;
     let r = w.record(&key).await.unwrap();
     assert_eq!(
         (r.state, r.token, r.attempt),
@@ -277,13 +169,8 @@ async fn released_between_read_and_claim_is_given_back_unprobed() {
     let w = world();
     let (key, token) = w.stale_claim("k-2").await;
     w.clock.advance(Duration::from_secs(31));
-    *w.store.meddle.lock().unwrap() = Some(Meddle::ReleaseAfterGet(token));
-    let report = w.reconciler().run_once().await.unwrap();
-    assert_eq!(
-        (report.examined, report.skipped, report.released),
-        (1, 1, 0)
-    );
-    assert_eq!(w.probes(), 0, "not probed");
+    w.release_after(Op::Get, token);
+    w.pass_skips_it_unprobed().await;
     let r = w.record(&key).await.unwrap();
     assert_eq!(
         r.state,
@@ -300,7 +187,12 @@ async fn purged_between_read_and_claim_is_not_left_processing() {
     let (key, _) = w.stale_claim("k-3").await;
     let expired_at = w.record(&key).await.unwrap().expires_at;
     w.clock.advance(Duration::from_secs(31));
-    *w.store.meddle.lock().unwrap() = Some(Meddle::PurgeAfterGet(expired_at));
+    // Everything expired by then is purged right after the reconciler's `get`.
+    let inner = w.store.inner();
+    w.store.after_once(Op::Get, move |_| {
+        let inner = inner.clone();
+        async move { assert!(inner.purge_expired(expired_at, 100).await.unwrap() > 0) }
+    });
     let report = w.reconciler().run_once().await.unwrap();
     assert_eq!((report.examined, report.skipped), (1, 1));
     assert_eq!(w.probes(), 0, "not probed");
@@ -312,7 +204,7 @@ async fn purged_between_read_and_claim_is_not_left_processing() {
     );
     assert!(
         w.store
-            .inner
+            .inner()
             .list_in_flight(w.clock.now() + Duration::from_secs(3000), 10)
             .await
             .unwrap()
@@ -327,7 +219,20 @@ async fn one_records_failure_is_reported_and_the_pass_goes_on() {
     let (down, _) = w.stale_claim("happened-down").await;
     let (fine, _) = w.stale_claim("happened-fine").await;
     let (gone, _) = w.stale_claim("not-there").await;
-    *w.store.fail_complete.lock().unwrap() = Some(down.clone());
+    // `complete` of `down` fails as if the store were down.
+    let failing = down.clone();
+    w.store.before(Op::Complete, move |call| {
+        let fail = call.key.as_ref() == Some(&failing);
+        async move {
+            if fail {
+                return Err(StoreError::unavailable(
+                    "test: store down",
+                    std::io::Error::other("refused"),
+                ));
+            }
+            Ok(())
+        }
+    });
     w.clock.advance(Duration::from_secs(31));
     let report = w.reconciler().run_once().await.unwrap();
     assert_eq!(report.examined, 4);

@@ -165,6 +165,20 @@ async fn retry_after_is_honoured() {
     );
 }
 
+/// `create_ticket` discovered from the tool server at `base`, with `policy`.
+async fn discover_create_ticket(
+    base: &str,
+    policy: RetryPolicy,
+) -> Result<ToolClient, ClientError> {
+    ToolClient::discover(
+        &format!("{base}/tools"),
+        "create_ticket",
+        format!("{base}/tools/create_ticket"),
+        policy,
+    )
+    .await
+}
+
 #[tokio::test]
 async fn the_deadline_rule_reads_the_published_minimum() {
     let seen = Arc::new(Seen::default());
@@ -173,14 +187,7 @@ async fn the_deadline_rule_reads_the_published_minimum() {
         attempt_timeout: Duration::from_millis(500),
         ..RetryPolicy::default()
     };
-    let err = ToolClient::discover(
-        &format!("{base}/tools"),
-        "create_ticket",
-        format!("{base}/tools/create_ticket"),
-        short,
-    )
-    .await
-    .unwrap_err();
+    let err = discover_create_ticket(&base, short).await.unwrap_err();
     match err {
         ClientError::DeadlineBelowMinimum {
             attempt_timeout,
@@ -195,14 +202,7 @@ async fn the_deadline_rule_reads_the_published_minimum() {
         attempt_timeout: Duration::from_secs(2),
         ..RetryPolicy::default()
     };
-    let client = ToolClient::discover(
-        &format!("{base}/tools"),
-        "create_ticket",
-        format!("{base}/tools/create_ticket"),
-        enough,
-    )
-    .await
-    .unwrap();
+    let client = discover_create_ticket(&base, enough).await.unwrap();
     assert_eq!(
         client.min_client_deadline(),
         Some(Duration::from_millis(1500))

@@ -7,9 +7,8 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use idem_core::{
-    Executor, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Policy, Scope, StoreError,
-};
+use idem_conformance::kit::{Fault, FaultStore, Op};
+use idem_core::{Executor, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Policy, Scope};
 use idem_http::IdempotencyLayer;
 use serde_json::{Value, json};
 use tokio::sync::{Barrier, Semaphore};
@@ -534,86 +533,12 @@ async fn slow_tool_short_client_deadline_retries_get_409_then_the_replay() {
     );
 }
 
-/// A store that is down.
-#[derive(Debug)]
-struct Down;
-
-#[idem_core::async_trait]
-impl KeyStore for Down {
-    async fn claim(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: &idem_core::Fingerprint,
-        _: &Policy,
-        _: idem_core::Timestamp,
-    ) -> Result<idem_core::ClaimAnswer, StoreError> {
-        Err(StoreError::unavailable(
-            "down",
-            std::io::Error::other("connection refused"),
-        ))
-    }
-    async fn complete(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: idem_core::Token,
-        _: &idem_core::Outcome,
-        _: &Policy,
-        _: idem_core::Timestamp,
-    ) -> Result<idem_core::CompleteAnswer, StoreError> {
-        unreachable!()
-    }
-    async fn release(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: idem_core::Token,
-        _: idem_core::Timestamp,
-    ) -> Result<idem_core::ReleaseAnswer, StoreError> {
-        unreachable!()
-    }
-    async fn extend(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: idem_core::Token,
-        _: Duration,
-        _: idem_core::Timestamp,
-    ) -> Result<idem_core::ExtendAnswer, StoreError> {
-        unreachable!()
-    }
-    async fn get(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: idem_core::Timestamp,
-    ) -> Result<Option<idem_core::Record>, StoreError> {
-        unreachable!()
-    }
-    async fn list_in_flight(
-        &self,
-        _: idem_core::Timestamp,
-        _: usize,
-    ) -> Result<Vec<idem_core::Record>, StoreError> {
-        unreachable!()
-    }
-    async fn list(
-        &self,
-        _: &idem_core::ListFilter,
-        _: idem_core::Timestamp,
-        _: usize,
-    ) -> Result<Vec<idem_core::Record>, StoreError> {
-        unreachable!()
-    }
-    async fn purge_expired(&self, _: idem_core::Timestamp, _: usize) -> Result<usize, StoreError> {
-        unreachable!()
-    }
-}
-
 #[tokio::test]
 async fn store_down_is_503_and_the_tool_does_not_run() {
-    let s = serve(Arc::new(Down), None, Duration::ZERO).await;
+    // A store that is down: every claim fails as unreachable.
+    let down = FaultStore::new(MemoryStore::new());
+    down.fail_next(Op::Claim, usize::MAX, Fault::Unavailable);
+    let s = serve(Arc::new(down.clone()), None, Duration::ZERO).await;
     problem(
         post_json(&s.url, Some("k-d"), None, args().to_string()).await,
         503,
@@ -621,6 +546,8 @@ async fn store_down_is_503_and_the_tool_does_not_run() {
     )
     .await;
     assert_eq!(s.tickets(), 0, "never a silent proceed");
+    let forwarded = Op::ALL.map(|op| down.calls(op));
+    assert_eq!(forwarded, [0; 8], "nothing but the failed claim was tried");
 }
 
 /// A tool that fails retryably (503) on its first call and succeeds after.

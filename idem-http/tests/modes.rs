@@ -174,8 +174,9 @@ async fn verbatim_replays_status_listed_headers_and_body_byte_for_byte() {
     assert_eq!(Sink::runs(&sink.orders), 1, "the order was created once");
 }
 
-#[tokio::test]
-async fn verbatim_by_default_keeps_content_type_and_location_only() {
+/// `POST /orders` behind a layer in the default verbatim mode, on a store of its own: the
+/// route's URL and the sink.
+async fn verbatim_orders() -> (String, Arc<Sink>) {
     let store: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
     let sink = Arc::new(Sink::default());
     let url = serve(
@@ -186,7 +187,12 @@ async fn verbatim_by_default_keeps_content_type_and_location_only() {
         sink.clone(),
     )
     .await;
-    let url = format!("{url}/orders");
+    (format!("{url}/orders"), sink)
+}
+
+#[tokio::test]
+async fn verbatim_by_default_keeps_content_type_and_location_only() {
+    let (url, sink) = verbatim_orders().await;
     let first = answer(send(&url, Some("k-1"), "{}").await).await;
     assert_eq!(first.headers["etag"], "W/\"rev-1\"");
     let again = answer(send(&url, Some("k-1"), "{}").await).await;
@@ -242,17 +248,7 @@ async fn verbatim_replays_text_and_binary_bodies_byte_for_byte() {
 
 #[tokio::test]
 async fn verbatim_refusals_stay_problem_json() {
-    let store: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
-    let sink = Arc::new(Sink::default());
-    let url = serve(
-        Router::new().route(
-            "/orders",
-            post(create_order).layer(layer(&store).replay(Replay::verbatim())),
-        ),
-        sink.clone(),
-    )
-    .await;
-    let url = format!("{url}/orders");
+    let (url, sink) = verbatim_orders().await;
     assert_eq!(send(&url, Some("k"), "{}").await.status(), 201);
     let refusals = [
         (

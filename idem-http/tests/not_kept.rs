@@ -24,7 +24,9 @@ async fn export(State(runs): State<Arc<AtomicUsize>>) -> (StatusCode, axum::Json
     )
 }
 
-async fn serve() -> (String, Arc<AtomicUsize>) {
+/// The export tool behind the layer (in `replay` mode) on loopback, keeping outcomes of up to
+/// 1 KiB: its URL and the count of its runs.
+async fn serve(replay: idem_http::Replay) -> (String, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let executor = Executor::new(MemoryStore::new())
         .with_policy(
@@ -37,7 +39,7 @@ async fn serve() -> (String, Arc<AtomicUsize>) {
         .with_spawner(|task| {
             tokio::spawn(task);
         });
-    let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned()));
+    let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned())).replay(replay);
     let app = Router::new()
         .route("/tools/export", post(export))
         .route_layer(layer)
@@ -50,7 +52,7 @@ async fn serve() -> (String, Arc<AtomicUsize>) {
 
 #[tokio::test]
 async fn a_response_too_large_to_keep_runs_once_and_retries_get_a_final_answer() {
-    let (url, runs) = serve().await;
+    let (url, runs) = serve(idem_http::Replay::default()).await;
     let client = idem_http::client::http_client().unwrap();
     let post = || {
         client
@@ -89,27 +91,7 @@ async fn a_response_too_large_to_keep_runs_once_and_retries_get_a_final_answer()
 
 #[tokio::test]
 async fn in_verbatim_mode_too_large_the_first_caller_gets_the_response_and_retries_a_problem() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let executor = Executor::new(MemoryStore::new())
-        .with_policy(
-            Policy::builder()
-                .lease(Duration::from_secs(10))
-                .max_outcome_bytes(1024)
-                .build()
-                .unwrap(),
-        )
-        .with_spawner(|task| {
-            tokio::spawn(task);
-        });
-    let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned()))
-        .replay(idem_http::Replay::verbatim());
-    let app = Router::new()
-        .route("/tools/export", post(export))
-        .route_layer(layer)
-        .with_state(runs.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/tools/export", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (url, runs) = serve(idem_http::Replay::verbatim()).await;
     let client = idem_http::client::http_client().unwrap();
     let post = || {
         client

@@ -6,30 +6,12 @@
 
 mod common;
 
-use idem_store_postgres::PostgresStore;
-
-/// Every call is a new handle with its own small pool on the shared, migrated test table.
-fn factory() -> Option<
-    impl Fn() -> std::pin::Pin<Box<dyn Future<Output = PostgresStore> + Send>> + Send + Sync + 'static,
-> {
-    static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    let url = common::tls_url()?;
-    Some(move || {
-        let url = url.clone();
-        Box::pin(async move {
-            let pool = common::pool(&url, "idem-conformance-tls", 4).await;
-            let store = PostgresStore::with_table(pool, common::SCHEMA, common::TABLE)
-                .expect("valid names");
-            MIGRATED
-                .get_or_try_init(|| store.migrate())
-                .await
-                .expect("migrate the test table");
-            store
-        }) as std::pin::Pin<Box<dyn Future<Output = PostgresStore> + Send>>
-    })
-}
-
-idem_conformance::conformance_tests!(match factory() {
+// Each generated test evaluates this expression first; with no server configured it returns
+// from the test (a skip, already explained by `common::tls_url`).
+idem_conformance::conformance_tests!(match common::conformance_factory(
+    common::tls_url(),
+    "idem-conformance-tls"
+) {
     Some(factory) => factory,
     None => return,
 });

@@ -40,6 +40,33 @@ async fn fragile_store(url: &str, app: &str, max: u32) -> PostgresStore {
     PostgresStore::with_table(pool, common::SCHEMA, common::TABLE).unwrap()
 }
 
+/// What a fault test starts from: the server's URL, the `application_name` of the store's
+/// connections (the ones it kills), an admin pool that kills them, the fragile store (up to
+/// `max` connections) and a scope of its own. `None` without a server (skipped).
+struct Setup {
+    url: String,
+    app: String,
+    admin: PgPool,
+    store: PostgresStore,
+    scope: Scope,
+}
+
+async fn setup(name: &str, max: u32) -> Option<Setup> {
+    let url = common::url()?;
+    let app = common::unique(&format!("idem-{name}"));
+    let admin = common::pool(&url, "idem-fault-admin", 2).await;
+    common::effects_table(&admin).await;
+    let store = fragile_store(&url, &app, max).await;
+    let scope = Scope::new(common::unique(name)).unwrap();
+    Some(Setup {
+        url,
+        app,
+        admin,
+        store,
+        scope,
+    })
+}
+
 /// Terminates every backend of `app`; returns how many.
 async fn kill_all(admin: &PgPool, app: &str) -> i64 {
     sqlx::query_scalar(
@@ -79,11 +106,16 @@ async fn backends(admin: &PgPool, app: &str) -> i64 {
 /// simply answer right. Most kills surface, and at least one must.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connection_is_unavailable_then_recovers() {
-    let Some(url) = common::url() else { return };
-    let app = common::unique("idem-fault-idle");
-    let admin = common::pool(&url, "idem-fault-admin", 2).await;
-    let store = fragile_store(&url, &app, 1).await;
-    let scope = Scope::new(common::unique("fault-idle")).unwrap();
+    let Some(Setup {
+        app,
+        admin,
+        store,
+        scope,
+        ..
+    }) = setup("fault-idle", 1).await
+    else {
+        return;
+    };
     let key = IdempotencyKey::new("k").unwrap();
     let policy = Policy::default();
     let now = Timestamp::from_millis(1_000_000_000_000);
@@ -157,12 +189,15 @@ async fn killed_connection_is_unavailable_then_recovers() {
 /// completion is Unavailable, the effect rolls back with it, and the holder's retry runs it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_inside_the_transaction_runs_the_effect_once() {
-    let Some(url) = common::url() else { return };
-    let app = common::unique("idem-fault-tx");
-    let admin = common::pool(&url, "idem-fault-admin", 2).await;
-    common::effects_table(&admin).await;
-    let store = fragile_store(&url, &app, 2).await;
-    let scope = Scope::new(common::unique("fault-tx")).unwrap();
+    let Some(Setup {
+        admin,
+        store,
+        scope,
+        ..
+    }) = setup("fault-tx", 2).await
+    else {
+        return;
+    };
     let policy = Policy::default();
     let now = Timestamp::from_millis(1_000_000_000_000);
     let outcome = Outcome::definitive(201, &serde_json::json!({"id": 1})).unwrap();
@@ -334,12 +369,16 @@ async fn run_operation(
 /// operation completes, and every effect happens exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_killed_under_load_every_operation_once() {
-    let Some(url) = common::url() else { return };
-    let app = common::unique("idem-fault-load");
-    let admin = common::pool(&url, "idem-fault-admin", 2).await;
-    common::effects_table(&admin).await;
-    let store = fragile_store(&url, &app, 4).await;
-    let scope = Scope::new(common::unique("fault-load")).unwrap();
+    let Some(Setup {
+        url,
+        app,
+        admin,
+        store,
+        scope,
+    }) = setup("fault-load", 4).await
+    else {
+        return;
+    };
     const OPERATIONS: usize = 120;
     const WORKERS: usize = 8;
 

@@ -6,22 +6,8 @@
 
 mod common;
 
-use idem_store_redis::RedisStore;
-
-/// Every call is a new store with its own connection to the same server.
-fn factory() -> Option<
-    impl Fn() -> std::pin::Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + Sync + 'static,
-> {
-    let url = common::url()?;
-    Some(move || {
-        let url = url.clone();
-        Box::pin(async move { RedisStore::connect(&url).await.expect("connect to redis") })
-            as std::pin::Pin<Box<dyn Future<Output = RedisStore> + Send>>
-    })
-}
-
 // With no server configured the generated test returns early (a skip, explained by `common::url`).
-idem_conformance::conformance_tests!(match factory() {
-    Some(factory) => factory,
+idem_conformance::conformance_tests!(match common::url() {
+    Some(url) => common::standalone_factory(url, None),
     None => return,
 });

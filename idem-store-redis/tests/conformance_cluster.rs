@@ -6,26 +6,7 @@
 
 mod common;
 
-use idem_store_redis::RedisStore;
-
-/// Every call is a new store with its own cluster connection.
-fn factory() -> Option<
-    impl Fn() -> std::pin::Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + Sync + 'static,
-> {
-    let urls = common::cluster_urls()?;
-    Some(move || {
-        let urls = urls.clone();
-        Box::pin(async move {
-            let store = RedisStore::connect_cluster(&urls)
-                .await
-                .expect("connect to the redis cluster");
-            assert!(store.is_cluster());
-            store
-        }) as std::pin::Pin<Box<dyn Future<Output = RedisStore> + Send>>
-    })
-}
-
-idem_conformance::conformance_tests!(match factory() {
-    Some(factory) => factory,
+idem_conformance::conformance_tests!(match common::cluster_urls() {
+    Some(urls) => common::cluster_factory(urls, None),
     None => return,
 });

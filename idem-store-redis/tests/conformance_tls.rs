@@ -8,53 +8,19 @@
 mod common;
 
 mod standalone {
-    use idem_store_redis::RedisStore;
+    use super::common;
 
-    /// Every call is a new store with its own TLS connection to the same server.
-    fn factory() -> Option<
-        impl Fn() -> std::pin::Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + Sync + 'static,
-    > {
-        let url = super::common::tls_url()?;
-        let (ca, _) = super::common::tls_cas()?;
-        Some(move || {
-            let (url, ca) = (url.clone(), ca.clone());
-            Box::pin(async move {
-                RedisStore::connect_with_ca(&url, &ca)
-                    .await
-                    .expect("connect to redis over TLS")
-            }) as std::pin::Pin<Box<dyn Future<Output = RedisStore> + Send>>
-        })
-    }
-
-    idem_conformance::conformance_tests!(match factory() {
-        Some(factory) => factory,
+    idem_conformance::conformance_tests!(match common::tls_url().zip(common::tls_cas()) {
+        Some((url, (ca, _))) => common::standalone_factory(url, Some(ca)),
         None => return,
     });
 }
 
 mod cluster {
-    use idem_store_redis::RedisStore;
+    use super::common;
 
-    /// Every call is a new store with its own TLS cluster connection.
-    fn factory() -> Option<
-        impl Fn() -> std::pin::Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + Sync + 'static,
-    > {
-        let urls = super::common::tls_cluster_urls()?;
-        let (ca, _) = super::common::tls_cas()?;
-        Some(move || {
-            let (urls, ca) = (urls.clone(), ca.clone());
-            Box::pin(async move {
-                let store = RedisStore::connect_cluster_with_ca(&urls, &ca)
-                    .await
-                    .expect("connect to the redis cluster over TLS");
-                assert!(store.is_cluster());
-                store
-            }) as std::pin::Pin<Box<dyn Future<Output = RedisStore> + Send>>
-        })
-    }
-
-    idem_conformance::conformance_tests!(match factory() {
-        Some(factory) => factory,
+    idem_conformance::conformance_tests!(match common::tls_cluster_urls().zip(common::tls_cas()) {
+        Some((urls, (ca, _))) => common::cluster_factory(urls, Some(ca)),
         None => return,
     });
 }

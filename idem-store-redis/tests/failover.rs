@@ -274,13 +274,7 @@ fn failover_with_wait_loses_no_claim() {
     // callers have met the failover: seen Unavailable, then recovered.
     for run in 1..=WAIT_RUNS {
         let Some(r) = one_at_a_time(true) else { return };
-        assert_eq!(r.double_effects, 0, "{r}");
-        assert!(r.all_accounted_for(), "{r}");
-        assert_eq!(
-            r.completed + r.retryable + r.for_reconciliation,
-            r.keys,
-            "{r}"
-        );
+        r.assert_no_claim_lost();
         if r.unavailable > 0 {
             assert!(r.succeeded_after_fault > 0, "callers did not recover: {r}");
             return;

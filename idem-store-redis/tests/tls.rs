@@ -55,22 +55,7 @@ async fn claim_complete_replay(store: &RedisStore) -> (usize, bool) {
 
 /// The rustls error somewhere in `err`'s sources, if any.
 fn rustls_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    let mut source = err.source();
-    while let Some(e) = source {
-        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-            return Some(tls);
-        }
-        // An io::Error's `source()` skips the error it wraps (rustls' errors arrive as one).
-        if let Some(inner) = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        {
-            return Some(inner);
-        }
-        source = e.source();
-    }
-    None
+    idem_conformance::kit::find_source(err)
 }
 
 /// `err` is a refused certificate: `Unavailable`, saying so, with the rustls error kept.

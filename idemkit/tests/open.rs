@@ -3,29 +3,12 @@
 
 use std::time::Duration;
 
+use idem_conformance::kit;
 use idemkit::machine::ClaimAnswer;
 use idemkit::open::{OpenError, OpenOptions};
 use idemkit::sqlite::SqliteStore;
 use idemkit::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
 use serde_json::json;
-
-struct Dir(std::path::PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dir() -> Dir {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let d = std::env::temp_dir().join(format!("idemkit-open-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    Dir(d)
-}
 
 /// One claim and completion, then a replay: the store behind the URL works.
 async fn round_trip(store: &dyn KeyStore, scope: &str) {
@@ -53,8 +36,8 @@ async fn round_trip(store: &dyn KeyStore, scope: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_opens_read_only_until_migrated() {
-    let d = dir();
-    let path = d.0.join("idem.db");
+    let d = kit::temp_dir("idemkit-open");
+    let path = d.path().join("idem.db");
     let url = format!("sqlite://{}", path.display());
     let err = idemkit::open(&url).await.unwrap_err();
     assert!(matches!(err, OpenError::NoDatabaseFile { .. }), "{err:?}");
@@ -96,24 +79,9 @@ async fn unreachable_servers_are_store_errors_without_the_password() {
     }
 }
 
-fn env(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{var} is not set under CI"
-            );
-            eprintln!("skipped: {var} is not set (scripts/test sets it)");
-            None
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_and_redis_urls_open_working_stores() {
-    let stamp = Timestamp::now().as_millis();
-    if let Some(url) = env("IDEM_TEST_POSTGRES_URL") {
+    if let Some(url) = kit::postgres_url() {
         let opened = OpenOptions::new().migrate(true).open(&url).await.unwrap();
         assert!(
             opened
@@ -121,30 +89,24 @@ async fn postgres_and_redis_urls_open_working_stores() {
                 .is_some()
         );
         let store = idemkit::open(&url).await.unwrap();
-        round_trip(&*store, &format!("open/pg-{stamp}")).await;
+        round_trip(&*store, &kit::unique("open/pg")).await;
     }
-    if let Some(url) = env("IDEM_TEST_REDIS_URL") {
+    if let Some(url) = kit::redis_url() {
         let store = idemkit::open(&url).await.unwrap();
-        round_trip(&*store, &format!("open/redis-{stamp}")).await;
+        round_trip(&*store, &kit::unique("open/redis")).await;
     }
 }
 
 /// A `redis+cluster://` URL built from `IDEM_TEST_REDIS_CLUSTER_URLS` (scripts/test starts a
-/// cluster; skipped without it outside CI).
+/// cluster; skipped without it outside CI, a failure under CI).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_url_opens_a_cluster_store() {
-    if std::env::var_os("IDEM_TEST_REDIS_CLUSTER_URLS").is_none() {
-        eprintln!("skipped: IDEM_TEST_REDIS_CLUSTER_URLS is not set (scripts/test sets it)");
+    let Some(urls) = kit::redis_cluster_urls() else {
         return;
-    }
-    let urls = std::env::var("IDEM_TEST_REDIS_CLUSTER_URLS").unwrap();
+    };
     let nodes: Vec<&str> = urls
-        .split(',')
-        .map(|u| {
-            u.trim()
-                .trim_start_matches("redis://")
-                .trim_end_matches('/')
-        })
+        .iter()
+        .map(|u| u.trim_start_matches("redis://").trim_end_matches('/'))
         .collect();
     let mut url = format!("redis+cluster://{}", nodes[0]);
     for (i, n) in nodes[1..].iter().enumerate() {
@@ -154,6 +116,5 @@ async fn redis_cluster_url_opens_a_cluster_store() {
     let opened = OpenOptions::new().open(&url).await.unwrap();
     let redis = opened.engine::<idemkit::redis::RedisStore>().unwrap();
     assert!(redis.is_cluster());
-    let stamp = Timestamp::now().as_millis();
-    round_trip(&*opened.store(), &format!("open/cluster-{stamp}")).await;
+    round_trip(&*opened.store(), &kit::unique("open/cluster")).await;
 }

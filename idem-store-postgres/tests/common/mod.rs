@@ -1,8 +1,8 @@
-//! Shared by the integration tests: the server URL (read at run time), and stores on their own
-//! small pools in the shared test schema.
+//! Shared by the integration tests: stores on their own small pools in the shared test schema
+//! (the server URLs and unique names come from `idem_conformance::kit`).
 #![allow(dead_code)] // each test binary uses a different part
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::pin::Pin;
 use std::time::Duration;
 
 use idem_store_postgres::PostgresStore;
@@ -14,48 +14,10 @@ pub const SCHEMA: &str = "idem_test";
 /// The table every test uses.
 pub const TABLE: &str = "idem_records";
 
-/// `IDEM_TEST_POSTGRES_URL`, or `None` after saying why the test skips. Under `CI` a missing URL
-/// is a failure.
-pub fn url() -> Option<String> {
-    var(
-        "IDEM_TEST_POSTGRES_URL",
-        "e.g. postgres://postgres@127.0.0.1:5432/test",
-    )
-}
-
-/// `IDEM_TEST_POSTGRES_TLS_URL`: a server that accepts only TLS connections, with `sslmode` and
-/// `sslrootcert` in the URL (scripts/services/tls.sh). `None` after saying why; a failure under `CI`.
-pub fn tls_url() -> Option<String> {
-    var(
-        "IDEM_TEST_POSTGRES_TLS_URL",
-        "scripts/services/tls.sh starts a TLS-only server",
-    )
-}
-
-/// `IDEM_TEST_TLS_CA` and `IDEM_TEST_TLS_UNTRUSTED_CA`: the CA that signed the TLS server's
-/// certificate, and one that did not.
-pub fn tls_cas() -> Option<(String, String)> {
-    Some((
-        var("IDEM_TEST_TLS_CA", "scripts/services/tls.sh makes it")?,
-        var(
-            "IDEM_TEST_TLS_UNTRUSTED_CA",
-            "scripts/services/tls.sh makes it",
-        )?,
-    ))
-}
-
-fn var(name: &str, hint: &str) -> Option<String> {
-    match std::env::var(name) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            if std::env::var_os("CI").is_some() {
-                panic!("{name} is not set, and under CI a missing server is a failure");
-            }
-            eprintln!("skipping: {name} is not set (scripts/test sets it; {hint})");
-            None
-        }
-    }
-}
+#[allow(unused_imports)] // each test binary uses a different part
+pub use idem_conformance::kit::{
+    postgres_tls_url as tls_url, postgres_url as url, tls_cas, unique,
+};
 
 /// Connection options for `url`, tagged with `application_name` so a test can find (and kill)
 /// exactly its own connections.
@@ -75,23 +37,36 @@ pub async fn pool(url: &str, application_name: &str, max: u32) -> PgPool {
         .expect("connect to IDEM_TEST_POSTGRES_URL")
 }
 
+/// What `conformance_tests!` builds a store with.
+pub type Factory =
+    Box<dyn Fn() -> Pin<Box<dyn Future<Output = PostgresStore> + Send>> + Send + Sync + 'static>;
+
+/// The conformance suite's factory for the server at `url` (`None`: skipped, already explained):
+/// every call is a new handle with its own small pool (up to 4 connections, tagged `app`) on the
+/// shared test table, migrated once.
+pub fn conformance_factory(url: Option<String>, app: &'static str) -> Option<Factory> {
+    static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let url = url?;
+    Some(Box::new(move || {
+        let url = url.clone();
+        Box::pin(async move {
+            let store = PostgresStore::with_table(pool(&url, app, 4).await, SCHEMA, TABLE)
+                .expect("valid names");
+            MIGRATED
+                .get_or_try_init(|| store.migrate())
+                .await
+                .expect("migrate the test table");
+            store
+        })
+    }))
+}
+
 /// A migrated store on a fresh pool of up to 4 connections, in the test schema.
 pub async fn store(url: &str, application_name: &str) -> PostgresStore {
     let store = PostgresStore::with_table(pool(url, application_name, 4).await, SCHEMA, TABLE)
         .expect("valid names");
     store.migrate().await.expect("migrate");
     store
-}
-
-/// A name no other test, process or run uses.
-pub fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}-{}-{}-{:08x}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        rand::random::<u32>()
-    )
 }
 
 /// Creates `idem_test.effects`, the sink the tests count side effects in.

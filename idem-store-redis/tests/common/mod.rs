@@ -1,79 +1,52 @@
-//! What the tests share: the servers they are told about, and unique names.
+//! What the tests share: the conformance factories and the test-owned server (the servers they
+//! are told about and unique names come from `idem_conformance::kit`).
 #![allow(dead_code)]
 
 pub mod server;
 
-/// The standalone server's URL from `IDEM_TEST_REDIS_URL`, read at run time. `None` (after saying
-/// why) when it is unset; under `CI` a missing server fails the test instead.
-pub fn url() -> Option<String> {
-    var("IDEM_TEST_REDIS_URL")
-}
+use std::pin::Pin;
 
-/// The cluster's node URLs from `IDEM_TEST_REDIS_CLUSTER_URLS` (comma-separated), read at run
-/// time; `None` (after saying why) when unset, a failure under `CI`.
-pub fn cluster_urls() -> Option<Vec<String>> {
-    var("IDEM_TEST_REDIS_CLUSTER_URLS").map(|v| {
-        v.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect()
-    })
-}
+use idem_store_redis::RedisStore;
 
-/// The 3-master, 3-replica cluster's node URLs from `IDEM_TEST_REDIS_FAILOVER_URLS`
-/// (`scripts/services/redis-failover.sh`); `None` (after saying why) when unset, a failure under
-/// `CI`. Only the failover test may use it: it kills masters.
-pub fn failover_urls() -> Option<Vec<String>> {
-    var("IDEM_TEST_REDIS_FAILOVER_URLS").map(|v| {
-        v.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect()
-    })
-}
+#[allow(unused_imports)] // each test binary uses a different part
+pub use idem_conformance::kit::{
+    redis_cluster_urls as cluster_urls, redis_failover_urls as failover_urls,
+    redis_tls_cluster_urls as tls_cluster_urls, redis_tls_url as tls_url, redis_url as url,
+    tls_cas, unique,
+};
 
-/// The TLS-only standalone server's URL from `IDEM_TEST_REDIS_TLS_URL` (`rediss://…`,
-/// scripts/services/tls.sh); `None` (after saying why) when unset, a failure under `CI`.
-pub fn tls_url() -> Option<String> {
-    var("IDEM_TEST_REDIS_TLS_URL")
-}
+/// What `conformance_tests!` builds a store with.
+pub type Factory =
+    Box<dyn Fn() -> Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + Sync + 'static>;
 
-/// The TLS-only cluster's node URLs from `IDEM_TEST_REDIS_TLS_CLUSTER_URLS` (comma-separated).
-pub fn tls_cluster_urls() -> Option<Vec<String>> {
-    var("IDEM_TEST_REDIS_TLS_CLUSTER_URLS").map(|v| {
-        v.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect()
-    })
-}
-
-/// `IDEM_TEST_TLS_CA` (the CA that signed the TLS servers' certificate) and
-/// `IDEM_TEST_TLS_UNTRUSTED_CA` (one that signed nothing there).
-pub fn tls_cas() -> Option<(String, String)> {
-    Some((var("IDEM_TEST_TLS_CA")?, var("IDEM_TEST_TLS_UNTRUSTED_CA")?))
-}
-
-fn var(name: &str) -> Option<String> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            let why = format!(
-                "{name} is not set: skipping (scripts/test starts the servers and sets it)"
-            );
-            if std::env::var_os("CI").is_some() {
-                panic!("{why}; under CI a missing server is a failure");
+/// The conformance suite's factory for the standalone server at `url` (verified against the CA
+/// file `ca` if given): every call is a new store with its own connection.
+pub fn standalone_factory(url: String, ca: Option<String>) -> Factory {
+    Box::new(move || {
+        let (url, ca) = (url.clone(), ca.clone());
+        Box::pin(async move {
+            match &ca {
+                Some(ca) => RedisStore::connect_with_ca(&url, ca).await,
+                None => RedisStore::connect(&url).await,
             }
-            eprintln!("{why}");
-            None
-        }
-    }
+            .expect("connect to redis")
+        })
+    })
 }
 
-/// A name no other test or run uses.
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:016x}", rand::random::<u64>())
+/// The conformance suite's factory for the cluster of `urls` (verified against the CA file `ca`
+/// if given): every call is a new store with its own cluster connection.
+pub fn cluster_factory(urls: Vec<String>, ca: Option<String>) -> Factory {
+    Box::new(move || {
+        let (urls, ca) = (urls.clone(), ca.clone());
+        Box::pin(async move {
+            let store = match &ca {
+                Some(ca) => RedisStore::connect_cluster_with_ca(&urls, ca).await,
+                None => RedisStore::connect_cluster(&urls).await,
+            }
+            .expect("connect to the redis cluster");
+            assert!(store.is_cluster());
+            store
+        })
+    })
 }

@@ -1,0 +1,639 @@
+//! What the tests of a store (and of anything built on one) share: the servers they are told
+//! about, names no other test uses, temporary directories, and [`FaultStore`], a store that
+//! forwards to yours and fails, waits or meddles when told to.
+//! Plain functions and one type, for your own store's tests as much as for idem's.
+//!
+//! # Servers from the environment
+//!
+//! A test that needs a server reads its URL at run time with [`env_url`] (or a named helper such
+//! as [`postgres_url`]): set, the URL; unset outside `CI`, the test says why on stderr and gets
+//! `None` (it skips); unset under `CI` (any value of the `CI` variable), the test panics, because
+//! there a missing server is a failure, not a skip.
+//!
+//! ```no_run
+//! #[test]
+//! fn talks_to_postgres() {
+//!     let Some(url) = idem_conformance::kit::postgres_url() else {
+//!         return; // skipped, and stderr says why
+//!     };
+//!     // … connect to `url` …
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! # Faults
+//!
+//! ```
+//! use idem_conformance::kit::{Fault, FaultStore, Op};
+//! use idem_core::{Executor, MemoryStore};
+//!
+//! let store = FaultStore::new(MemoryStore::new());
+//! store.fail_next(Op::Claim, 1, Fault::Unavailable); // the next claim: store down
+//! let executor = Executor::new(store.clone()); // clones share their faults and counts
+//! // … run the executor; then count what reached the store:
+//! assert_eq!(store.calls(Op::Complete), 0);
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
+    Timestamp, Token, async_trait,
+};
+
+use crate::BoxFuture;
+
+/// The value of the environment variable `name`, or `None` after saying on stderr why the test
+/// skips (`hint`: how to get the variable set). Under `CI` a missing (or blank) variable panics
+/// instead: there a missing server is a failure.
+pub fn env_url(name: &str, hint: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            skip(format_args!(
+                "{name} is not set (scripts/test sets it; {hint})"
+            ));
+            None
+        }
+    }
+}
+
+/// [`env_url`] for a comma-separated list of URLs (blank entries dropped).
+pub fn env_urls(name: &str, hint: &str) -> Option<Vec<String>> {
+    env_url(name, hint).map(|v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
+/// Says on stderr why a test skips (`what` is missing); under `CI` panics with it instead.
+pub fn skip(what: impl fmt::Display) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{what}: under CI a missing server is a failure");
+    }
+    eprintln!("skipping: {what}");
+}
+
+/// `IDEM_TEST_POSTGRES_URL`, e.g. `postgres://postgres@127.0.0.1:5432/test` ([`env_url`]).
+pub fn postgres_url() -> Option<String> {
+    env_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "e.g. postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+/// `IDEM_TEST_POSTGRES_TLS_URL`: a server that accepts only TLS connections, with `sslmode` and
+/// `sslrootcert` in the URL (scripts/services/tls.sh) ([`env_url`]).
+pub fn postgres_tls_url() -> Option<String> {
+    env_url(
+        "IDEM_TEST_POSTGRES_TLS_URL",
+        "scripts/services/tls.sh starts a TLS-only server",
+    )
+}
+
+/// `IDEM_TEST_REDIS_URL`, a standalone Redis, e.g. `redis://127.0.0.1:6379` ([`env_url`]).
+pub fn redis_url() -> Option<String> {
+    env_url("IDEM_TEST_REDIS_URL", "e.g. redis://127.0.0.1:6379")
+}
+
+/// `IDEM_TEST_REDIS_CLUSTER_URLS`: the node URLs of a Redis cluster, comma-separated
+/// (scripts/services/redis.sh) ([`env_urls`]).
+pub fn redis_cluster_urls() -> Option<Vec<String>> {
+    env_urls(
+        "IDEM_TEST_REDIS_CLUSTER_URLS",
+        "scripts/services/redis.sh starts a cluster",
+    )
+}
+
+/// `IDEM_TEST_REDIS_FAILOVER_URLS`: the node URLs of a 3-master, 3-replica cluster whose masters
+/// a test may kill (scripts/services/redis-failover.sh) ([`env_urls`]).
+pub fn redis_failover_urls() -> Option<Vec<String>> {
+    env_urls(
+        "IDEM_TEST_REDIS_FAILOVER_URLS",
+        "scripts/services/redis-failover.sh starts it",
+    )
+}
+
+/// `IDEM_TEST_REDIS_TLS_URL`: a TLS-only standalone Redis (`rediss://…`,
+/// scripts/services/tls.sh) ([`env_url`]).
+pub fn redis_tls_url() -> Option<String> {
+    env_url(
+        "IDEM_TEST_REDIS_TLS_URL",
+        "scripts/services/tls.sh starts a TLS-only server",
+    )
+}
+
+/// `IDEM_TEST_REDIS_TLS_CLUSTER_URLS`: the node URLs of a TLS-only Redis cluster
+/// (scripts/services/tls.sh) ([`env_urls`]).
+pub fn redis_tls_cluster_urls() -> Option<Vec<String>> {
+    env_urls(
+        "IDEM_TEST_REDIS_TLS_CLUSTER_URLS",
+        "scripts/services/tls.sh starts a TLS-only cluster",
+    )
+}
+
+/// `IDEM_TEST_TLS_CA` and `IDEM_TEST_TLS_UNTRUSTED_CA`: the file of the CA that signed the TLS
+/// servers' certificates, and of one that signed nothing there (scripts/services/tls.sh).
+pub fn tls_cas() -> Option<(String, String)> {
+    let hint = "scripts/services/tls.sh makes it";
+    Some((
+        env_url("IDEM_TEST_TLS_CA", hint)?,
+        env_url("IDEM_TEST_TLS_UNTRUSTED_CA", hint)?,
+    ))
+}
+
+/// A name no other test, process or run uses: `prefix`, the process id, a counter of this
+/// process and the time in nanoseconds, joined by `-` (replace them for an SQL identifier).
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The first error of type `E` among `err`'s sources (not `err` itself), looking inside the
+/// `std::io::Error`s on the way too (an `io::Error`'s `source()` skips the error it wraps, and
+/// TLS libraries' errors often arrive wrapped in one).
+pub fn find_source<'a, E: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut source = err.source();
+    while let Some(e) = source {
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
+        }
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<E>())
+        {
+            return Some(inner);
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// A loopback TCP port that was free a moment ago, for a server the test starts itself.
+///
+/// # Panics
+///
+/// If no port can be bound.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a loopback port")
+        .port()
+}
+
+/// A temporary directory, removed (with everything in it) when dropped: `tempfile`'s.
+pub use tempfile::TempDir;
+
+/// A new directory of its own under the system's temporary directory, named after `prefix`;
+/// removed when the [`TempDir`] drops.
+///
+/// # Panics
+///
+/// If the directory cannot be created.
+pub fn temp_dir(prefix: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("{prefix}-"))
+        .tempdir()
+        .expect("create a temporary directory")
+}
+
+/// The store URL of a test of `backend`: a file `file` in a fresh [`TempDir`] for `"sqlite"`
+/// (returned too: the file goes when it drops), [`postgres_url`] for `"postgres"`, [`redis_url`]
+/// for `"redis"`; `None` when the server's variable is unset outside `CI` (the test skips).
+///
+/// # Panics
+///
+/// On any other `backend`, and (from [`env_url`]) under `CI` without the variable.
+pub fn store_url(backend: &str, file: &str) -> Option<(String, Option<TempDir>)> {
+    match backend {
+        "sqlite" => {
+            let dir = temp_dir(&format!("idem-{file}"));
+            let url = format!("sqlite://{}", dir.path().join(file).display());
+            Some((url, Some(dir)))
+        }
+        "postgres" => Some((postgres_url()?, None)),
+        "redis" => Some((redis_url()?, None)),
+        other => panic!("no test store for backend {other:?}"),
+    }
+}
+
+/// One operation of [`KeyStore`], as [`FaultStore`] counts and programs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// [`KeyStore::claim`].
+    Claim,
+    /// [`KeyStore::complete`].
+    Complete,
+    /// [`KeyStore::release`].
+    Release,
+    /// [`KeyStore::extend`].
+    Extend,
+    /// [`KeyStore::get`].
+    Get,
+    /// [`KeyStore::list_in_flight`].
+    ListInFlight,
+    /// [`KeyStore::list`].
+    List,
+    /// [`KeyStore::purge_expired`].
+    PurgeExpired,
+}
+
+impl Op {
+    /// Every operation.
+    pub const ALL: [Op; 8] = [
+        Op::Claim,
+        Op::Complete,
+        Op::Release,
+        Op::Extend,
+        Op::Get,
+        Op::ListInFlight,
+        Op::List,
+        Op::PurgeExpired,
+    ];
+}
+
+/// The error a programmed fault answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// [`StoreError::unavailable`]: the store cannot be reached (retryable).
+    Unavailable,
+    /// [`StoreError::backend`]: the store answered with an error.
+    Backend,
+}
+
+impl Fault {
+    fn error(self, op: Op) -> StoreError {
+        let message = format!("kit: injected fault in {op:?}");
+        match self {
+            Fault::Unavailable => {
+                StoreError::unavailable(message, std::io::Error::other("connection refused"))
+            }
+            Fault::Backend => StoreError::backend(message, std::io::Error::other("injected")),
+        }
+    }
+}
+
+/// A call as a hook of [`FaultStore`] sees it: the operation and the record it is about.
+///
+/// `scope` and `key` are the arguments of a call about one record (`claim` to `get`). A hook
+/// after `list_in_flight` or `list` runs once per record listed, with that record's scope and
+/// key; before them (and around `purge_expired`) both are `None`.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The operation.
+    pub op: Op,
+    /// The scope of the record, if the call is about one.
+    pub scope: Option<Scope>,
+    /// The key of the record, if the call is about one.
+    pub key: Option<IdempotencyKey>,
+}
+
+type BeforeHook = Arc<dyn Fn(Call) -> BoxFuture<'static, Result<(), StoreError>> + Send + Sync>;
+type AfterHook = Arc<dyn Fn(Call) -> BoxFuture<'static, ()> + Send + Sync>;
+
+struct Hook<F> {
+    op: Op,
+    once: bool,
+    f: F,
+}
+
+#[derive(Default)]
+struct State {
+    calls: Mutex<HashMap<Op, usize>>,
+    faults: Mutex<HashMap<Op, (usize, Fault)>>,
+    before: Mutex<Vec<Hook<BeforeHook>>>,
+    after: Mutex<Vec<Hook<AfterHook>>>,
+}
+
+/// A [`KeyStore`] that forwards every call to the store it wraps, and can be told to fail the
+/// next calls of an operation ([`FaultStore::fail_next`]), to run a hook before or after one
+/// ([`FaultStore::before`], [`FaultStore::after`]: wait at a gate, change the record between two
+/// steps, signal a test), and counts the calls that reached the wrapped store
+/// ([`FaultStore::calls`]).
+///
+/// Clones share the wrapped store, the faults, the hooks and the counts: hand one clone to the
+/// code under test and program and read the other.
+///
+/// A call runs its before-hooks (an error from one is the call's answer), then answers a
+/// programmed fault if one is left for its operation, then is forwarded and counted, then runs
+/// its after-hooks (which see nothing of the answer and cannot change it).
+pub struct FaultStore<S> {
+    inner: Arc<S>,
+    state: Arc<State>,
+}
+
+impl<S> Clone for FaultStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            state: Arc::clone(&self.state),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for FaultStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultStore")
+            .field("inner", &self.inner)
+            .field("calls", &*self.state.calls.lock().unwrap())
+            .field("faults", &*self.state.faults.lock().unwrap())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: KeyStore> FaultStore<S> {
+    /// Wraps `inner`, with no faults and no hooks.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            state: Arc::default(),
+        }
+    }
+
+    /// The wrapped store, shared: a hook can capture it to change records behind the caller's
+    /// back (calls on it are neither counted nor faulted).
+    pub fn inner(&self) -> Arc<S> {
+        Arc::clone(&self.inner)
+    }
+
+    /// The next `n` calls of `op` answer `fault` without reaching the wrapped store (replacing
+    /// whatever was programmed for `op`). `usize::MAX` fails them until [`FaultStore::heal`].
+    pub fn fail_next(&self, op: Op, n: usize, fault: Fault) -> &Self {
+        self.state.faults.lock().unwrap().insert(op, (n, fault));
+        self
+    }
+
+    /// Every call of every operation answers `fault`, until [`FaultStore::heal`]: a store that
+    /// is down.
+    pub fn fail_all(&self, fault: Fault) -> &Self {
+        for op in Op::ALL {
+            self.fail_next(op, usize::MAX, fault);
+        }
+        self
+    }
+
+    /// Forgets every programmed fault.
+    pub fn heal(&self) -> &Self {
+        self.state.faults.lock().unwrap().clear();
+        self
+    }
+
+    /// Runs `hook` before every call of `op`; an error it returns is the call's answer (the call
+    /// is then not forwarded). Hooks of the same operation run in the order they were added.
+    pub fn before<F, Fut>(&self, op: Op, hook: F) -> &Self
+    where
+        F: Fn(Call) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), StoreError>> + Send + 'static,
+    {
+        self.add_before(op, false, hook)
+    }
+
+    /// Runs `hook` after every call of `op` that was forwarded (once per listed record for
+    /// `list_in_flight` and `list`: see [`Call`]).
+    pub fn after<F, Fut>(&self, op: Op, hook: F) -> &Self
+    where
+        F: Fn(Call) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.add_after(op, false, hook)
+    }
+
+    /// [`FaultStore::after`], for the next time only: the hook is removed as it runs.
+    pub fn after_once<F, Fut>(&self, op: Op, hook: F) -> &Self
+    where
+        F: Fn(Call) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.add_after(op, true, hook)
+    }
+
+    /// Removes every hook.
+    pub fn clear_hooks(&self) -> &Self {
+        self.state.before.lock().unwrap().clear();
+        self.state.after.lock().unwrap().clear();
+        self
+    }
+
+    /// How many calls of `op` reached the wrapped store (faulted calls do not count).
+    pub fn calls(&self, op: Op) -> usize {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .get(&op)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn add_before<F, Fut>(&self, op: Op, once: bool, hook: F) -> &Self
+    where
+        F: Fn(Call) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), StoreError>> + Send + 'static,
+    {
+        let f: BeforeHook = Arc::new(move |call| Box::pin(hook(call)));
+        self.state.before.lock().unwrap().push(Hook { op, once, f });
+        self
+    }
+
+    fn add_after<F, Fut>(&self, op: Op, once: bool, hook: F) -> &Self
+    where
+        F: Fn(Call) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let f: AfterHook = Arc::new(move |call| Box::pin(hook(call)));
+        self.state.after.lock().unwrap().push(Hook { op, once, f });
+        self
+    }
+
+    /// The hooks of `op` to run now; one-shot hooks are taken out.
+    fn due<F: Clone>(hooks: &Mutex<Vec<Hook<F>>>, op: Op) -> Vec<F> {
+        let mut hooks = hooks.lock().unwrap();
+        let due = hooks
+            .iter()
+            .filter(|h| h.op == op)
+            .map(|h| h.f.clone())
+            .collect();
+        hooks.retain(|h| h.op != op || !h.once);
+        due
+    }
+
+    /// Before-hooks, then a programmed fault: `Err` is the call's answer.
+    async fn enter(
+        &self,
+        op: Op,
+        scope: Option<&Scope>,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<(), StoreError> {
+        for hook in Self::due(&self.state.before, op) {
+            hook(call(op, scope, key)).await?;
+        }
+        let fault = {
+            let mut faults = self.state.faults.lock().unwrap();
+            match faults.get_mut(&op) {
+                Some((left, fault)) if *left > 0 => {
+                    if *left != usize::MAX {
+                        *left -= 1;
+                    }
+                    Some(*fault)
+                }
+                _ => None,
+            }
+        };
+        fault.map_or(Ok(()), |fault| Err(fault.error(op)))
+    }
+
+    /// Counts a forwarded call, then runs the after-hooks.
+    async fn leave(&self, op: Op, scope: Option<&Scope>, key: Option<&IdempotencyKey>) {
+        *self.state.calls.lock().unwrap().entry(op).or_default() += 1;
+        for hook in Self::due(&self.state.after, op) {
+            hook(call(op, scope, key)).await;
+        }
+    }
+
+    /// [`FaultStore::leave`] for a listing: after-hooks once per listed record.
+    async fn leave_listed(&self, op: Op, listed: &Result<Vec<Record>, StoreError>) {
+        *self.state.calls.lock().unwrap().entry(op).or_default() += 1;
+        let Ok(records) = listed else { return };
+        for record in records {
+            for hook in Self::due(&self.state.after, op) {
+                hook(call(op, Some(&record.scope), Some(&record.key))).await;
+            }
+        }
+    }
+
+    async fn one<T>(
+        &self,
+        op: Op,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        forward: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.enter(op, Some(scope), Some(key)).await?;
+        let answer = forward.await;
+        self.leave(op, Some(scope), Some(key)).await;
+        answer
+    }
+}
+
+fn call(op: Op, scope: Option<&Scope>, key: Option<&IdempotencyKey>) -> Call {
+    Call {
+        op,
+        scope: scope.cloned(),
+        key: key.cloned(),
+    }
+}
+
+#[async_trait]
+impl<S: KeyStore> KeyStore for FaultStore<S> {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
+        let forward = self.inner.claim(scope, key, fingerprint, policy, now);
+        self.one(Op::Claim, scope, key, forward).await
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
+        let forward = self.inner.complete(scope, key, token, outcome, policy, now);
+        self.one(Op::Complete, scope, key, forward).await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<ReleaseAnswer, StoreError> {
+        let forward = self.inner.release(scope, key, token, now);
+        self.one(Op::Release, scope, key, forward).await
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<ExtendAnswer, StoreError> {
+        let forward = self.inner.extend(scope, key, token, lease, now);
+        self.one(Op::Extend, scope, key, forward).await
+    }
+
+    async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
+        let forward = self.inner.get(scope, key, now);
+        self.one(Op::Get, scope, key, forward).await
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.enter(Op::ListInFlight, None, None).await?;
+        let listed = self.inner.list_in_flight(older_than, limit).await;
+        self.leave_listed(Op::ListInFlight, &listed).await;
+        listed
+    }
+
+    async fn list(
+        &self,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.enter(Op::List, None, None).await?;
+        let listed = self.inner.list(filter, now, limit).await;
+        self.leave_listed(Op::List, &listed).await;
+        listed
+    }
+
+    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+        self.enter(Op::PurgeExpired, None, None).await?;
+        let purged = self.inner.purge_expired(now, limit).await;
+        self.leave(Op::PurgeExpired, None, None).await;
+        purged
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}
