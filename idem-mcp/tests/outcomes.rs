@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::{
-    ClaimAnswer, CompleteAnswer, ExtendAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter,
-    MemoryStore, Outcome, Policy, Record, ReleaseAnswer, Scope, StoreError, Timestamp, Token,
-};
+use idem_core::{KeyStore, ListFilter, MemoryStore, Outcome, Policy, Timestamp};
+use idem_conformance::kit::{Fault, FaultStore, Op};
 use idem_mcp::{
     IdempotentTools, META_KEY, MissingKey, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED,
     is_replay,
@@ -415,108 +413,19 @@ async fn refusals_and_unprotected_calls_are_counted() {
     );
 }
 
-/// A [`MemoryStore`] whose claims fail with the error `fail` makes: a store that is down, or one
-/// that answers something it should not have.
-#[derive(Debug)]
-struct FailingClaims {
-    inner: MemoryStore,
-    fail: fn() -> StoreError,
-}
-
-#[idem_core::async_trait]
-impl KeyStore for FailingClaims {
-    async fn claim(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: &Fingerprint,
-        _: &Policy,
-        _: Timestamp,
-    ) -> Result<ClaimAnswer, StoreError> {
-        Err((self.fail)())
-    }
-    async fn complete(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        outcome: &Outcome,
-        policy: &Policy,
-        now: Timestamp,
-    ) -> Result<CompleteAnswer, StoreError> {
-        self.inner
-            .complete(scope, key, token, outcome, policy, now)
-            .await
-    }
-    async fn release(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        now: Timestamp,
-    ) -> Result<ReleaseAnswer, StoreError> {
-        self.inner.release(scope, key, token, now).await
-    }
-    async fn extend(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        lease: Duration,
-        now: Timestamp,
-    ) -> Result<ExtendAnswer, StoreError> {
-        self.inner.extend(scope, key, token, lease, now).await
-    }
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        self.inner.get(scope, key, now).await
-    }
-    async fn list_in_flight(
-        &self,
-        older_than: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        self.inner.list_in_flight(older_than, limit).await
-    }
-    async fn list(
-        &self,
-        filter: &ListFilter,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        self.inner.list(filter, now, limit).await
-    }
-    async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
-        self.inner.purge_expired(now, limit).await
-    }
-}
-
 /// As over HTTP (503 `store-unavailable`, 500 `store-error`), a store that is down is told from
 /// one that failed otherwise: [`STORE_UNAVAILABLE`] (retry later with the same key) versus an
 /// internal error of type `store-error`. Neither runs the tool.
 #[tokio::test]
 async fn a_store_that_is_down_is_told_from_a_store_that_failed_and_nothing_runs() {
-    let down = || StoreError::unavailable("test: claim", std::io::Error::other("refused"));
-    let broken = || StoreError::backend("test: claim", std::io::Error::other("constraint"));
-    for (fail, code, name, retry_later) in [
-        (
-            down as fn() -> StoreError,
-            STORE_UNAVAILABLE,
-            "store-unavailable",
-            true,
-        ),
-        (broken, ErrorCode::INTERNAL_ERROR, "store-error", false),
+    for (fault, code, name, retry_later) in [
+        (Fault::Unavailable, STORE_UNAVAILABLE, "store-unavailable", true),
+        (Fault::Backend, ErrorCode::INTERNAL_ERROR, "store-error", false),
     ] {
         let ran = Runs::default();
-        let store = FailingClaims {
-            inner: MemoryStore::new(),
-            fail,
-        };
-        let idem = IdempotentTools::with_store(store, Policy::default())
+        let store = FaultStore::new(MemoryStore::new());
+        store.fail_all(fault);
+        let idem = IdempotentTools::with_store(store.clone(), Policy::default())
             .tool("rejects", ToolSettings::window(Duration::from_secs(2)))
             .allow_anonymous("test-agent");
         let client = serve(idem, ran.clone()).await;
@@ -539,5 +448,6 @@ async fn a_store_that_is_down_is_told_from_a_store_that_failed_and_nothing_runs(
             err.message
         );
         assert_eq!(runs(&ran.rejects), 0, "{name}: never a silent proceed");
+        assert_eq!(store.calls(Op::Claim), 0, "{name}: the claim never reached the store");
     }
 }

@@ -120,25 +120,9 @@ async fn transactional_completion_rolls_back_with_the_effect() {
     else {
         panic!()
     };
-    let effect = "INSERT INTO idem_test.effects (scope, key, executor) VALUES ($1, $2, 'tx-test')";
-    let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query(effect)
-        .bind(scope.as_str())
-        .bind(key.as_str())
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    assert_eq!(
-        store
-            .complete_in(
-                &mut tx,
-                &common::attempt(&store, &scope, &key, token, &policy, now),
-                &outcome
-            )
-            .await
-            .unwrap(),
-        CompleteAnswer::Completed
-    );
+    let attempt = common::attempt(&store, &scope, &key, token, &policy, now);
+    let (tx, answer) = effect_and_completion(&store, &attempt, &outcome).await;
+    assert_eq!(answer, CompleteAnswer::Completed);
     tx.rollback().await.unwrap(); // forced failure after both writes
 
     assert_eq!(
@@ -150,24 +134,8 @@ async fn transactional_completion_rolls_back_with_the_effect() {
     assert!(record.outcome.is_none());
 
     // The holder retries with its token, this time committing.
-    let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query(effect)
-        .bind(scope.as_str())
-        .bind(key.as_str())
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    assert_eq!(
-        store
-            .complete_in(
-                &mut tx,
-                &common::attempt(&store, &scope, &key, token, &policy, now),
-                &outcome
-            )
-            .await
-            .unwrap(),
-        CompleteAnswer::Completed
-    );
+    let (tx, answer) = effect_and_completion(&store, &attempt, &outcome).await;
+    assert_eq!(answer, CompleteAnswer::Completed);
     tx.commit().await.unwrap();
 
     // Later repeats replay; the effect exists exactly once.
@@ -184,19 +152,32 @@ async fn transactional_completion_rolls_back_with_the_effect() {
     );
 
     // A stale holder completing inside a transaction is fenced, and rolls its effect back.
-    let mut tx = store.pool().begin().await.unwrap();
-    assert_eq!(
-        store
-            .complete_in(
-                &mut tx,
-                &common::attempt(&store, &scope, &key, token, &policy, now),
-                &outcome
-            )
-            .await
-            .unwrap(),
-        CompleteAnswer::Fenced
-    );
+    let (tx, answer) = effect_and_completion(&store, &attempt, &outcome).await;
+    assert_eq!(answer, CompleteAnswer::Fenced);
     tx.rollback().await.unwrap();
+    assert_eq!(
+        common::effects(store.pool(), scope.as_str(), key.as_str()).await,
+        1,
+        "the fenced holder's effect rolled back"
+    );
+}
+
+/// In one transaction: the effect's row, then `complete_in` for `attempt`; the transaction is
+/// left open for the caller to commit or roll back.
+async fn effect_and_completion(
+    store: &PostgresStore,
+    attempt: &idem_core::Attempt,
+    outcome: &Outcome,
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, CompleteAnswer) {
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO idem_test.effects (scope, key, executor) VALUES ($1, $2, 'tx-test')")
+        .bind(attempt.scope().as_str())
+        .bind(attempt.key().as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let answer = store.complete_in(&mut tx, attempt, outcome).await.unwrap();
+    (tx, answer)
 }
 
 /// [contract §7](idem_core::contract#traps): a claim whose INSERT waits on another transaction's uncommitted insert of the same

@@ -1,0 +1,231 @@
+//! What the tests of a store (and of anything built on one) share: the servers they are told
+//! about, names no other test uses, temporary directories, and [`FaultStore`], a store that
+//! forwards to yours and fails, waits or meddles when told to.
+//! Plain functions and one type, for your own store's tests as much as for idem's.
+//!
+//! # Servers from the environment
+//!
+//! A test that needs a server reads its URL at run time with [`env_url`] (or a named helper such
+//! as [`postgres_url`]): set, the URL; unset outside `CI`, the test says why on stderr and gets
+//! `None` (it skips); unset under `CI` (any value of the `CI` variable), the test panics, because
+//! there a missing server is a failure, not a skip.
+//!
+//! ```no_run
+//! #[test]
+//! fn talks_to_postgres() {
+//!     let Some(url) = idem_conformance::kit::postgres_url() else {
+//!         return; // skipped, and stderr says why
+//!     };
+//!     // … connect to `url` …
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! # Faults
+//!
+//! ```
+//! use idem_conformance::kit::{Fault, FaultStore, Op};
+//! use idem_core::{Executor, MemoryStore};
+//!
+//! let store = FaultStore::new(MemoryStore::new());
+//! store.fail_next(Op::Claim, 1, Fault::Unavailable); // the next claim: store down
+//! let executor = Executor::new(store.clone()); // clones share their faults and counts
+//! // … run the executor; then count what reached the store:
+//! assert_eq!(store.calls(Op::Complete), 0);
+//! ```
+
+mod fault;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use std::fmt;
+
+pub use fault::{Call, Fault, FaultStore, Op};
+
+/// The value of the environment variable `name`, or `None` after saying on stderr why the test
+/// skips (`hint`: how to get the variable set). Under `CI` a missing (or blank) variable panics
+/// instead: there a missing server is a failure.
+pub fn env_url(name: &str, hint: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            skip(format_args!(
+                "{name} is not set (scripts/test sets it; {hint})"
+            ));
+            None
+        }
+    }
+}
+
+/// [`env_url`] for a comma-separated list of URLs (blank entries dropped).
+pub fn env_urls(name: &str, hint: &str) -> Option<Vec<String>> {
+    env_url(name, hint).map(|v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
+/// Says on stderr why a test skips (`what` is missing); under `CI` panics with it instead.
+pub fn skip(what: impl fmt::Display) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{what}: under CI a missing server is a failure");
+    }
+    eprintln!("skipping: {what}");
+}
+
+/// `IDEM_TEST_POSTGRES_URL`, e.g. `postgres://postgres@127.0.0.1:5432/test` ([`env_url`]).
+pub fn postgres_url() -> Option<String> {
+    env_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "e.g. postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+/// `IDEM_TEST_POSTGRES_TLS_URL`: a server that accepts only TLS connections, with `sslmode` and
+/// `sslrootcert` in the URL (scripts/services/tls.sh) ([`env_url`]).
+pub fn postgres_tls_url() -> Option<String> {
+    env_url(
+        "IDEM_TEST_POSTGRES_TLS_URL",
+        "scripts/services/tls.sh starts a TLS-only server",
+    )
+}
+
+/// `IDEM_TEST_REDIS_URL`, a standalone Redis, e.g. `redis://127.0.0.1:6379` ([`env_url`]).
+pub fn redis_url() -> Option<String> {
+    env_url("IDEM_TEST_REDIS_URL", "e.g. redis://127.0.0.1:6379")
+}
+
+/// `IDEM_TEST_REDIS_CLUSTER_URLS`: the node URLs of a Redis cluster, comma-separated
+/// (scripts/services/redis.sh) ([`env_urls`]).
+pub fn redis_cluster_urls() -> Option<Vec<String>> {
+    env_urls(
+        "IDEM_TEST_REDIS_CLUSTER_URLS",
+        "scripts/services/redis.sh starts a cluster",
+    )
+}
+
+/// `IDEM_TEST_REDIS_FAILOVER_URLS`: the node URLs of a 3-master, 3-replica cluster whose masters
+/// a test may kill (scripts/services/redis-failover.sh) ([`env_urls`]).
+pub fn redis_failover_urls() -> Option<Vec<String>> {
+    env_urls(
+        "IDEM_TEST_REDIS_FAILOVER_URLS",
+        "scripts/services/redis-failover.sh starts it",
+    )
+}
+
+/// `IDEM_TEST_REDIS_TLS_URL`: a TLS-only standalone Redis (`rediss://…`,
+/// scripts/services/tls.sh) ([`env_url`]).
+pub fn redis_tls_url() -> Option<String> {
+    env_url(
+        "IDEM_TEST_REDIS_TLS_URL",
+        "scripts/services/tls.sh starts a TLS-only server",
+    )
+}
+
+/// `IDEM_TEST_REDIS_TLS_CLUSTER_URLS`: the node URLs of a TLS-only Redis cluster
+/// (scripts/services/tls.sh) ([`env_urls`]).
+pub fn redis_tls_cluster_urls() -> Option<Vec<String>> {
+    env_urls(
+        "IDEM_TEST_REDIS_TLS_CLUSTER_URLS",
+        "scripts/services/tls.sh starts a TLS-only cluster",
+    )
+}
+
+/// `IDEM_TEST_TLS_CA` and `IDEM_TEST_TLS_UNTRUSTED_CA`: the file of the CA that signed the TLS
+/// servers' certificates, and of one that signed nothing there (scripts/services/tls.sh).
+pub fn tls_cas() -> Option<(String, String)> {
+    let hint = "scripts/services/tls.sh makes it";
+    Some((
+        env_url("IDEM_TEST_TLS_CA", hint)?,
+        env_url("IDEM_TEST_TLS_UNTRUSTED_CA", hint)?,
+    ))
+}
+
+/// A name no other test, process or run uses: `prefix`, the process id, a counter of this
+/// process and the time in nanoseconds, joined by `-` (replace them for an SQL identifier).
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The first error of type `E` among `err`'s sources (not `err` itself), looking inside the
+/// `std::io::Error`s on the way too (an `io::Error`'s `source()` skips the error it wraps, and
+/// TLS libraries' errors often arrive wrapped in one).
+pub fn find_source<'a, E: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut source = err.source();
+    while let Some(e) = source {
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
+        }
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<E>())
+        {
+            return Some(inner);
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// A loopback TCP port that was free a moment ago, for a server the test starts itself.
+///
+/// # Panics
+///
+/// If no port can be bound.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a loopback port")
+        .port()
+}
+
+/// A temporary directory, removed (with everything in it) when dropped: `tempfile`'s.
+pub use tempfile::TempDir;
+
+/// A new directory of its own under the system's temporary directory, named after `prefix`;
+/// removed when the [`TempDir`] drops.
+///
+/// # Panics
+///
+/// If the directory cannot be created.
+pub fn temp_dir(prefix: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("{prefix}-"))
+        .tempdir()
+        .expect("create a temporary directory")
+}
+
+/// The store URL of a test of `backend`: a file `file` in a fresh [`TempDir`] for `"sqlite"`
+/// (returned too: the file goes when it drops), [`postgres_url`] for `"postgres"`, [`redis_url`]
+/// for `"redis"`; `None` when the server's variable is unset outside `CI` (the test skips).
+///
+/// # Panics
+///
+/// On any other `backend`, and (from [`env_url`]) under `CI` without the variable.
+pub fn store_url(backend: &str, file: &str) -> Option<(String, Option<TempDir>)> {
+    match backend {
+        "sqlite" => {
+            let dir = temp_dir(&format!("idem-{file}"));
+            let url = format!("sqlite://{}", dir.path().join(file).display());
+            Some((url, Some(dir)))
+        }
+        "postgres" => Some((postgres_url()?, None)),
+        "redis" => Some((redis_url()?, None)),
+        other => panic!("no test store for backend {other:?}"),
+    }
+}
