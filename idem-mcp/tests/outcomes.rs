@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::{KeyStore, ListFilter, MemoryStore, Outcome, Policy, Timestamp};
 use idem_conformance::kit::{Fault, FaultStore, Op};
+use idem_core::{KeyStore, ListFilter, MemoryStore, Policy, Timestamp};
 use idem_mcp::{
     IdempotentTools, META_KEY, MissingKey, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED,
     is_replay,
@@ -419,8 +419,18 @@ async fn refusals_and_unprotected_calls_are_counted() {
 #[tokio::test]
 async fn a_store_that_is_down_is_told_from_a_store_that_failed_and_nothing_runs() {
     for (fault, code, name, retry_later) in [
-        (Fault::Unavailable, STORE_UNAVAILABLE, "store-unavailable", true),
-        (Fault::Backend, ErrorCode::INTERNAL_ERROR, "store-error", false),
+        (
+            Fault::Unavailable,
+            STORE_UNAVAILABLE,
+            "store-unavailable",
+            true,
+        ),
+        (
+            Fault::Backend,
+            ErrorCode::INTERNAL_ERROR,
+            "store-error",
+            false,
+        ),
     ] {
         let ran = Runs::default();
         let store = FaultStore::new(MemoryStore::new());
@@ -448,6 +458,10 @@ async fn a_store_that_is_down_is_told_from_a_store_that_failed_and_nothing_runs(
             err.message
         );
         assert_eq!(runs(&ran.rejects), 0, "{name}: never a silent proceed");
-        assert_eq!(store.calls(Op::Claim), 0, "{name}: the claim never reached the store");
+        assert_eq!(
+            store.calls(Op::Claim),
+            0,
+            "{name}: the claim never reached the store"
+        );
     }
 }

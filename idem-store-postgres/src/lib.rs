@@ -30,7 +30,7 @@ pub use sqlx;
 use error::{check_identifier, classify, sqlstate};
 use schema::{MIGRATIONS, Statements};
 
-/// A [`KeyStore`] keeping records in one PostgreSQL table.
+/// A [`KeyStore`](idem_core::KeyStore) keeping records in one PostgreSQL table.
 ///
 /// - A claim is one round trip in the common cases: one statement inserts the record if the key is
 ///   new (`INSERT … ON CONFLICT DO NOTHING`, writing nothing on conflict) and reads the record that

@@ -32,7 +32,7 @@ use keys::check_prefix;
 /// purged): Lua numbers are doubles, exact only below 2^53.
 const MAX_NATIVE_TTL_MS: u64 = 1 << 53;
 
-/// A [`KeyStore`] on Redis or Redis Cluster.
+/// A [`KeyStore`](idem_core::KeyStore) on Redis or Redis Cluster.
 ///
 /// - Every operation is one Lua script run with `EVALSHA` (loaded again on `NOSCRIPT`): one round
 ///   trip, atomic on the server, deciding expiry and leases against the caller's `now`.

@@ -36,9 +36,8 @@
 
 mod fault;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use fault::{Call, Fault, FaultStore, Op};
 

@@ -15,7 +15,7 @@ use crate::{
     downstream_key,
 };
 
-/// The claim an operation runs under, handed to the operation by [`Executor::run`].
+/// The claim an operation runs under, handed to the operation by [`Executor::run`](super::Executor::run).
 #[derive(Clone)]
 pub struct Attempt {
     pub(super) store: Arc<dyn KeyStore>,
