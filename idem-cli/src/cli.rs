@@ -135,6 +135,13 @@ pub(crate) enum Command {
         /// replay as many.
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<Duration>,
+        /// Then fill this many expired records and measure claims idle and while
+        /// `purge_expired` deletes them.
+        #[arg(long, value_name = "N")]
+        purge: Option<u64>,
+        /// Records per `purge_expired` call with `--purge`.
+        #[arg(long, default_value_t = 1000, requires = "purge")]
+        purge_batch: usize,
         /// Print JSON.
         #[arg(long)]
         json: bool,

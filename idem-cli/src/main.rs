@@ -111,6 +111,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             concurrency,
             records,
             duration,
+            purge,
+            purge_batch,
             json,
             plot,
             plot_with,
@@ -121,6 +123,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 concurrency,
                 records,
                 duration,
+                purge,
+                purge_batch,
             };
             let report = bench::bench(&store, &opts)
                 .await

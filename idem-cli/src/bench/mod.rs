@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use idem_core::{
     ClaimAnswer, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock,
+    Timestamp,
 };
 use serde_json::json;
 use tokio::task::JoinSet;
 
 pub use plot::plot;
-pub use report::{BenchReport, Comparison, Point, Stats};
+pub use report::{BenchReport, Comparison, Point, PurgePoint, Stats};
 
 use crate::exit::Failure;
 use crate::ops::open;
@@ -36,14 +37,24 @@ pub struct BenchOptions {
     pub records: Vec<u64>,
     /// Measure first executions for this long (then replay as many), instead of `operations`.
     pub duration: Option<Duration>,
+    /// After the measurements: fill this many expired records, then measure claims idle and
+    /// while `purge_expired` deletes them in batches of [`BenchOptions::purge_batch`].
+    pub purge: Option<u64>,
+    /// Records per `purge_expired` call in the purge measurement.
+    pub purge_batch: usize,
 }
 
 /// `idem bench --store URL`: for each `records` value in turn, prefills the store up to that
-/// many live records, then measures idem against the bare engine operations.
+/// many live records, then measures idem against the bare engine operations; then, with
+/// `purge`, measures claims while expired records are purged.
 pub async fn bench(url: &StoreUrl, opts: &BenchOptions) -> Result<BenchReport, Failure> {
     let opened = open(url).await?;
     let raw = Raw::open(&opened).await.map_err(Failure::store)?;
-    run(opened.store(), raw, opts).await.map_err(Failure::store)
+    let run = format!("{:016x}", rand::random::<u64>());
+    let store = raw.bench_store(&opened, &run).map_err(Failure::store)?;
+    self::run(store, raw, run, opts)
+        .await
+        .map_err(Failure::store)
 }
 
 /// The bench's shared inputs.
@@ -59,9 +70,9 @@ struct Setup {
 async fn run(
     store: Arc<dyn KeyStore>,
     raw: Raw,
+    run: String,
     opts: &BenchOptions,
 ) -> Result<BenchReport, BoxError> {
-    let run = format!("{:016x}", rand::random::<u64>());
     let args = json!({"title": "bench", "priority": 2});
     let fingerprint_us = {
         let t = Instant::now();
@@ -79,11 +90,13 @@ async fn run(
         run,
     });
     let fill_scope = format!("idem-bench/{}/fill", setup.run);
+    let purge_scope = format!("idem-bench/{}/expired", setup.run);
     let mut report = BenchReport {
         engine: setup.raw.engine().to_owned(),
         concurrency: opts.concurrency.max(1),
         fingerprint_us,
         points: Vec::new(),
+        purge: None,
     };
     let result = async {
         let base_bytes = setup.raw.store_bytes().await?;
@@ -93,7 +106,7 @@ async fn run(
         records.dedup();
         for (i, &target) in records.iter().enumerate() {
             if target > filled {
-                prefill(&setup, &fill_scope, filled, target).await?;
+                prefill(&setup, &fill_scope, (filled, target), Timestamp::now()).await?;
                 filled = target;
             }
             let store_bytes = setup.raw.store_bytes().await?;
@@ -104,54 +117,249 @@ async fn run(
                 (filled > 0).then(|| store_bytes.saturating_sub(base_bytes) as f64 / filled as f64);
             report.points.push(point);
         }
+        if let Some(expired) = opts.purge {
+            report.purge = Some(purge_under_load(&setup, &purge_scope, expired, opts).await?);
+        }
         Ok::<_, BoxError>(())
     }
     .await;
-    setup.raw.clean(&setup.run, &fill_scope).await?;
+    setup
+        .raw
+        .clean(&setup.run, &[fill_scope.as_str(), purge_scope.as_str()])
+        .await?;
     result.map(|()| report)
 }
 
-/// Brings the prefilled records from `from` to `to`: in one SQL statement on SQLite and
-/// PostgreSQL; through the store (claim + complete, 64 at a time on the multiplexed connection)
-/// on Redis, whose record format belongs to its scripts.
-async fn prefill(setup: &Arc<Setup>, fill_scope: &str, from: u64, to: u64) -> Result<(), BoxError> {
-    if setup
-        .raw
-        .prefill(&setup.run, fill_scope, &setup.fp, from, to)
-        .await?
-    {
+/// Brings the records prefilled in `scope` from `from` to `to`, written at `at` (expired when
+/// `at` is over [`raw::FILL_TTL`] ago): in SQL statements of a million rows each on SQLite and
+/// PostgreSQL; through the store (claim + complete, many at a time on the multiplexed
+/// connection) on Redis, whose record format belongs to its scripts. Large fills report their
+/// progress on standard error.
+async fn prefill(
+    setup: &Arc<Setup>,
+    scope: &str,
+    (from, to): (u64, u64),
+    at: Timestamp,
+) -> Result<(), BoxError> {
+    const CHUNK: u64 = 1_000_000;
+    let started = Instant::now();
+    let progress = |done: u64| {
+        if to - from >= CHUNK {
+            eprintln!(
+                "idem bench: {done} of {to} records in {scope} ({:.0} s)",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
+    let mut start = from;
+    while start < to {
+        let end = (start + CHUNK).min(to);
+        if !setup
+            .raw
+            .prefill(&setup.run, scope, &setup.fp, (start, end), at)
+            .await?
+        {
+            break;
+        }
+        progress(end);
+        start = end;
+    }
+    if start >= to {
         return Ok(());
     }
-    const WORKERS: u64 = 64;
+    const WORKERS: u64 = 256;
     let policy = Policy::builder().ttl(raw::FILL_TTL).build()?;
-    let scope = Scope::new(fill_scope)?;
+    let scope = Scope::new(scope)?;
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut workers = JoinSet::new();
     for w in 0..WORKERS {
-        let (setup, policy, scope) = (setup.clone(), policy, scope.clone());
+        let (setup, policy, scope, done) = (setup.clone(), policy, scope.clone(), done.clone());
         workers.spawn(async move {
             let mut i = from + w;
             while i < to {
                 let key = IdempotencyKey::new(format!("f-{i}"))?;
-                let now = SystemClock.now();
                 if let ClaimAnswer::Claimed { token, .. } = setup
                     .store
-                    .claim(&scope, &key, &setup.fp, &policy, now)
+                    .claim(&scope, &key, &setup.fp, &policy, at)
                     .await?
                 {
                     setup
                         .store
-                        .complete(&scope, &key, token, &setup.outcome, &policy, now)
+                        .complete(&scope, &key, token, &setup.outcome, &policy, at)
                         .await?;
                 }
                 i += WORKERS;
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             Ok::<_, BoxError>(())
         });
     }
-    while let Some(done) = workers.join_next().await {
-        done??;
+    let mut reported = from;
+    loop {
+        tokio::select! {
+            joined = workers.join_next() => match joined {
+                Some(result) => result??,
+                None => break,
+            },
+            () = tokio::time::sleep(Duration::from_secs(10)) => {
+                let now = from + done.load(std::sync::atomic::Ordering::Relaxed);
+                if now >= reported + CHUNK {
+                    progress(now);
+                    reported = now;
+                }
+            }
+        }
     }
     Ok(())
+}
+
+/// Fills `expired` records that expired an hour ago, measures first executions of new keys
+/// with nothing else running (idle), then again while `purge_expired_all` deletes the expired
+/// records in batches, until it is done.
+async fn purge_under_load(
+    setup: &Arc<Setup>,
+    scope: &str,
+    expired: u64,
+    opts: &BenchOptions,
+) -> Result<PurgePoint, BoxError> {
+    let before_fill = setup.raw.store_bytes().await?;
+    let written = Timestamp::now() - raw::FILL_TTL - Duration::from_secs(3600);
+    prefill(setup, scope, (0, expired), written).await?;
+    let after_fill = setup.raw.store_bytes().await?;
+    let callers = opts.concurrency.max(1);
+    let idle = claims(setup, "claims-idle", callers, Until::Count(opts.operations)).await?;
+    let rss_before = resident_kib();
+    let purging = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let purge = {
+        let (store, purging, batch) = (setup.store.clone(), purging.clone(), opts.purge_batch);
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let mut peak_rss = 0;
+            let report = idem_core::purge_expired_all(&*store, &SystemClock, batch, None, |_| {
+                peak_rss = peak_rss.max(resident_kib().unwrap_or(0));
+            })
+            .await;
+            purging.store(false, std::sync::atomic::Ordering::Release);
+            report.map(|r| (r, t.elapsed(), peak_rss))
+        })
+    };
+    let during = claims(setup, "claims-purging", callers, Until::Cleared(purging)).await?;
+    let (report, took, peak_rss) = purge.await??;
+    let after_purge = setup.raw.store_bytes().await?;
+    Ok(PurgePoint {
+        expired,
+        deleted: report.deleted,
+        batches: report.batches,
+        batch: opts.purge_batch,
+        seconds: took.as_secs_f64(),
+        idle_claim: Stats::of(&mut idle.claim.clone()),
+        busy_claim: Stats::of(&mut during.claim.clone()),
+        idle_first: Stats::of(&mut idle.first.clone()),
+        busy_first: Stats::of(&mut during.first.clone()),
+        store_bytes: [before_fill, after_fill, after_purge],
+        client_rss_growth_kib: rss_before.map(|before| peak_rss.saturating_sub(before)),
+    })
+}
+
+/// How long [`claims`] goes on.
+#[derive(Clone)]
+enum Until {
+    /// This many first executions in all, shared as in [`measure`].
+    Count(usize),
+    /// Until the flag is cleared (at least one per caller).
+    Cleared(Arc<std::sync::atomic::AtomicBool>),
+}
+
+/// Latencies of first executions of new keys and of their claims.
+#[derive(Default)]
+struct Claims {
+    first: Vec<Duration>,
+    claim: Vec<Duration>,
+}
+
+/// `callers` callers making first executions (claim + complete) of new keys of their own.
+async fn claims(
+    setup: &Arc<Setup>,
+    tag: &str,
+    callers: usize,
+    until: Until,
+) -> Result<Claims, BoxError> {
+    let mut tasks = JoinSet::new();
+    for c in 0..callers {
+        let (setup, until) = (setup.clone(), until.clone());
+        let scope = Scope::new(format!("idem-bench/{}/{tag}", setup.run))?;
+        tasks.spawn(async move {
+            let mut out = Claims::default();
+            for i in 0.. {
+                let more = match &until {
+                    Until::Count(total) => {
+                        let per_caller = total.div_ceil(callers).max(1);
+                        i < per_caller.min(total.saturating_sub(c * per_caller))
+                    }
+                    Until::Cleared(flag) => {
+                        i == 0 || flag.load(std::sync::atomic::Ordering::Acquire)
+                    }
+                };
+                if !more {
+                    break;
+                }
+                let key = IdempotencyKey::new(format!("c{c}-{i}"))?;
+                let (claim, all) = first_execution(&setup, &scope, &key).await?;
+                out.claim.push(claim);
+                out.first.push(all);
+            }
+            Ok::<_, BoxError>(out)
+        });
+    }
+    let mut all = Claims::default();
+    while let Some(done) = tasks.join_next().await {
+        let done = done??;
+        all.first.extend(done.first);
+        all.claim.extend(done.claim);
+    }
+    Ok(all)
+}
+
+/// One first execution of a new key through the store: (the claim's latency, the whole).
+async fn first_execution(
+    setup: &Setup,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> Result<(Duration, Duration), BoxError> {
+    let t = Instant::now();
+    let ClaimAnswer::Claimed { token, .. } = setup
+        .store
+        .claim(scope, key, &setup.fp, &setup.policy, SystemClock.now())
+        .await?
+    else {
+        return Err("a fresh bench key was not claimed".into());
+    };
+    let claimed = t.elapsed();
+    setup
+        .store
+        .complete(
+            scope,
+            key,
+            token,
+            &setup.outcome,
+            &setup.policy,
+            SystemClock.now(),
+        )
+        .await?;
+    Ok((claimed, t.elapsed()))
+}
+
+/// This process's resident set, KiB (Linux; `None` elsewhere).
+fn resident_kib() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Samples of one caller.
@@ -242,24 +450,7 @@ async fn caller(
         for idem_turn in [i % 2 == 0, i % 2 != 0] {
             let t = Instant::now();
             if idem_turn {
-                let ClaimAnswer::Claimed { token, .. } = store
-                    .claim(scope, &key, &setup.fp, &setup.policy, SystemClock.now())
-                    .await?
-                else {
-                    return Err("a fresh bench key was not claimed".into());
-                };
-                let claimed = t.elapsed();
-                store
-                    .complete(
-                        scope,
-                        &key,
-                        token,
-                        &setup.outcome,
-                        &setup.policy,
-                        SystemClock.now(),
-                    )
-                    .await?;
-                let all = t.elapsed();
+                let (claimed, all) = first_execution(setup, scope, &key).await?;
                 s.idem_first.push(all);
                 s.claim.push(claimed);
                 s.complete.push(all - claimed);
@@ -334,6 +525,8 @@ mod tests {
             concurrency: 3,
             records: vec![300, 0],
             duration: None,
+            purge: Some(500),
+            purge_batch: 64,
         };
         let report = bench(&url, &opts).await.unwrap();
         assert_eq!(report.engine, "sqlite");
@@ -357,6 +550,39 @@ mod tests {
             (20, 0),
             "20 measured records stay, the 300 prefilled are gone"
         );
+        // The purge deleted exactly the 500 expired records (nothing else had expired), in
+        // batches of 64, while claims ran; the claims it measured are in the file.
+        let purge = report.purge.as_ref().unwrap();
+        assert_eq!((purge.expired, purge.deleted, purge.batches), (500, 500, 8));
+        assert_eq!(
+            purge.idle_claim.n, 10,
+            "operations split over 3 callers: 4 + 4 + 2"
+        );
+        assert!(
+            purge.busy_claim.n >= 3,
+            "at least one claim per caller while purging"
+        );
+        assert!(purge.store_bytes[1] > purge.store_bytes[0]);
+        let claims = |pattern: &str| {
+            let store = idemkit::sqlite::SqliteStore::open(dir.join("b.db")).unwrap();
+            let conn = store.connection().unwrap();
+            conn.query_row(
+                "SELECT count(*) FROM idem_records WHERE scope LIKE ?1",
+                [pattern],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            claims("idem-bench/%/claims-idle") as usize,
+            purge.idle_claim.n
+        );
+        assert_eq!(
+            claims("idem-bench/%/claims-purging") as usize,
+            purge.busy_claim.n
+        );
+        assert_eq!(claims("idem-bench/%/expired"), 0);
+        assert!(json["purge"]["claim"]["ratio_p99"].as_f64().is_some());
 
         let svg = dir.join("plot.svg");
         plot(&svg, &[report.clone(), report]).unwrap();

@@ -1,5 +1,6 @@
 //! `idem bench --plot FILE.svg`: p50 and p99 against live records, one panel for first
-//! executions and one for replays; idem solid, the bare engine operations dashed.
+//! executions and one for replays, both axes logarithmic; idem solid, the bare engine operations
+//! dashed.
 
 use std::path::Path;
 
@@ -25,25 +26,30 @@ pub fn plot(path: &Path, reports: &[BenchReport]) -> Result<(), String> {
         .fold(10.0, f64::max)
         * 2.0;
     for (panel, (title, pick)) in panels.iter().zip(kinds) {
-        let y_max = reports
-            .iter()
-            .flat_map(|r| r.points.iter().map(pick))
-            .flat_map(|c| [c.idem.p99, c.raw.p99])
-            .filter(|v| v.is_finite())
-            .fold(1.0, f64::max)
-            * 1.1;
+        // Logarithmic latency: p50 and p99 differ by an order of magnitude or more, and a linear
+        // axis squashes the p50 lines.
+        let values = || {
+            reports
+                .iter()
+                .flat_map(|r| r.points.iter().map(pick))
+                .flat_map(|c| [c.idem.p50, c.raw.p50, c.idem.p99, c.raw.p99])
+                .filter(|v| v.is_finite() && *v > 0.0)
+        };
+        let y_max = values().fold(1.0, f64::max) * 1.5;
+        let y_min = values().fold(y_max, f64::min) / 1.5;
         let mut chart = ChartBuilder::on(panel)
             .caption(title, ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(56)
-            .build_cartesian_2d((0.5..x_max).log_scale(), 0.0..y_max)
+            .build_cartesian_2d((0.5..x_max).log_scale(), (y_min..y_max).log_scale())
             .map_err(|e| err(&e))?;
         chart
             .configure_mesh()
             .x_desc("live records")
             .y_desc("latency µs")
             .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
             .draw()
             .map_err(|e| err(&e))?;
         for (i, r) in reports.iter().enumerate() {

@@ -1,8 +1,9 @@
 //! The bare engine operations idem's are measured against, and the fast prefill of live records.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Fingerprint, Timestamp};
+use idem_core::{Fingerprint, KeyStore, Timestamp};
 use idemkit::Opened;
 use idemkit::postgres::{PostgresStore, sqlx};
 use idemkit::redis::{RedisStore, redis};
@@ -183,17 +184,19 @@ impl Raw {
     }
 
     /// SQL only: inserts completed records `from..to` in `scope` straight into the store's table
-    /// in one statement (and as many rows into `idem_bench_raw`), answering `false` on Redis,
-    /// whose record format belongs to its scripts (the caller fills through the store there).
+    /// in one statement (and as many rows into `idem_bench_raw`), written at `at` and expiring at
+    /// `at + FILL_TTL` (an `at` over an hour ago fills expired records, for the purge bench);
+    /// answers `false` on Redis, whose record format belongs to its scripts (the caller fills
+    /// through the store there).
     pub(super) async fn prefill(
         &self,
         run: &str,
         scope: &str,
         fp: &Fingerprint,
-        from: u64,
-        to: u64,
+        (from, to): (u64, u64),
+        at: Timestamp,
     ) -> Result<bool, BoxError> {
-        let now = i64::try_from(Timestamp::now().as_millis())?;
+        let now = i64::try_from(at.as_millis())?;
         let expires = now + i64::try_from(FILL_TTL.as_millis())?;
         // Columns in the schema's order; the key is `f-<i>`, the token id 32 hex digits.
         match self {
@@ -209,7 +212,7 @@ impl Raw {
                 let (scope, fp, raw_prefix) = (
                     scope.to_owned(),
                     fp.as_str().to_owned(),
-                    format!("idem-bench:{run}:fill:"),
+                    format!("idem-bench:{run}:{scope}:"),
                 );
                 let (from, to) = (i64::try_from(from)?, i64::try_from(to)?);
                 s.with_connection(move |c| {
@@ -244,7 +247,7 @@ impl Raw {
                 )
                 .bind(from)
                 .bind(to)
-                .bind(format!("idem-bench:{run}:fill:"))
+                .bind(format!("idem-bench:{run}:{scope}:"))
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;
@@ -299,17 +302,20 @@ impl Raw {
         })
     }
 
-    /// Removes bench run `run`'s scratch rows and prefilled records (Redis keys expire on
-    /// their own). The measured records stay, as records of any caller would.
-    pub(super) async fn clean(&self, run: &str, fill_scope: &str) -> Result<(), BoxError> {
+    /// Removes bench run `run`'s scratch rows and the records of its prefilled `scopes`. On SQL
+    /// the measured records stay, as records of any caller would; on Redis the whole run lives
+    /// under a key prefix of its own ([`Raw::bench_store`]), and all of it goes.
+    pub(super) async fn clean(&self, run: &str, scopes: &[&str]) -> Result<(), BoxError> {
         let pattern = format!("idem-bench:{run}:%");
+        let scopes: Vec<String> = scopes.iter().map(|s| (*s).to_owned()).collect();
         match self {
             Raw::Sqlite(s) => {
                 let records = format!("DELETE FROM {} WHERE scope = ?1", s.table());
-                let fill_scope = fill_scope.to_owned();
                 s.with_connection(move |c| {
                     c.execute("DELETE FROM idem_bench_raw WHERE k LIKE ?1", [&pattern])?;
-                    c.execute(&records, [&fill_scope])
+                    scopes
+                        .iter()
+                        .try_for_each(|scope| c.execute(&records, [scope]).map(drop))
                 })
                 .await??;
             }
@@ -319,15 +325,61 @@ impl Raw {
                     .execute(s.pool())
                     .await?;
                 sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "DELETE FROM {} WHERE scope = $1",
+                    "DELETE FROM {} WHERE scope = ANY($1)",
                     s.qualified_table()
                 )))
-                .bind(fill_scope)
+                .bind(scopes)
                 .execute(s.pool())
                 .await?;
             }
-            Raw::Redis(_) => {}
+            Raw::Redis(conn) => {
+                // SCAN visits every key once over the whole walk; UNLINK frees off the main thread.
+                let mut conn = conn.clone();
+                let pattern = format!("{}:*", redis_prefix(run));
+                let mut cursor: u64 = 0;
+                loop {
+                    let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(10_000)
+                        .query_async(&mut conn)
+                        .await?;
+                    if !keys.is_empty() {
+                        let _: i64 = redis::cmd("UNLINK")
+                            .arg(&keys)
+                            .query_async(&mut conn)
+                            .await?;
+                    }
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
         }
         Ok(())
     }
+
+    /// The store to measure: the one opened, except on Redis, where it is the same store under
+    /// the run's own key prefix, so that [`Raw::clean`] can remove millions of prefilled records
+    /// and their index entries without touching anybody else's.
+    pub(super) fn bench_store(
+        &self,
+        opened: &Opened,
+        run: &str,
+    ) -> Result<Arc<dyn KeyStore>, BoxError> {
+        Ok(match (self, opened.engine::<RedisStore>()) {
+            (Raw::Redis(_), Some(store)) => {
+                Arc::new(store.clone().with_prefix(&redis_prefix(run))?)
+            }
+            _ => opened.store(),
+        })
+    }
+}
+
+/// The key prefix of bench run `run` on Redis.
+fn redis_prefix(run: &str) -> String {
+    format!("idem-bench-{run}")
 }

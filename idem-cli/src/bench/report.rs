@@ -105,6 +105,109 @@ pub struct Point {
     pub bytes_per_record: Option<f64>,
 }
 
+/// Claims while expired records are purged (`idem bench --purge N`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PurgePoint {
+    /// Expired records filled before purging.
+    pub expired: u64,
+    /// Records `purge_expired` deleted (all expired records of the store, the filled ones
+    /// included).
+    pub deleted: usize,
+    /// `purge_expired` calls made.
+    pub batches: usize,
+    /// Records per call asked for.
+    pub batch: usize,
+    /// How long the purge took, seconds.
+    pub seconds: f64,
+    /// A claim of a new key with nothing else running.
+    pub idle_claim: Stats,
+    /// A claim of a new key while the purge runs.
+    pub busy_claim: Stats,
+    /// A whole first execution (claim + complete), idle.
+    pub idle_first: Stats,
+    /// A whole first execution, while the purge runs.
+    pub busy_first: Stats,
+    /// `store_bytes` before the fill, after it, and after the purge.
+    pub store_bytes: [u64; 3],
+    /// How far this process's resident set grew while purging, KiB (Linux).
+    pub client_rss_growth_kib: Option<u64>,
+}
+
+impl PurgePoint {
+    fn to_json(&self) -> Value {
+        json!({
+            "expired": self.expired,
+            "deleted": self.deleted,
+            "batches": self.batches,
+            "batch": self.batch,
+            "seconds": self.seconds,
+            "records_per_second": self.deleted as f64 / self.seconds,
+            "claim": {
+                "idle": self.idle_claim.to_json(),
+                "purging": self.busy_claim.to_json(),
+                "ratio": self.busy_claim.p50 / self.idle_claim.p50,
+                "ratio_p99": self.busy_claim.p99 / self.idle_claim.p99,
+            },
+            "first_execution": {
+                "idle": self.idle_first.to_json(),
+                "purging": self.busy_first.to_json(),
+                "ratio": self.busy_first.p50 / self.idle_first.p50,
+                "ratio_p99": self.busy_first.p99 / self.idle_first.p99,
+            },
+            "store_bytes": {
+                "before_fill": self.store_bytes[0],
+                "after_fill": self.store_bytes[1],
+                "after_purge": self.store_bytes[2],
+            },
+            "client_rss_growth_kib": self.client_rss_growth_kib,
+        })
+    }
+}
+
+impl fmt::Display for PurgePoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "\npurge: {} expired records filled; purge_expired deleted {} in {} batches of {} in {:.1} s ({:.0}/s)",
+            self.expired,
+            self.deleted,
+            self.batches,
+            self.batch,
+            self.seconds,
+            self.deleted as f64 / self.seconds
+        )?;
+        writeln!(
+            f,
+            "{:<20}{:>10}{:>10}{:>10}{:>10}{:>8}{:>8}",
+            "", "idle p50", "purge p50", "idle p99", "purge p99", "p50 ×", "p99 ×"
+        )?;
+        for (name, idle, busy) in [
+            ("claim (new key)", self.idle_claim, self.busy_claim),
+            ("first execution", self.idle_first, self.busy_first),
+        ] {
+            writeln!(
+                f,
+                "{name:<20}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>7.2}×{:>7.2}×",
+                idle.p50,
+                busy.p50,
+                idle.p99,
+                busy.p99,
+                busy.p50 / idle.p50,
+                busy.p99 / idle.p99
+            )?;
+        }
+        let [before, filled, purged] = self.store_bytes;
+        write!(
+            f,
+            "store bytes: {before} before the fill, {filled} after it, {purged} after the purge"
+        )?;
+        match self.client_rss_growth_kib {
+            Some(kib) => writeln!(f, "; this process grew by {kib} KiB while purging"),
+            None => writeln!(f),
+        }
+    }
+}
+
 /// What `idem bench` measured.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BenchReport {
@@ -116,6 +219,8 @@ pub struct BenchReport {
     pub fingerprint_us: f64,
     /// One entry per `--records` value, ascending.
     pub points: Vec<Point>,
+    /// Claims while purging, with `--purge`.
+    pub purge: Option<PurgePoint>,
 }
 
 impl BenchReport {
@@ -151,6 +256,7 @@ impl BenchReport {
             "first_execution": first.first.to_json(),
             "replay": first.replay.to_json(),
             "points": points,
+            "purge": self.purge.as_ref().map(PurgePoint::to_json),
         })
     }
 
@@ -173,6 +279,7 @@ impl BenchReport {
                     ..Point::default()
                 })
                 .collect(),
+            purge: None,
         })
     }
 }
@@ -239,6 +346,9 @@ impl fmt::Display for BenchReport {
             if let Some(read) = p.read_idem_row {
                 alone("  SELECT * record", read)?;
             }
+        }
+        if let Some(purge) = &self.purge {
+            write!(f, "{purge}")?;
         }
         Ok(())
     }
