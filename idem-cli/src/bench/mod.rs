@@ -107,6 +107,7 @@ async fn run(
         for (i, &target) in records.iter().enumerate() {
             if target > filled {
                 prefill(&setup, &fill_scope, (filled, target), Timestamp::now()).await?;
+                setup.raw.settle().await?;
                 filled = target;
             }
             let store_bytes = setup.raw.store_bytes().await?;
@@ -225,6 +226,7 @@ async fn purge_under_load(
     let before_fill = setup.raw.store_bytes().await?;
     let written = Timestamp::now() - raw::FILL_TTL - Duration::from_secs(3600);
     prefill(setup, scope, (0, expired), written).await?;
+    setup.raw.settle().await?;
     let after_fill = setup.raw.store_bytes().await?;
     let callers = opts.concurrency.max(1);
     let idle = claims(setup, "claims-idle", callers, Until::Count(opts.operations)).await?;

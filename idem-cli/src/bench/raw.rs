@@ -265,6 +265,36 @@ impl Raw {
         Ok(true)
     }
 
+    /// After a bulk fill, brings the engine back to the steady state of a store that grew by
+    /// ordinary traffic, so that the measurement does not pay for the fill: SQLite checkpoints
+    /// the write-ahead log into the database file and truncates it (a fill of millions of rows
+    /// leaves gigabytes of it, which ordinary commits would otherwise checkpoint while being
+    /// timed); PostgreSQL vacuums and analyses the records table and checkpoints (the
+    /// `CHECKPOINT` needs a superuser or `pg_checkpoint`; without it, it is skipped). Nothing on
+    /// Redis.
+    pub(super) async fn settle(&self) -> Result<(), BoxError> {
+        match self {
+            Raw::Sqlite(s) => {
+                s.with_connection(|c| {
+                    c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                        r.get::<_, i64>(0)
+                    })
+                })
+                .await??;
+            }
+            Raw::Postgres(s) => {
+                for table in [s.qualified_table(), "idem_bench_raw"] {
+                    sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM (ANALYZE) {table}")))
+                        .execute(s.pool())
+                        .await?;
+                }
+                let _ = sqlx::query("CHECKPOINT").execute(s.pool()).await;
+            }
+            Raw::Redis(_) => {}
+        }
+        Ok(())
+    }
+
     /// What the store occupies, in bytes: PostgreSQL the records table with its indexes
     /// (`pg_total_relation_size`), SQLite the database file (pages in use), Redis `used_memory`.
     pub(super) async fn store_bytes(&self) -> Result<u64, BoxError> {
