@@ -145,6 +145,9 @@ pub(crate) enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Also write the JSON report to this file (for `--plot-with` later).
+        #[arg(long, value_name = "REPORT.json")]
+        save: Option<PathBuf>,
         /// Draw p50 and p99 against live records into this SVG file.
         #[arg(long, value_name = "FILE.svg")]
         plot: Option<PathBuf>,

@@ -114,6 +114,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             purge,
             purge_batch,
             json,
+            save,
             plot,
             plot_with,
         } => {
@@ -129,6 +130,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let report = bench::bench(&store, &opts)
                 .await
                 .map_err(|e| e.context(format!("bench on {store}")))?;
+            if let Some(path) = &save {
+                std::fs::write(path, format!("{}\n", report.to_json()))
+                    .map_err(|e| Failure::other(format!("{}: {e}", path.display())))?;
+            }
             if json {
                 println!("{}", report.to_json());
             } else {
