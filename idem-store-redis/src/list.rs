@@ -8,6 +8,15 @@ use crate::error::classify;
 use crate::keys::{self, BUCKETS, BucketKeys};
 use crate::record::{self, Fields};
 
+/// The scope and key of the record an index entry names.
+fn names(member: &str) -> Result<(String, String), StoreError> {
+    keys::names_of_member(member).ok_or_else(|| {
+        StoreError::corrupt(format!(
+            "redis index entry {member:?} names no scope and key"
+        ))
+    })
+}
+
 /// How many index entries a list reads per page.
 const LIST_PAGE: usize = 256;
 
@@ -49,8 +58,8 @@ impl RedisStore {
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| classify("list_in_flight", e))?;
-                for fields in &replies {
-                    match record::record(fields) {
+                for (m, fields) in members.iter().zip(replies) {
+                    match record::record(fields, || names(m)) {
                         Ok(Some(r)) if r.is_stale_processing(older_than) => {
                             found += 1;
                             stale.push(r);
@@ -127,8 +136,8 @@ impl RedisStore {
                         .query_async(&mut conn)
                         .await
                         .map_err(|e| classify("list", e))?;
-                    for fields in &replies {
-                        match record::record(fields) {
+                    for (m, fields) in wanted.iter().zip(replies) {
+                        match record::record(fields, || names(m)) {
                             Ok(Some(r)) if filter.matches(&r, now) => found.push(r),
                             Ok(_) => {}
                             Err(e) => {
