@@ -98,7 +98,8 @@ impl RedisStore {
         }
         // A member is `<hex scope>:<hex key>`, so a scope filters members before any record is
         // read. `processing` records are read from the lease index, the others from the expiry
-        // index, from `now` on (the live ones).
+        // index (all of it: an entry's score is at most its record's expiry, which a completion
+        // moves later without rewriting the entry; expired records are skipped once read).
         let scope_prefix = filter
             .scope
             .as_ref()
@@ -109,7 +110,8 @@ impl RedisStore {
                 Some(idem_core::RecordState::Processing) => {
                     (&bucket_keys.lease_index, "-inf".to_owned())
                 }
-                _ => (&bucket_keys.expiry_index, format!("({}", now.as_millis())),
+                // From the start: an entry's score may lag behind its record's later expiry.
+                _ => (&bucket_keys.expiry_index, "-inf".to_owned()),
             };
             let mut offset = 0usize;
             loop {

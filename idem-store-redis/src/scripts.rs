@@ -12,6 +12,9 @@
 //!   client delivers twice (the cluster client resends a command whose connection broke) finds its
 //!   own nonce and answers as the first delivery did, instead of being fenced by its own write.
 //! - Reads and type checks come before the first write, so an error cannot leave half a record.
+//! - The expiry index scores a record at most at its `expires_at` (purge re-scores what it finds
+//!   live), so a write that moves `expires_at` later (a completion, an extension, a reclaim) leaves
+//!   the entry alone; only a new record, or an earlier `expires_at`, writes it.
 //! - A record's index entry (its member) is the tail of its key, `KEYS[1]` from `#KEYS[2]` on
 //!   (`<base>:r:<member>` against `<base>:exp`): it is not sent.
 //!
@@ -111,7 +114,7 @@ local function write(kind, fp, ca, newseq, att, rec)
   drop_v1(KEYS[1], rec)
   if r[2] then redis.call('HDEL', KEYS[1], 'o') end
   local mb = member()
-  redis.call('ZADD', KEYS[2], ARGV[5], mb)
+  if not rec or tonumber(ARGV[5]) < (tonumber(rec.ea) or 0) then redis.call('ZADD', KEYS[2], ARGV[5], mb) end
   redis.call('ZADD', KEYS[3], ARGV[4], mb)
   gc(KEYS[1], ARGV[8])
   return {'claimed', newseq, att, kind}
@@ -166,7 +169,7 @@ if not (mine and rec.st == 'p' and (tonumber(rec.ea) or 0) > now) then return 'f
 redis.call('HSET', KEYS[1], 'm', meta(ARGV[5], rec.ck, rec.fp, rec.tid, ARGV[1], ARGV[7], rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]), 'o', ARGV[6])
 drop_v1(KEYS[1], rec)
 local mb = member()
-redis.call('ZADD', KEYS[2], ARGV[7], mb)
+if tonumber(ARGV[7]) < tonumber(rec.ea) then redis.call('ZADD', KEYS[2], ARGV[7], mb) end
 redis.call('ZREM', KEYS[3], mb)
 gc(KEYS[1], ARGV[8])
 if ARGV[5] == 'c' then return 'completed' end
@@ -212,9 +215,8 @@ if lu_new <= lu_old then lu_new, lu_s = lu_old, rec.lu end
 local ea_new = math.max(ea, lu_new + math.max(ea - lu_old, 0))
 local ea_s = rec.ea
 if ea_new > ea then ea_s = fmt(ea_new) end
-local mb = member()
-redis.call('ZADD', KEYS[2], ea_s, mb)
-redis.call('ZADD', KEYS[3], lu_s, mb)
+-- The expiry only moves later (ea_new >= ea): its index entry stays as it is.
+redis.call('ZADD', KEYS[3], lu_s, member())
 redis.call('HSET', KEYS[1], 'm', meta('p', rec.ck, rec.fp, rec.tid, ARGV[1], ea_s, lu_s, rec.seq, rec.att, rec.ca, ARGV[2]))
 drop_v1(KEYS[1], rec)
 local ttl = ea_new - now + tonumber(ARGV[6])
