@@ -128,11 +128,11 @@ fn record_v2(
     let mut next = |what: &str| -> Result<i64, StoreError> {
         integer_from_text(what, numbers.next().ok_or_else(bad)?)
     };
-    let expires_at = next("expires_at")?;
-    let lease_until = next("lease_until")?;
     let token_seq = next("token_seq")?;
     let attempt = next("attempt")?;
+    let lease_until = next("lease_until")?;
     let created_at = next("created_at")?;
+    let expires_at = next("expires_at")?;
     let updated_at = next("updated_at")?;
     if numbers.next().is_some() {
         return Err(bad());

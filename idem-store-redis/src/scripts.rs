@@ -22,12 +22,12 @@
 //! string, and field `o`, the outcome, when there is one:
 //!
 //! ```text
-//! m = st ck fp tid n ea '|' lu '|' seq '|' att '|' ca '|' ua
+//! m = st ck fp tid n seq '|' att '|' lu '|' ca '|' ea '|' ua
 //!     st: 1 char (p processing, c completed, f failed_retryable)
 //!     ck: 1 char, how the claim was won (n new, e expired_replaced, r retry, t taken_over)
 //!     fp: 64 hex digits; tid: 32 hex digits (token id); n: 32 hex digits (nonce of the last write)
-//!     then decimal milliseconds and counters: expires_at, lease_until, token seq, attempt,
-//!     created_at, updated_at
+//!     then decimal counters and milliseconds: token seq, attempt, lease_until, created_at,
+//!     expires_at, updated_at (what a completion keeps first, what it replaces last)
 //! o = status '|' class (d definitive, r retryable) '|' body
 //! ```
 //!
@@ -39,7 +39,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Helpers every script starts with.
+/// Helpers every script defines after its hot path (a function defined is a closure made on
+/// every call: the hot paths return before).
 const PRELUDE: &str = r#"
 local function fmt(x)
   if x >= 18446744073709551615 then return '18446744073709551615' end
@@ -51,14 +52,12 @@ end
 local function member() return string.sub(KEYS[1], #KEYS[2]) end
 -- The record in format 2 (its field m) as a table, or nil and why.
 local function parse(m)
-  local ea, lu, seq, att, ca, ua = string.match(m, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$', 131)
+  local seq, att, lu, ca, ea, ua = string.match(m, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$', 131)
   if not ua or #m < 131 then return nil, 'metadata is malformed' end
   return {st = string.sub(m, 1, 1), ck = string.sub(m, 2, 2), fp = string.sub(m, 3, 66),
     tid = string.sub(m, 67, 98), n = string.sub(m, 99, 130), ea = ea, lu = lu, seq = seq,
     att = att, ca = ca, ua = ua}
 end
-local V1_STATES = {processing = 'p', completed = 'c', failed_retryable = 'f'}
-local V1_KINDS = {new = 'n', expired_replaced = 'e', retry = 'r', taken_over = 't'}
 -- A record in format 1 as the same table (v1 = true), nil if there is none, or nil and why.
 local function load_v1(key)
   local r = redis.call('HMGET', key, 'st', 'seq', 'tid', 'ea', 'fp', 'lu', 'att', 'n', 'ck', 'ca', 'ua')
@@ -66,8 +65,10 @@ local function load_v1(key)
   for i = 1, 11 do
     if not r[i] then return nil, 'a field of the record is missing' end
   end
-  return {v1 = true, st = V1_STATES[r[1]] or r[1], seq = r[2], tid = r[3], ea = r[4], fp = r[5],
-    lu = r[6], att = r[7], n = r[8], ck = V1_KINDS[r[9]] or r[9], ca = r[10], ua = r[11]}
+  local states = {processing = 'p', completed = 'c', failed_retryable = 'f'}
+  local kinds = {new = 'n', expired_replaced = 'e', retry = 'r', taken_over = 't'}
+  return {v1 = true, st = states[r[1]] or r[1], seq = r[2], tid = r[3], ea = r[4], fp = r[5],
+    lu = r[6], att = r[7], n = r[8], ck = kinds[r[9]] or r[9], ca = r[10], ua = r[11]}
 end
 -- The record (either format) given its field m (nil if absent), nil if there is none, or nil and why.
 local function load(key, m)
@@ -90,24 +91,39 @@ local function drop_v1(key, rec)
   end
 end
 local function meta(st, ck, fp, tid, n, ea, lu, seq, att, ca, ua)
-  return st .. ck .. fp .. tid .. n .. ea .. '|' .. lu .. '|' .. seq .. '|' .. att .. '|' .. ca .. '|' .. ua
+  return st .. ck .. fp .. tid .. n .. seq .. '|' .. att .. '|' .. lu .. '|' .. ca .. '|' .. ea .. '|' .. ua
 end
 "#;
 
 /// KEYS: record, expiry index, lease index.
 /// ARGV: token id (the nonce), fingerprint, now, new lease_until, new expires_at, lease ms,
 /// takeover ('1' or '0'), native ttl ms ('' for none).
-/// Answers `{'replay', o}`, `{'claimed', seq, attempt, kind char}`, `{'in_flight', ms, stale}`,
-/// `{'mismatch'}` or `{'corrupt', why}`.
-const CLAIM: &str = r#"
+/// Answers the outcome `o` (a bulk string: a replay), the status reply `seq|attempt|kind char`
+/// (claimed), `{'in_flight', ms, stale}`, `{'mismatch'}` or `{'corrupt', why}`: the two hot
+/// answers are one string each (every element of a script's answer costs the server a
+/// conversion).
+const CLAIM_HOT: &str = r#"
 local now = tonumber(ARGV[3])
 local r = redis.call('HMGET', KEYS[1], 'm', 'o', 'st')
 local m = r[1]
--- The hot path: a live completed record of this request replays without unpacking the rest.
-if m and string.sub(m, 1, 1) == 'c' and r[2] and string.sub(m, 3, 66) == ARGV[2] then
-  local ea = tonumber(string.match(m, '^%d+', 131))
-  if ea and ea > now then return {'replay', r[2]} end
+if m then
+  -- A live completed record of this request replays without unpacking the rest.
+  if string.sub(m, 1, 1) == 'c' and r[2] and string.sub(m, 3, 66) == ARGV[2] then
+    local ea = tonumber(string.match(m, '^%d+|%d+|%d+|%d+|(%d+)|', 131))
+    if ea and ea > now then return r[2] end
+  end
+elseif not r[2] and not r[3] then
+  -- No record: a new claim (the key has no native expiry to clear).
+  redis.call('HSET', KEYS[1], 'm', 'pn' .. ARGV[2] .. ARGV[1] .. ARGV[1] .. '1|1|' .. ARGV[4] .. '|' .. ARGV[3] .. '|' .. ARGV[5] .. '|' .. ARGV[3])
+  local mb = string.sub(KEYS[1], #KEYS[2])
+  redis.call('ZADD', KEYS[2], ARGV[5], mb)
+  redis.call('ZADD', KEYS[3], ARGV[4], mb)
+  if ARGV[8] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
+  return {ok = '1|1|n'}
 end
+"#;
+
+const CLAIM: &str = r#"
 -- rec: the record replaced or reclaimed, nil for none.
 local function write(kind, fp, ca, newseq, att, rec)
   redis.call('HSET', KEYS[1], 'm', meta('p', kind, fp, ARGV[1], ARGV[1], ARGV[5], ARGV[4], newseq, att, ca, ARGV[3]))
@@ -117,13 +133,13 @@ local function write(kind, fp, ca, newseq, att, rec)
   if not rec or tonumber(ARGV[5]) < (tonumber(rec.ea) or 0) then redis.call('ZADD', KEYS[2], ARGV[5], mb) end
   redis.call('ZADD', KEYS[3], ARGV[4], mb)
   gc(KEYS[1], ARGV[8])
-  return {'claimed', newseq, att, kind}
+  return {ok = newseq .. '|' .. att .. '|' .. kind}
 end
 if not m and not r[3] then return write('n', ARGV[2], ARGV[3], '1', '1', nil) end
 local rec, why = load(KEYS[1], m)
 if not rec then return {'corrupt', why or 'unreadable record'} end
 if rec.n == ARGV[1] and rec.tid == ARGV[1] then
-  return {'claimed', rec.seq, rec.att, rec.ck}
+  return {ok = rec.seq .. '|' .. rec.att .. '|' .. rec.ck}
 end
 local ea = tonumber(rec.ea)
 if not ea then return {'corrupt', 'expires_at is missing or not a number'} end
@@ -137,7 +153,7 @@ end
 if rec.st == 'c' then
   local o = r[2]
   if rec.v1 then o = outcome_v1(KEYS[1]) end
-  if o then return {'replay', o} end
+  if o then return o end
   return {'in_flight', ARGV[6], '1'}
 elseif rec.st == 'p' then
   local lu = tonumber(rec.lu)
@@ -154,9 +170,26 @@ return {'corrupt', 'unknown state'}
 /// KEYS: record, expiry index, lease index.
 /// ARGV: nonce, now, seq, token id, new state char, outcome (`status|class|body`), new
 /// expires_at, native ttl ms ('' for none).
-const COMPLETE: &str = r#"
+const COMPLETE_HOT: &str = r#"
 local now = tonumber(ARGV[2])
 local r = redis.call('HMGET', KEYS[1], 'm', 'st')
+local m = r[1]
+-- The holder of a live format-2 claim: splice the new state, nonce, expiry and update time in.
+if m and string.sub(m, 1, 1) == 'p' and string.sub(m, 67, 98) == ARGV[4] and string.sub(m, 99, 130) ~= ARGV[1] then
+  local keep, ea = string.match(m, '^(%d+|%d+|%d+|%d+)|(%d+)|%d+$', 131)
+  if keep and string.sub(keep, 1, #ARGV[3] + 1) == ARGV[3] .. '|' and tonumber(ea) > now then
+    redis.call('HSET', KEYS[1], 'm', ARGV[5] .. string.sub(m, 2, 98) .. ARGV[1] .. keep .. '|' .. ARGV[7] .. '|' .. ARGV[2], 'o', ARGV[6])
+    local mb = string.sub(KEYS[1], #KEYS[2])
+    if tonumber(ARGV[7]) < tonumber(ea) then redis.call('ZADD', KEYS[2], ARGV[7], mb) end
+    redis.call('ZREM', KEYS[3], mb)
+    if ARGV[8] == '' then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
+    if ARGV[5] == 'c' then return 'completed' end
+    return 'marked_retryable'
+  end
+end
+"#;
+
+const COMPLETE: &str = r#"
 if not r[1] and not r[2] then return 'fenced' end
 local rec = load(KEYS[1], r[1])
 if not rec then return 'corrupt' end
@@ -236,7 +269,7 @@ for i = 3, #KEYS do
   local m = ARGV[i - 1]
   local r = redis.call('HMGET', KEYS[i], 'm', 'ea')
   local ea = r[2]
-  if r[1] then ea = string.match(r[1], '^%d+', 131) or '0' end
+  if r[1] then ea = string.match(r[1], '^%d+|%d+|%d+|%d+|(%d+)|', 131) or '0' end
   if not ea then
     redis.call('ZREM', KEYS[1], m)
     redis.call('ZREM', KEYS[2], m)
@@ -272,11 +305,17 @@ return 1
 "#;
 
 fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}{body}"))
+    hot_script("", body)
 }
 
-pub(crate) static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CLAIM));
-pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(COMPLETE));
+/// A script whose hot path `hot` runs before the helpers are defined.
+fn hot_script(hot: &str, body: &str) -> Script {
+    Script::new(&format!("{hot}{PRELUDE}{body}"))
+}
+
+pub(crate) static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| hot_script(CLAIM_HOT, CLAIM));
+pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| hot_script(COMPLETE_HOT, COMPLETE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RELEASE));
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(EXTEND));
 pub(crate) static PURGE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(PURGE));

@@ -135,38 +135,17 @@ fn text(v: Option<&Value>) -> Result<&str, StoreError> {
 }
 
 fn parse_claim(reply: Value, token_id: u128) -> Result<ClaimAnswer, StoreError> {
-    let Value::Array(mut reply) = reply else {
-        return Err(StoreError::corrupt(format!(
-            "redis claim script: unknown answer {reply:?}"
-        )));
+    let reply = match reply {
+        Value::BulkString(o) => return Ok(ClaimAnswer::Replay(record::outcome(o)?)),
+        Value::SimpleString(claimed) => return parse_claimed(&claimed, token_id),
+        Value::Array(reply) => reply,
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "redis claim script: unknown answer {other:?}"
+            )));
+        }
     };
     match text(reply.first())? {
-        "replay" => match reply.pop() {
-            Some(Value::BulkString(o)) if reply.len() == 1 => {
-                Ok(ClaimAnswer::Replay(record::outcome(o)?))
-            }
-            _ => Err(short()),
-        },
-        "claimed" => {
-            let seq = record::number("token seq", text(reply.get(1))?)?;
-            let attempt = record::number("attempt", text(reply.get(2))?)?;
-            let kind = match text(reply.get(3))? {
-                "n" => ClaimKind::New,
-                "e" => ClaimKind::ExpiredReplaced,
-                "r" => ClaimKind::Retry,
-                "t" => ClaimKind::TakenOver,
-                other => {
-                    return Err(StoreError::corrupt(format!(
-                        "redis record: claim kind {other:?}"
-                    )));
-                }
-            };
-            Ok(ClaimAnswer::Claimed {
-                token: Token::with_id(seq, token_id),
-                attempt,
-                kind,
-            })
-        }
         "in_flight" => {
             let ms: u64 = record::number("retry_after", text(reply.get(1))?)?;
             Ok(ClaimAnswer::InFlight {
@@ -183,6 +162,30 @@ fn parse_claim(reply: Value, token_id: u128) -> Result<ClaimAnswer, StoreError> 
             "redis claim script: unknown answer {other:?}"
         ))),
     }
+}
+
+/// `seq|attempt|kind`, the claim script's answer when it claimed.
+fn parse_claimed(claimed: &str, token_id: u128) -> Result<ClaimAnswer, StoreError> {
+    let mut parts = claimed.split('|');
+    let mut part = || parts.next().ok_or_else(short);
+    let seq = record::number("token seq", part()?)?;
+    let attempt = record::number("attempt", part()?)?;
+    let kind = match part()? {
+        "n" => ClaimKind::New,
+        "e" => ClaimKind::ExpiredReplaced,
+        "r" => ClaimKind::Retry,
+        "t" => ClaimKind::TakenOver,
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "redis record: claim kind {other:?}"
+            )));
+        }
+    };
+    Ok(ClaimAnswer::Claimed {
+        token: Token::with_id(seq, token_id),
+        attempt,
+        kind,
+    })
 }
 
 #[async_trait]
