@@ -44,7 +44,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 fn unhex(hex: &str) -> Option<String> {
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let bytes = hex.as_bytes();
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return None;
     }
     let raw = bytes
