@@ -97,7 +97,9 @@ end
 
 /// KEYS: record, expiry index, lease index.
 /// ARGV: token id (the nonce), fingerprint, now, new lease_until, new expires_at, lease ms,
-/// takeover ('1' or '0'), native ttl ms ('' for none).
+/// takeover ('1' or '0'), native ttl ms ('' for none), the metadata `m` of a new record
+/// (`pn fp tid tid 1|1|lu|now|ea|now`, built by the client: string building in Lua costs the
+/// server more than sending the string).
 /// Answers the outcome `o` (a bulk string: a replay), the status reply `seq|attempt|kind char`
 /// (claimed), `{'in_flight', ms, stale}`, `{'mismatch'}` or `{'corrupt', why}`: the two hot
 /// answers are one string each (every element of a script's answer costs the server a
@@ -114,7 +116,8 @@ if m then
   end
 elseif not r[2] and not r[3] then
   -- No record: a new claim (the key has no native expiry to clear).
-  redis.call('HSET', KEYS[1], 'm', 'pn' .. ARGV[2] .. ARGV[1] .. ARGV[1] .. '1|1|' .. ARGV[4] .. '|' .. ARGV[3] .. '|' .. ARGV[5] .. '|' .. ARGV[3])
+  -- The client built the new record's metadata (ARGV[9]): no string is built here.
+  redis.call('HSET', KEYS[1], 'm', ARGV[9])
   local mb = string.sub(KEYS[1], #KEYS[2])
   redis.call('ZADD', KEYS[2], ARGV[5], mb)
   redis.call('ZADD', KEYS[3], ARGV[4], mb)

@@ -54,6 +54,31 @@ impl ToRedisArgs for PackedOutcome<'_> {
     }
 }
 
+/// The metadata `m` of a new record (see `scripts.rs`), which the claim script stores as it is
+/// when the key is absent: `pn <fp> <tid> <tid> 1|1|<lease_until>|<now>|<expires_at>|<now>`.
+struct NewMeta<'a> {
+    fingerprint: &'a Fingerprint,
+    token_id: Hex32,
+    lease_until: u64,
+    now: u64,
+    expires_at: u64,
+}
+
+impl ToRedisArgs for NewMeta<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let tid = self.token_id.0;
+        let _ = write!(
+            out.writer_for_next_arg(),
+            "pn{}{tid:032x}{tid:032x}1|1|{}|{}|{}|{}",
+            self.fingerprint.as_str(),
+            self.lease_until,
+            self.now,
+            self.expires_at,
+            self.now
+        );
+    }
+}
+
 /// `EVALSHA <script> 3 <record> <expiry index> <lease index>`, for the arguments to follow.
 fn evalsha(script: &Script, keys: &RecordKeys) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
@@ -213,6 +238,13 @@ impl KeyStore for RedisStore {
             .arg(millis(policy.lease()).max(1))
             .arg(takeover);
         self.native_ttl_arg(&mut cmd, policy.ttl());
+        cmd.arg(NewMeta {
+            fingerprint,
+            token_id,
+            lease_until: (now + policy.lease()).as_millis(),
+            now: now.as_millis(),
+            expires_at: (now + policy.ttl()).as_millis(),
+        });
         let reply: Value = run(&CLAIM_SCRIPT, &cmd, &mut self.conn(), "claim").await?;
         let answer = parse_claim(reply, token_id.0)?;
         if let ClaimAnswer::Claimed { token, .. } = &answer
