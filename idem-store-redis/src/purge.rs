@@ -1,4 +1,10 @@
-//! Purging expired records, bucket by bucket, from the expiry index.
+//! Purging expired records, bucket by bucket, from the index.
+//!
+//! The index scores a `processing` record by its lease, so the range `-inf..now` also holds the
+//! live records whose lease has passed and that nobody reconciled yet: the script leaves them
+//! (`list_in_flight` must still find them) and the walk skips them with an offset. A call's cost
+//! is proportional to what it deletes plus that unreconciled stale backlog, never more than the
+//! bucket's index.
 
 use idem_core::{StoreError, Timestamp};
 
@@ -20,6 +26,8 @@ impl RedisStore {
                 break;
             }
             let keys = BucketKeys::new(&self.prefix, bucket);
+            // Entries left in the range (stale `processing` records): skipped.
+            let mut offset = 0usize;
             while deleted < limit {
                 let want = (limit - deleted).min(PURGE_BATCH);
                 let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
@@ -27,7 +35,7 @@ impl RedisStore {
                     .arg("-inf")
                     .arg(now.as_millis())
                     .arg("LIMIT")
-                    .arg(0)
+                    .arg(offset)
                     .arg(want)
                     .query_async(&mut conn)
                     .await
@@ -45,11 +53,12 @@ impl RedisStore {
                 for m in &members {
                     invocation.arg(m);
                 }
-                let n: usize = invocation
+                let (n, kept): (usize, usize) = invocation
                     .invoke_async(&mut conn)
                     .await
                     .map_err(|e| classify("purge_expired", e))?;
                 deleted += n;
+                offset += kept;
                 if members.len() < want {
                     break;
                 }
