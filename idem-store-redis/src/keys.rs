@@ -1,11 +1,10 @@
 //! Where records live: key names, buckets and hash tags.
 //!
 //! A record for (scope, key) is the hash `<prefix>:{b<NN>}:r:<hex scope>:<hex key>`, where `NN`
-//! is its bucket, `hash(scope, key) % BUCKETS`. Each bucket has one sorted-set index under the
-//! same hash tag, `<prefix>:{b<NN>}:exp` (every record: a `processing` one scored by its
-//! `lease_until`, any other by its `expires_at`), and format 1's `<prefix>:{b<NN>}:lease` (its
-//! `processing` records by `lease_until`, emptied as they are rewritten), so a script that writes
-//! a record and its index entry touches one cluster slot. Hex keeps the name injective:
+//! is its bucket, `hash(scope, key) % BUCKETS`. Each bucket has two sorted-set indexes under the
+//! same hash tag, `<prefix>:{b<NN>}:exp` (every record, scored by `expires_at`) and
+//! `<prefix>:{b<NN>}:lease` (the `processing` records, scored by `lease_until`), so a script that
+//! writes a record and its index entries touches one cluster slot. Hex keeps the name injective:
 //! no `{`, `}` or `:` of a scope or key can reach the name's structure.
 
 use idem_core::{IdempotencyKey, Scope};

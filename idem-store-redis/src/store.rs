@@ -79,8 +79,7 @@ impl ToRedisArgs for NewMeta<'_> {
     }
 }
 
-/// `EVALSHA <script> 3 <record> <bucket index> <format-1 lease index>`, for the arguments to
-/// follow.
+/// `EVALSHA <script> 3 <record> <expiry index> <lease index>`, for the arguments to follow.
 fn evalsha(script: &Script, keys: &RecordKeys) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash())
