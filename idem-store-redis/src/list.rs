@@ -1,5 +1,5 @@
-//! Listing by walking the per-bucket index (a `processing` record scored by its lease, the others
-//! by their expiry) and format 1's lease index; the records read back decide.
+//! Listing by walking the per-bucket indexes: the lease index for `processing` records, the
+//! expiry index for the others; the records read back decide.
 
 use idem_core::{ListFilter, Record, StoreError, Timestamp};
 
@@ -34,60 +34,47 @@ impl RedisStore {
         }
         for bucket in 0..BUCKETS {
             let keys = BucketKeys::new(&self.prefix, bucket);
-            // A member found in both indexes (a format-1 record) is read once.
-            let mut seen = std::collections::HashSet::new();
-            // The index scores a `processing` record by its lease (the range also holds expired
-            // records not purged yet: read and skipped); format 1's lease index holds its
-            // `processing` records by lease until they are rewritten or purged.
-            for index in [&keys.expiry_index, &keys.lease_index] {
-                let (mut found, mut offset) = (0usize, 0usize);
-                loop {
-                    let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                        .arg(index)
-                        .arg("-inf")
-                        .arg(older_than.as_millis())
-                        .arg("LIMIT")
-                        .arg(offset)
-                        .arg(LIST_PAGE)
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(|e| classify("list_in_flight", e))?;
-                    if members.is_empty() {
-                        break;
-                    }
-                    let fresh: Vec<&String> = members
-                        .iter()
-                        .filter(|m| seen.insert((*m).clone()))
-                        .collect();
-                    let mut pipe = redis::pipe();
-                    for m in &fresh {
-                        pipe.cmd("HGETALL").arg(keys.record(m));
-                    }
-                    let replies: Vec<Fields> = if fresh.is_empty() {
-                        Vec::new()
-                    } else {
-                        pipe.query_async(&mut conn)
-                            .await
-                            .map_err(|e| classify("list_in_flight", e))?
-                    };
-                    for (m, fields) in fresh.iter().zip(replies) {
-                        match record::record(fields, || names(m)) {
-                            Ok(Some(r)) if r.is_stale_processing(older_than) => {
-                                found += 1;
-                                stale.push(r);
-                            }
-                            Ok(_) => {}
-                            // One unreadable record must not stop reconciliation of the others.
-                            Err(e) => {
-                                tracing::warn!(backend = "redis", error = %e, "list_in_flight skipped a corrupt record")
-                            }
+            let (mut found, mut offset) = (0usize, 0usize);
+            loop {
+                // The index holds the `processing` records by lease; the records decide.
+                let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                    .arg(&keys.lease_index)
+                    .arg("-inf")
+                    .arg(older_than.as_millis())
+                    .arg("LIMIT")
+                    .arg(offset)
+                    .arg(LIST_PAGE)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| classify("list_in_flight", e))?;
+                if members.is_empty() {
+                    break;
+                }
+                let mut pipe = redis::pipe();
+                for m in &members {
+                    pipe.cmd("HGETALL").arg(keys.record(m));
+                }
+                let replies: Vec<Fields> = pipe
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| classify("list_in_flight", e))?;
+                for (m, fields) in members.iter().zip(replies) {
+                    match record::record(fields, || names(m)) {
+                        Ok(Some(r)) if r.is_stale_processing(older_than) => {
+                            found += 1;
+                            stale.push(r);
+                        }
+                        Ok(_) => {}
+                        // One unreadable record must not stop reconciliation of the others.
+                        Err(e) => {
+                            tracing::warn!(backend = "redis", error = %e, "list_in_flight skipped a corrupt record")
                         }
                     }
-                    if found >= limit || members.len() < LIST_PAGE {
-                        break;
-                    }
-                    offset += members.len();
                 }
+                if found >= limit || members.len() < LIST_PAGE {
+                    break;
+                }
+                offset += members.len();
             }
         }
         stale.sort_by(|a, b| {
@@ -110,20 +97,27 @@ impl RedisStore {
             return Ok(found);
         }
         // A member is `<hex scope>:<hex key>`, so a scope filters members before any record is
-        // read. Every record has an entry in its bucket's index (format 1's too), read whole:
-        // expired records are skipped once read.
+        // read. `processing` records are read from the lease index, the others from the expiry
+        // index (all of it: an entry's score is at most its record's expiry, which a completion
+        // moves later without rewriting the entry; expired records are skipped once read).
         let scope_prefix = filter
             .scope
             .as_ref()
             .map(|s| format!("{}:", keys::hex(s.as_str().as_bytes())));
         for bucket in 0..BUCKETS {
             let bucket_keys = BucketKeys::new(&self.prefix, bucket);
-            let (index, min) = (&bucket_keys.expiry_index, "-inf");
+            let (index, min) = match filter.state {
+                Some(idem_core::RecordState::Processing) => {
+                    (&bucket_keys.lease_index, "-inf".to_owned())
+                }
+                // From the start: an entry's score may lag behind its record's later expiry.
+                _ => (&bucket_keys.expiry_index, "-inf".to_owned()),
+            };
             let mut offset = 0usize;
             loop {
                 let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
                     .arg(index)
-                    .arg(min)
+                    .arg(&min)
                     .arg("+inf")
                     .arg("LIMIT")
                     .arg(offset)

@@ -1,10 +1,4 @@
-//! Purging expired records, bucket by bucket, from the index.
-//!
-//! The index scores a `processing` record by its lease, so the range `-inf..now` also holds the
-//! live records whose lease has passed and that nobody reconciled yet: the script leaves them
-//! (`list_in_flight` must still find them) and the walk skips them with an offset. A call's cost
-//! is proportional to what it deletes plus that unreconciled stale backlog, never more than the
-//! bucket's index.
+//! Purging expired records, bucket by bucket, from the expiry index.
 
 use idem_core::{StoreError, Timestamp};
 
@@ -26,8 +20,6 @@ impl RedisStore {
                 break;
             }
             let keys = BucketKeys::new(&self.prefix, bucket);
-            // Entries left in the range (stale `processing` records): skipped.
-            let mut offset = 0usize;
             while deleted < limit {
                 let want = (limit - deleted).min(PURGE_BATCH);
                 let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
@@ -35,7 +27,7 @@ impl RedisStore {
                     .arg("-inf")
                     .arg(now.as_millis())
                     .arg("LIMIT")
-                    .arg(offset)
+                    .arg(0)
                     .arg(want)
                     .query_async(&mut conn)
                     .await
@@ -53,12 +45,11 @@ impl RedisStore {
                 for m in &members {
                     invocation.arg(m);
                 }
-                let (n, kept): (usize, usize) = invocation
+                let n: usize = invocation
                     .invoke_async(&mut conn)
                     .await
                     .map_err(|e| classify("purge_expired", e))?;
                 deleted += n;
-                offset += kept;
                 if members.len() < want {
                     break;
                 }

@@ -12,13 +12,9 @@
 //!   client delivers twice (the cluster client resends a command whose connection broke) finds its
 //!   own nonce and answers as the first delivery did, instead of being fenced by its own write.
 //! - Reads and type checks come before the first write, so an error cannot leave half a record.
-//! - One index per bucket (`KEYS[2]`, `<base>:exp`): a `processing` record's entry is scored by
-//!   its `lease_until`, any other record's by its `expires_at` (at most: an entry written by
-//!   format 1 may lag). Every write re-scores the entry it changes: a claim, an extension, a
-//!   reclaim to the new lease, a completion or a release to the expiry. A lease is always before
-//!   the expiry (the ttl exceeds the lease), so every entry's score is at most its record's
-//!   `expires_at`. `KEYS[3]` is format 1's lease index: a write to a format-1 record removes
-//!   the record's entry there.
+//! - The expiry index scores a record at most at its `expires_at` (purge re-scores what it finds
+//!   live), so a write that moves `expires_at` later (a completion, an extension, a reclaim) leaves
+//!   the entry alone; only a new record, or an earlier `expires_at`, writes it.
 //! - A record's index entry (its member) is the tail of its key, `KEYS[1]` from `#KEYS[2]` on
 //!   (`<base>:r:<member>` against `<base>:exp`): it is not sent.
 //!
@@ -94,16 +90,12 @@ local function drop_v1(key, rec)
       'os', 'ob', 'oc', 'n')
   end
 end
--- A format-1 record also had an entry in the lease index (KEYS[3]); format 2 has one index.
-local function unindex_v1(rec, mb)
-  if rec and rec.v1 then redis.call('ZREM', KEYS[3], mb) end
-end
 local function meta(st, ck, fp, tid, n, ea, lu, seq, att, ca, ua)
   return st .. ck .. fp .. tid .. n .. seq .. '|' .. att .. '|' .. lu .. '|' .. ca .. '|' .. ea .. '|' .. ua
 end
 "#;
 
-/// KEYS: record, the bucket's index, its format-1 lease index.
+/// KEYS: record, expiry index, lease index.
 /// ARGV: token id (the nonce), fingerprint, now, new lease_until, new expires_at, lease ms,
 /// takeover ('1' or '0'), native ttl ms ('' for none), the metadata `m` of a new record
 /// (`pn fp tid tid 1|1|lu|now|ea|now`, built by the client: string building in Lua costs the
@@ -127,7 +119,8 @@ elseif not r[2] and not r[3] then
   -- The client built the new record's metadata (ARGV[9]): no string is built here.
   redis.call('HSET', KEYS[1], 'm', ARGV[9])
   local mb = string.sub(KEYS[1], #KEYS[2])
-  redis.call('ZADD', KEYS[2], ARGV[4], mb)
+  redis.call('ZADD', KEYS[2], ARGV[5], mb)
+  redis.call('ZADD', KEYS[3], ARGV[4], mb)
   if ARGV[8] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
   return {ok = '1|1|n'}
 end
@@ -140,8 +133,8 @@ local function write(kind, fp, ca, newseq, att, rec)
   drop_v1(KEYS[1], rec)
   if r[2] then redis.call('HDEL', KEYS[1], 'o') end
   local mb = member()
-  redis.call('ZADD', KEYS[2], ARGV[4], mb)
-  unindex_v1(rec, mb)
+  if not rec or tonumber(ARGV[5]) < (tonumber(rec.ea) or 0) then redis.call('ZADD', KEYS[2], ARGV[5], mb) end
+  redis.call('ZADD', KEYS[3], ARGV[4], mb)
   gc(KEYS[1], ARGV[8])
   return {ok = newseq .. '|' .. att .. '|' .. kind}
 end
@@ -177,7 +170,7 @@ end
 return {'corrupt', 'unknown state'}
 "#;
 
-/// KEYS: record, the bucket's index, its format-1 lease index.
+/// KEYS: record, expiry index, lease index.
 /// ARGV: nonce, now, seq, token id, new state char, outcome (`status|class|body`), new
 /// expires_at, native ttl ms ('' for none).
 const COMPLETE_HOT: &str = r#"
@@ -189,7 +182,9 @@ if m and string.sub(m, 1, 1) == 'p' and string.sub(m, 67, 98) == ARGV[4] and str
   local keep, ea = string.match(m, '^(%d+|%d+|%d+|%d+)|(%d+)|%d+$', 131)
   if keep and string.sub(keep, 1, #ARGV[3] + 1) == ARGV[3] .. '|' and tonumber(ea) > now then
     redis.call('HSET', KEYS[1], 'm', ARGV[5] .. string.sub(m, 2, 98) .. ARGV[1] .. keep .. '|' .. ARGV[7] .. '|' .. ARGV[2], 'o', ARGV[6])
-    redis.call('ZADD', KEYS[2], ARGV[7], string.sub(KEYS[1], #KEYS[2]))
+    local mb = string.sub(KEYS[1], #KEYS[2])
+    if tonumber(ARGV[7]) < tonumber(ea) then redis.call('ZADD', KEYS[2], ARGV[7], mb) end
+    redis.call('ZREM', KEYS[3], mb)
     if ARGV[8] == '' then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
     if ARGV[5] == 'c' then return 'completed' end
     return 'marked_retryable'
@@ -210,14 +205,14 @@ if not (mine and rec.st == 'p' and (tonumber(rec.ea) or 0) > now) then return 'f
 redis.call('HSET', KEYS[1], 'm', meta(ARGV[5], rec.ck, rec.fp, rec.tid, ARGV[1], ARGV[7], rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]), 'o', ARGV[6])
 drop_v1(KEYS[1], rec)
 local mb = member()
-redis.call('ZADD', KEYS[2], ARGV[7], mb)
-unindex_v1(rec, mb)
+if tonumber(ARGV[7]) < tonumber(rec.ea) then redis.call('ZADD', KEYS[2], ARGV[7], mb) end
+redis.call('ZREM', KEYS[3], mb)
 gc(KEYS[1], ARGV[8])
 if ARGV[5] == 'c' then return 'completed' end
 return 'marked_retryable'
 "#;
 
-/// KEYS: record, the bucket's index, its format-1 lease index. ARGV: nonce, now, seq, token id.
+/// KEYS: record, expiry index, lease index. ARGV: nonce, now, seq, token id.
 const RELEASE: &str = r#"
 local now = tonumber(ARGV[2])
 local r = redis.call('HMGET', KEYS[1], 'm', 'st', 'o')
@@ -227,16 +222,14 @@ if not rec then return 'corrupt' end
 local mine = rec.seq == ARGV[3] and rec.tid == ARGV[4]
 if mine and rec.n == ARGV[1] then return 'released' end
 if not (mine and rec.st == 'p' and (tonumber(rec.ea) or 0) > now) then return 'fenced' end
-local mb = member()
-redis.call('ZADD', KEYS[2], rec.ea, mb)
-unindex_v1(rec, mb)
+redis.call('ZREM', KEYS[3], member())
 redis.call('HSET', KEYS[1], 'm', meta('f', rec.ck, rec.fp, rec.tid, ARGV[1], rec.ea, rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]))
 drop_v1(KEYS[1], rec)
 if r[3] then redis.call('HDEL', KEYS[1], 'o') end
 return 'released'
 "#;
 
-/// KEYS: record, the bucket's index, its format-1 lease index.
+/// KEYS: record, expiry index, lease index.
 /// ARGV: nonce, now, seq, token id, requested lease_until (`now + lease`), gc margin ms.
 /// Returns `{'extended', lease_until stored}` or `{'fenced'}`.
 const EXTEND: &str = r#"
@@ -258,10 +251,8 @@ if lu_new <= lu_old then lu_new, lu_s = lu_old, rec.lu end
 local ea_new = math.max(ea, lu_new + math.max(ea - lu_old, 0))
 local ea_s = rec.ea
 if ea_new > ea then ea_s = fmt(ea_new) end
--- Still processing: its index entry is scored by the new lease.
-local mb = member()
-redis.call('ZADD', KEYS[2], lu_s, mb)
-unindex_v1(rec, mb)
+-- The expiry only moves later (ea_new >= ea): its index entry stays as it is.
+redis.call('ZADD', KEYS[3], lu_s, member())
 redis.call('HSET', KEYS[1], 'm', meta('p', rec.ck, rec.fp, rec.tid, ARGV[1], ea_s, lu_s, rec.seq, rec.att, rec.ca, ARGV[2]))
 drop_v1(KEYS[1], rec)
 local ttl = ea_new - now + tonumber(ARGV[6])
@@ -269,40 +260,32 @@ if ttl >= 9007199254740992 then gc(KEYS[1], '') else gc(KEYS[1], fmt(ttl)) end
 return {'extended', lu_s}
 "#;
 
-/// KEYS: the bucket's index, its format-1 lease index, then the candidate records (all in one
-/// bucket). ARGV: now, then each candidate's index member, in the order of its record in KEYS.
+/// KEYS: expiry index, lease index, then the candidate records (all in one bucket).
+/// ARGV: now, then each candidate's index member, in the order of its record in KEYS.
 /// Deletes the candidates expired at `now`, drops index entries whose record is gone (native
-/// garbage collection got there first), leaves a live `processing` record's entry as it is (it is
-/// scored by its lease, which has passed: `list_in_flight` must still find it), and re-scores the
-/// entry of any other live record to its `expires_at`. Returns `{deleted, kept}`: how many
-/// records it deleted, and how many entries it left in the range it was given (the caller skips
-/// them).
+/// garbage collection got there first), and re-scores an entry whose record is live. Returns how
+/// many records it deleted.
 const PURGE: &str = r#"
 local now = tonumber(ARGV[1])
-local deleted, kept = 0, 0
+local deleted = 0
 for i = 3, #KEYS do
   local m = ARGV[i - 1]
-  local r = redis.call('HMGET', KEYS[i], 'm', 'ea', 'st')
-  local ea, st = r[2], r[3]
-  if r[1] then
-    ea = string.match(r[1], '^%d+|%d+|%d+|%d+|(%d+)|', 131) or '0'
-    st = string.sub(r[1], 1, 1)
-  end
+  local r = redis.call('HMGET', KEYS[i], 'm', 'ea')
+  local ea = r[2]
+  if r[1] then ea = string.match(r[1], '^%d+|%d+|%d+|%d+|(%d+)|', 131) or '0' end
   if not ea then
     redis.call('ZREM', KEYS[1], m)
     redis.call('ZREM', KEYS[2], m)
   elseif (tonumber(ea) or 0) <= now then
     redis.call('ZREM', KEYS[1], m)
-    if not r[1] then redis.call('ZREM', KEYS[2], m) end
+    redis.call('ZREM', KEYS[2], m)
     redis.call('DEL', KEYS[i])
     deleted = deleted + 1
-  elseif st == 'p' or st == 'processing' then
-    kept = kept + 1
   else
     redis.call('ZADD', KEYS[1], ea, m)
   end
 end
-return {deleted, kept}
+return deleted
 "#;
 
 /// KEYS: record. ARGV: the nonce of the caller's last write.
