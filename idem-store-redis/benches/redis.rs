@@ -68,27 +68,34 @@ async fn run(url: &str, n: usize) {
     let trivial = Script::new("return 1");
     let now = Timestamp::now();
 
+    // Each returns how long its claim took (the rest of the first execution is the completion).
     let idem_first = async |key: &IdempotencyKey| {
+        let t = Instant::now();
         let ClaimAnswer::Claimed { token, .. } =
             store.claim(&scope, key, &fp, &policy, now).await.unwrap()
         else {
             panic!("fresh key")
         };
+        let claimed = t.elapsed();
         store
             .complete(&scope, key, token, &outcome, &policy, now)
             .await
             .unwrap();
+        claimed
     };
     let peer_first = async |key: &idempotent::IdempotencyKey| {
+        let t = Instant::now();
         let entry = IdempotencyEntry::new(peer_fp, Duration::from_secs(120));
         let InsertResult::Claimed { fencing_token } =
             peer.try_insert(key, entry.clone()).await.unwrap()
         else {
             panic!("fresh key")
         };
+        let claimed = t.elapsed();
         peer.complete(key, entry.complete(peer_response.clone()), fencing_token)
             .await
             .unwrap();
+        claimed
     };
     let peer_replay = async |key: &idempotent::IdempotencyKey| {
         let entry = IdempotencyEntry::new(peer_fp, Duration::from_secs(120));
@@ -120,18 +127,28 @@ async fn run(url: &str, n: usize) {
         .collect();
     // [idem, idempotent, floor] × [first, replay]
     let mut first: [Vec<Duration>; 3] = Default::default();
+    // [idem, idempotent] × [claim, completion] of the first executions
+    let mut steps: [[Vec<Duration>; 2]; 2] = Default::default();
     let mut replay: [Vec<Duration>; 3] = Default::default();
     for i in 0..n {
         let raw_key = format!("idem-bench:{run}:raw:{i}");
         for turn in 0..3 {
             let which = (i + turn) % 3;
             let t = Instant::now();
-            match which {
-                0 => idem_first(&keys[i]).await,
-                1 => peer_first(&peer_keys[i]).await,
-                _ => floor_first(&mut raw, &raw_key).await,
+            let claimed = match which {
+                0 => Some(idem_first(&keys[i]).await),
+                1 => Some(peer_first(&peer_keys[i]).await),
+                _ => {
+                    floor_first(&mut raw, &raw_key).await;
+                    None
+                }
+            };
+            let took = t.elapsed();
+            first[which].push(took);
+            if let Some(claimed) = claimed {
+                steps[which][0].push(claimed);
+                steps[which][1].push(took.saturating_sub(claimed));
             }
-            first[which].push(t.elapsed());
             if which == 2 {
                 // The key the floor's replay reads (not timed).
                 let _: () = redis::cmd("SET")
@@ -216,6 +233,15 @@ async fn run(url: &str, n: usize) {
             "    idem / floor: p50 {:.2}×, p99 {:.2}×",
             s[0][0] / s[2][0],
             s[0][1] / s[2][1]
+        );
+    }
+
+    println!("  first execution by step (p50 / p99 µs)");
+    for (name, [claim, completion]) in ["idem", "idempotent 0.3"].iter().zip(&mut steps) {
+        let (c, d) = (stats(claim), stats(completion));
+        println!(
+            "    {name:<16} claim {:7.1} / {:7.1}   completion {:7.1} / {:7.1}",
+            c[0], c[1], d[0], d[1]
         );
     }
 

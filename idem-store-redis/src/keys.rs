@@ -26,30 +26,58 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     hash
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
+const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
     for &b in bytes {
         out.push(DIGITS[usize::from(b >> 4)] as char);
         out.push(DIGITS[usize::from(b & 0x0f)] as char);
     }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut out, bytes);
     out
+}
+
+fn unhex(hex: &str) -> Option<String> {
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let bytes = hex.as_bytes();
+    if !bytes.len().is_multiple_of(2) {
+        return None;
+    }
+    let raw = bytes
+        .chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(raw).ok()
+}
+
+/// The scope and key an index member (`<hex scope>:<hex key>`) names.
+pub(crate) fn names_of_member(member: &str) -> Option<(String, String)> {
+    let (scope, key) = member.split_once(':')?;
+    Some((unhex(scope)?, unhex(key)?))
 }
 
 /// The names of one record and its bucket's indexes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RecordKeys {
+    /// `<bucket base>:r:<member>`: the scripts take the member (the record's index entry) from
+    /// here, `record[expiry_index.len() - 1..]` (`:exp` is one byte longer than `:r:`).
     pub record: String,
     pub expiry_index: String,
     pub lease_index: String,
-    /// The record's entry in the indexes; `record` is `<bucket prefix>:r:<member>`.
-    pub member: String,
 }
 
 /// The bucket of (scope, key).
+#[cfg(test)]
 pub(crate) fn bucket_of(scope: &Scope, key: &IdempotencyKey) -> u16 {
-    let hash = fnv1a(&[scope.as_str().as_bytes(), &[0x1f], key.as_str().as_bytes()]);
-    (hash % u64::from(BUCKETS)) as u16
+    bucket_of_bytes(scope.as_str().as_bytes(), key.as_str().as_bytes())
+}
+
+fn bucket_of_bytes(scope: &[u8], key: &[u8]) -> u16 {
+    (fnv1a(&[scope, &[0x1f], key]) % u64::from(BUCKETS)) as u16
 }
 
 /// The names of bucket `bucket`'s indexes and its record prefix.
@@ -78,18 +106,32 @@ impl BucketKeys {
 
 impl RecordKeys {
     pub(crate) fn new(prefix: &str, scope: &Scope, key: &IdempotencyKey) -> Self {
-        let bucket = BucketKeys::new(prefix, bucket_of(scope, key));
-        let member = format!(
-            "{}:{}",
-            hex(scope.as_str().as_bytes()),
-            hex(key.as_str().as_bytes())
-        );
+        use std::fmt::Write;
+        let (scope, key) = (scope.as_str().as_bytes(), key.as_str().as_bytes());
+        let bucket = bucket_of_bytes(scope, key);
+        let mut base = String::with_capacity(prefix.len() + 6);
+        let _ = write!(base, "{prefix}:{{b{bucket:02}}}");
+        let mut record = String::with_capacity(base.len() + 4 + 2 * (scope.len() + key.len()));
+        record.push_str(&base);
+        record.push_str(":r:");
+        push_hex(&mut record, scope);
+        record.push(':');
+        push_hex(&mut record, key);
+        let mut expiry_index = String::with_capacity(base.len() + 4);
+        expiry_index.push_str(&base);
+        expiry_index.push_str(":exp");
+        base.push_str(":lease");
         Self {
-            record: bucket.record(&member),
-            expiry_index: bucket.expiry_index,
-            lease_index: bucket.lease_index,
-            member,
+            record,
+            expiry_index,
+            lease_index: base,
         }
+    }
+
+    /// The record's entry in its bucket's indexes, as the scripts derive it.
+    #[cfg(test)]
+    pub(crate) fn member(&self) -> &str {
+        &self.record[self.expiry_index.len() - 1..]
     }
 }
 
@@ -136,12 +178,31 @@ mod tests {
         let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
         assert_eq!(tag(&k.record), tag(&k.expiry_index));
         assert_eq!(tag(&k.record), tag(&k.lease_index));
-        assert!(k.record.ends_with(&k.member));
+        // The scripts take the member from the record's name: it must be exactly the member
+        // list and purge map back to the record, and name the scope and key.
+        let bucket = BucketKeys::new(
+            "idem",
+            bucket_of(
+                &Scope::new("tenant-1/tool").unwrap(),
+                &IdempotencyKey::new("wf-1:step-1").unwrap(),
+            ),
+        );
+        assert_eq!(bucket.record(k.member()), k.record);
+        assert_eq!(bucket.expiry_index, k.expiry_index);
+        assert_eq!(bucket.lease_index, k.lease_index);
+        assert_eq!(
+            names_of_member(k.member()),
+            Some(("tenant-1/tool".to_owned(), "wf-1:step-1".to_owned()))
+        );
+        assert_eq!(
+            k.member(),
+            format!("{}:{}", hex(b"tenant-1/tool"), hex(b"wf-1:step-1"))
+        );
         // Braces and separators in scope or key cannot move the tag or merge two names.
         let a = keys("a}{:", "b");
         assert_eq!(a.record.matches('{').count(), 1);
-        assert_ne!(keys("ab", "c").member, keys("a", "bc").member);
-        assert_ne!(keys("a:b", "c").member, keys("a", "b:c").member);
+        assert_ne!(keys("ab", "c").member(), keys("a", "bc").member());
+        assert_ne!(keys("a:b", "c").member(), keys("a", "b:c").member());
     }
 
     #[test]

@@ -138,13 +138,10 @@ impl RedisStore {
         Ok(report)
     }
 
-    fn native_ttl(&self, ttl: Duration) -> String {
+    /// The native expiry of a record written now with `ttl`, `None` for none.
+    fn native_ttl(&self, ttl: Duration) -> Option<u64> {
         let ms = millis(ttl).saturating_add(millis(self.gc_margin));
-        if ms >= MAX_NATIVE_TTL_MS {
-            String::new()
-        } else {
-            ms.to_string()
-        }
+        (ms < MAX_NATIVE_TTL_MS).then_some(ms)
     }
 
     fn conn(&self) -> Conn {

@@ -8,6 +8,15 @@ use crate::error::classify;
 use crate::keys::{self, BUCKETS, BucketKeys};
 use crate::record::{self, Fields};
 
+/// The scope and key of the record an index entry names.
+fn names(member: &str) -> Result<(String, String), StoreError> {
+    keys::names_of_member(member).ok_or_else(|| {
+        StoreError::corrupt(format!(
+            "redis index entry {member:?} names no scope and key"
+        ))
+    })
+}
+
 /// How many index entries a list reads per page.
 const LIST_PAGE: usize = 256;
 
@@ -49,8 +58,8 @@ impl RedisStore {
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| classify("list_in_flight", e))?;
-                for fields in &replies {
-                    match record::record(fields) {
+                for (m, fields) in members.iter().zip(replies) {
+                    match record::record(fields, || names(m)) {
                         Ok(Some(r)) if r.is_stale_processing(older_than) => {
                             found += 1;
                             stale.push(r);
@@ -89,7 +98,8 @@ impl RedisStore {
         }
         // A member is `<hex scope>:<hex key>`, so a scope filters members before any record is
         // read. `processing` records are read from the lease index, the others from the expiry
-        // index, from `now` on (the live ones).
+        // index (all of it: an entry's score is at most its record's expiry, which a completion
+        // moves later without rewriting the entry; expired records are skipped once read).
         let scope_prefix = filter
             .scope
             .as_ref()
@@ -100,7 +110,8 @@ impl RedisStore {
                 Some(idem_core::RecordState::Processing) => {
                     (&bucket_keys.lease_index, "-inf".to_owned())
                 }
-                _ => (&bucket_keys.expiry_index, format!("({}", now.as_millis())),
+                // From the start: an entry's score may lag behind its record's later expiry.
+                _ => (&bucket_keys.expiry_index, "-inf".to_owned()),
             };
             let mut offset = 0usize;
             loop {
@@ -127,8 +138,8 @@ impl RedisStore {
                         .query_async(&mut conn)
                         .await
                         .map_err(|e| classify("list", e))?;
-                    for fields in &replies {
-                        match record::record(fields) {
+                    for (m, fields) in wanted.iter().zip(replies) {
+                        match record::record(fields, || names(m)) {
                             Ok(Some(r)) if filter.matches(&r, now) => found.push(r),
                             Ok(_) => {}
                             Err(e) => {

@@ -1,16 +1,21 @@
 //! Reading a record hash back, and the answers of the scripts, through the columns of
 //! [`idem_core::record::RawRecord`]: Redis keeps every field as text, numbers in decimal.
+//!
+//! Two layouts are read (see `scripts.rs`): format 2, the metadata packed in field `m` and the
+//! outcome in `o`, which every script writes; and format 1, one field per column, which earlier
+//! versions wrote and which a record keeps until its next write.
 
 use std::collections::HashMap;
 
 use idem_core::record::{RawRecord, integer_from_column, integer_from_text, outcome_from_columns};
-use idem_core::{Outcome, Record, StoreError};
+use idem_core::{Outcome, OutcomeClass, Record, StoreError};
 
 pub(crate) type Fields = HashMap<String, Vec<u8>>;
 
 /// Bytes Redis returned, as text.
 pub(crate) fn utf8(what: &str, bytes: &[u8]) -> Result<String, StoreError> {
-    String::from_utf8(bytes.to_vec())
+    std::str::from_utf8(bytes)
+        .map(str::to_owned)
         .map_err(|e| StoreError::corrupt_with(format!("redis: {what} is not UTF-8"), e))
 }
 
@@ -35,38 +40,126 @@ pub(crate) fn number<T: TryFrom<i64, Error = std::num::TryFromIntError>>(
     integer_from_column(what, integer_from_text(what, s)?)
 }
 
-/// An outcome from its stored parts.
-pub(crate) fn outcome(status: &str, body: &[u8], class: &str) -> Result<Outcome, StoreError> {
+/// The outcome's class as stored in format 2.
+pub(crate) fn class_char(class: OutcomeClass) -> u8 {
+    match class {
+        OutcomeClass::Definitive => b'd',
+        OutcomeClass::Retryable => b'r',
+    }
+}
+
+/// The parts of a format-2 outcome (`status|class|body`), as the columns hold them.
+fn outcome_parts(packed: Vec<u8>) -> Result<(i64, &'static str, String), StoreError> {
+    let bad = || StoreError::corrupt("redis record: the outcome is malformed");
+    let bar = packed.iter().position(|&b| b == b'|').ok_or_else(bad)?;
+    let status = std::str::from_utf8(&packed[..bar]).map_err(|_| bad())?;
     let status = integer_from_text("outcome_status", status)?;
-    let body = utf8("outcome_body", body)?;
+    let class = match packed.get(bar + 1..bar + 3) {
+        Some(b"d|") => OutcomeClass::Definitive.as_str(),
+        Some(b"r|") => OutcomeClass::Retryable.as_str(),
+        _ => return Err(bad()),
+    };
+    let mut body = packed;
+    body.drain(..bar + 3);
+    let body = String::from_utf8(body)
+        .map_err(|e| StoreError::corrupt_with("redis: outcome_body is not UTF-8", e))?;
+    Ok((status, class, body))
+}
+
+/// The outcome a script returned (`status|class|body`), taking the reply's bytes.
+pub(crate) fn outcome(packed: Vec<u8>) -> Result<Outcome, StoreError> {
+    let (status, class, body) = outcome_parts(packed)?;
     outcome_from_columns(Some(status), Some(body), Some(class))?
         .ok_or_else(|| StoreError::corrupt("redis: outcome missing"))
 }
 
 /// The record in `fields` (an `HGETALL` reply), or `None` for an empty reply (no such key).
-pub(crate) fn record(fields: &Fields) -> Result<Option<Record>, StoreError> {
+/// `names` gives its scope and key, which format 2 keeps only in the key name.
+pub(crate) fn record(
+    fields: Fields,
+    names: impl FnOnce() -> Result<(String, String), StoreError>,
+) -> Result<Option<Record>, StoreError> {
     if fields.is_empty() {
         return Ok(None);
     }
-    let outcome_status = optional_text(fields, "os")?
+    if fields.contains_key("m") {
+        return record_v2(fields, names).map(Some);
+    }
+    let outcome_status = optional_text(&fields, "os")?
         .map(|s| integer_from_text("outcome_status", &s))
         .transpose()?;
     RawRecord {
-        scope: text(fields, "s")?,
-        key: text(fields, "k")?,
-        fingerprint: text(fields, "fp")?,
-        state: text(fields, "st")?,
-        token_seq: int(fields, "seq")?,
-        token_id: text(fields, "tid")?,
-        attempt: int(fields, "att")?,
-        lease_until: int(fields, "lu")?,
+        scope: text(&fields, "s")?,
+        key: text(&fields, "k")?,
+        fingerprint: text(&fields, "fp")?,
+        state: text(&fields, "st")?,
+        token_seq: int(&fields, "seq")?,
+        token_id: text(&fields, "tid")?,
+        attempt: int(&fields, "att")?,
+        lease_until: int(&fields, "lu")?,
         outcome_status,
-        outcome_body: optional_text(fields, "ob")?,
-        outcome_class: optional_text(fields, "oc")?,
-        created_at: int(fields, "ca")?,
-        updated_at: int(fields, "ua")?,
-        expires_at: int(fields, "ea")?,
+        outcome_body: optional_text(&fields, "ob")?,
+        outcome_class: optional_text(&fields, "oc")?,
+        created_at: int(&fields, "ca")?,
+        updated_at: int(&fields, "ua")?,
+        expires_at: int(&fields, "ea")?,
     }
     .into_record()
     .map(Some)
+}
+
+fn record_v2(
+    mut fields: Fields,
+    names: impl FnOnce() -> Result<(String, String), StoreError>,
+) -> Result<Record, StoreError> {
+    let bad = || StoreError::corrupt("redis record: the metadata is malformed");
+    let m = fields.remove("m").ok_or_else(bad)?;
+    let m = std::str::from_utf8(&m).map_err(|_| bad())?;
+    if m.len() < 131 || !m.is_ascii() {
+        return Err(bad());
+    }
+    let state = match &m[..1] {
+        "p" => "processing",
+        "c" => "completed",
+        "f" => "failed_retryable",
+        _ => return Err(bad()),
+    };
+    let mut numbers = m[130..].split('|');
+    let mut next = |what: &str| -> Result<i64, StoreError> {
+        integer_from_text(what, numbers.next().ok_or_else(bad)?)
+    };
+    let token_seq = next("token_seq")?;
+    let attempt = next("attempt")?;
+    let lease_until = next("lease_until")?;
+    let created_at = next("created_at")?;
+    let expires_at = next("expires_at")?;
+    let updated_at = next("updated_at")?;
+    if numbers.next().is_some() {
+        return Err(bad());
+    }
+    let (outcome_status, outcome_class, outcome_body) = match fields.remove("o") {
+        Some(o) => {
+            let (status, class, body) = outcome_parts(o)?;
+            (Some(status), Some(class.to_owned()), Some(body))
+        }
+        None => (None, None, None),
+    };
+    let (scope, key) = names()?;
+    RawRecord {
+        scope,
+        key,
+        fingerprint: m[2..66].to_owned(),
+        state: state.to_owned(),
+        token_seq,
+        token_id: m[66..98].to_owned(),
+        attempt,
+        lease_until,
+        outcome_status,
+        outcome_body,
+        outcome_class,
+        created_at,
+        updated_at,
+        expires_at,
+    }
+    .into_record()
 }

@@ -8,20 +8,39 @@
 //!   the caller's decimal strings; Lua compares them as doubles, exact below 2^53 ms (the year
 //!   287 396). Token ids are only compared as strings.
 //! - Native expiry is garbage collection only: `PEXPIRE` relative to `now`, with a margin.
-//! - Each writing call carries a nonce (a claim: its new token id) kept in field `n`. A call the
+//! - Each writing call carries a nonce (a claim: its new token id) kept in the record. A call the
 //!   client delivers twice (the cluster client resends a command whose connection broke) finds its
 //!   own nonce and answers as the first delivery did, instead of being fenced by its own write.
 //! - Reads and type checks come before the first write, so an error cannot leave half a record.
+//! - The expiry index scores a record at most at its `expires_at` (purge re-scores what it finds
+//!   live), so a write that moves `expires_at` later (a completion, an extension, a reclaim) leaves
+//!   the entry alone; only a new record, or an earlier `expires_at`, writes it.
+//! - A record's index entry (its member) is the tail of its key, `KEYS[1]` from `#KEYS[2]` on
+//!   (`<base>:r:<member>` against `<base>:exp`): it is not sent.
 //!
-//! Record fields: `s` scope, `k` key, `fp` fingerprint, `st` state, `seq` and `tid` the token,
-//! `att` attempt, `ck` how the claim was won, `lu` lease_until, `ca` / `ua` / `ea` created /
-//! updated / expires at, `os` / `ob` / `oc` the outcome's status, body and class, `n` the nonce.
+//! Record layout (format 2, written by every script): field `m`, the metadata packed in one
+//! string, and field `o`, the outcome, when there is one:
+//!
+//! ```text
+//! m = st ck fp tid n seq '|' att '|' lu '|' ca '|' ea '|' ua
+//!     st: 1 char (p processing, c completed, f failed_retryable)
+//!     ck: 1 char, how the claim was won (n new, e expired_replaced, r retry, t taken_over)
+//!     fp: 64 hex digits; tid: 32 hex digits (token id); n: 32 hex digits (nonce of the last write)
+//!     then decimal counters and milliseconds: token seq, attempt, lease_until, created_at,
+//!     expires_at, updated_at (what a completion keeps first, what it replaces last)
+//! o = status '|' class (d definitive, r retryable) '|' body
+//! ```
+//!
+//! Format 1 (earlier versions: fields `s k fp st seq tid att ck lu ca ua ea os ob oc n`) is still
+//! read by every script and by the client; the first write to such a record rewrites it in
+//! format 2 (its format-1 fields deleted, its native expiry kept).
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Helpers every script starts with.
+/// Helpers every script defines after its hot path (a function defined is a closure made on
+/// every call: the hot paths return before).
 const PRELUDE: &str = r#"
 local function fmt(x)
   if x >= 18446744073709551615 then return '18446744073709551615' end
@@ -30,114 +49,213 @@ end
 local function gc(key, ttl)
   if ttl == '' then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, ttl) end
 end
+local function member() return string.sub(KEYS[1], #KEYS[2]) end
+-- The record in format 2 (its field m) as a table, or nil and why.
+local function parse(m)
+  local seq, att, lu, ca, ea, ua = string.match(m, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$', 131)
+  if not ua or #m < 131 then return nil, 'metadata is malformed' end
+  return {st = string.sub(m, 1, 1), ck = string.sub(m, 2, 2), fp = string.sub(m, 3, 66),
+    tid = string.sub(m, 67, 98), n = string.sub(m, 99, 130), ea = ea, lu = lu, seq = seq,
+    att = att, ca = ca, ua = ua}
+end
+-- A record in format 1 as the same table (v1 = true), nil if there is none, or nil and why.
+local function load_v1(key)
+  local r = redis.call('HMGET', key, 'st', 'seq', 'tid', 'ea', 'fp', 'lu', 'att', 'n', 'ck', 'ca', 'ua')
+  if not r[1] then return nil end
+  for i = 1, 11 do
+    if not r[i] then return nil, 'a field of the record is missing' end
+  end
+  local states = {processing = 'p', completed = 'c', failed_retryable = 'f'}
+  local kinds = {new = 'n', expired_replaced = 'e', retry = 'r', taken_over = 't'}
+  return {v1 = true, st = states[r[1]] or r[1], seq = r[2], tid = r[3], ea = r[4], fp = r[5],
+    lu = r[6], att = r[7], n = r[8], ck = kinds[r[9]] or r[9], ca = r[10], ua = r[11]}
+end
+-- The record (either format) given its field m (nil if absent), nil if there is none, or nil and why.
+local function load(key, m)
+  if m then return parse(m) end
+  return load_v1(key)
+end
+-- The outcome of a format-1 record in format 2, or nil.
+local function outcome_v1(key)
+  local r = redis.call('HMGET', key, 'os', 'ob', 'oc')
+  if not r[2] then return nil end
+  local c = ({definitive = 'd', retryable = 'r'})[r[3]] or '?'
+  return (r[1] or '') .. '|' .. c .. '|' .. r[2]
+end
+-- After a format-2 write to a format-1 record (never before: a hash left empty is deleted, and
+-- its native expiry with it): its old fields go.
+local function drop_v1(key, rec)
+  if rec and rec.v1 then
+    redis.call('HDEL', key, 's', 'k', 'fp', 'st', 'seq', 'tid', 'att', 'ck', 'lu', 'ca', 'ua', 'ea',
+      'os', 'ob', 'oc', 'n')
+  end
+end
+local function meta(st, ck, fp, tid, n, ea, lu, seq, att, ca, ua)
+  return st .. ck .. fp .. tid .. n .. seq .. '|' .. att .. '|' .. lu .. '|' .. ca .. '|' .. ea .. '|' .. ua
+end
 "#;
 
 /// KEYS: record, expiry index, lease index.
 /// ARGV: token id (the nonce), fingerprint, now, new lease_until, new expires_at, lease ms,
-/// takeover ('1' or '0'), scope, key, index member, native ttl ms ('' for none).
-const CLAIM: &str = r#"
+/// takeover ('1' or '0'), native ttl ms ('' for none), the metadata `m` of a new record
+/// (`pn fp tid tid 1|1|lu|now|ea|now`, built by the client: string building in Lua costs the
+/// server more than sending the string).
+/// Answers the outcome `o` (a bulk string: a replay), the status reply `seq|attempt|kind char`
+/// (claimed), `{'in_flight', ms, stale}`, `{'mismatch'}` or `{'corrupt', why}`: the two hot
+/// answers are one string each (every element of a script's answer costs the server a
+/// conversion).
+const CLAIM_HOT: &str = r#"
 local now = tonumber(ARGV[3])
-local r = redis.call('HMGET', KEYS[1], 'st', 'seq', 'tid', 'ea', 'fp', 'lu', 'att', 'os', 'ob', 'oc', 'n', 'ck')
-local st, seq, ea = r[1], r[2], tonumber(r[4])
-local function write(kind, newseq, att, fresh)
-  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[10])
-  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[10])
-  if fresh then
-    redis.call('DEL', KEYS[1])
-    redis.call('HSET', KEYS[1], 's', ARGV[8], 'k', ARGV[9], 'fp', ARGV[2], 'ca', ARGV[3])
-  else
-    redis.call('HDEL', KEYS[1], 'os', 'ob', 'oc')
+local r = redis.call('HMGET', KEYS[1], 'm', 'o', 'st')
+local m = r[1]
+if m then
+  -- A live completed record of this request replays without unpacking the rest.
+  if string.sub(m, 1, 1) == 'c' and r[2] and string.sub(m, 3, 66) == ARGV[2] then
+    local ea = tonumber(string.match(m, '^%d+|%d+|%d+|%d+|(%d+)|', 131))
+    if ea and ea > now then return r[2] end
   end
-  redis.call('HSET', KEYS[1], 'st', 'processing', 'seq', newseq, 'tid', ARGV[1], 'att', att,
-    'ck', kind, 'lu', ARGV[4], 'ua', ARGV[3], 'ea', ARGV[5], 'n', ARGV[1])
-  gc(KEYS[1], ARGV[11])
-  return {'claimed', newseq, att, kind}
+elseif not r[2] and not r[3] then
+  -- No record: a new claim (the key has no native expiry to clear).
+  -- The client built the new record's metadata (ARGV[9]): no string is built here.
+  redis.call('HSET', KEYS[1], 'm', ARGV[9])
+  local mb = string.sub(KEYS[1], #KEYS[2])
+  redis.call('ZADD', KEYS[2], ARGV[5], mb)
+  redis.call('ZADD', KEYS[3], ARGV[4], mb)
+  if ARGV[8] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
+  return {ok = '1|1|n'}
 end
-if not st then return write('new', '1', '1', true) end
-if r[11] == ARGV[1] and r[3] == ARGV[1] then
-  return {'claimed', seq or '', r[7] or '', r[12] or ''}
+"#;
+
+const CLAIM: &str = r#"
+-- rec: the record replaced or reclaimed, nil for none.
+local function write(kind, fp, ca, newseq, att, rec)
+  redis.call('HSET', KEYS[1], 'm', meta('p', kind, fp, ARGV[1], ARGV[1], ARGV[5], ARGV[4], newseq, att, ca, ARGV[3]))
+  drop_v1(KEYS[1], rec)
+  if r[2] then redis.call('HDEL', KEYS[1], 'o') end
+  local mb = member()
+  if not rec or tonumber(ARGV[5]) < (tonumber(rec.ea) or 0) then redis.call('ZADD', KEYS[2], ARGV[5], mb) end
+  redis.call('ZADD', KEYS[3], ARGV[4], mb)
+  gc(KEYS[1], ARGV[8])
+  return {ok = newseq .. '|' .. att .. '|' .. kind}
 end
+if not m and not r[3] then return write('n', ARGV[2], ARGV[3], '1', '1', nil) end
+local rec, why = load(KEYS[1], m)
+if not rec then return {'corrupt', why or 'unreadable record'} end
+if rec.n == ARGV[1] and rec.tid == ARGV[1] then
+  return {ok = rec.seq .. '|' .. rec.att .. '|' .. rec.ck}
+end
+local ea = tonumber(rec.ea)
 if not ea then return {'corrupt', 'expires_at is missing or not a number'} end
-if ea <= now then return write('expired_replaced', fmt((tonumber(seq) or 0) + 1), '1', true) end
-if r[5] ~= ARGV[2] then return {'mismatch'} end
+if ea <= now then return write('e', ARGV[2], ARGV[3], fmt((tonumber(rec.seq) or 0) + 1), '1', rec) end
+if rec.fp ~= ARGV[2] then return {'mismatch'} end
 local function reclaim(kind)
-  local s, a = tonumber(seq), tonumber(r[7])
+  local s, a = tonumber(rec.seq), tonumber(rec.att)
   if not s or not a then return {'corrupt', 'seq or attempt is not a number'} end
-  return write(kind, fmt(s + 1), fmt(math.min(a + 1, 4294967295)), false)
+  return write(kind, rec.fp, rec.ca, fmt(s + 1), fmt(math.min(a + 1, 4294967295)), rec)
 end
-if st == 'completed' then
-  if r[9] then return {'replay', r[8] or '', r[9], r[10] or ''} end
+if rec.st == 'c' then
+  local o = r[2]
+  if rec.v1 then o = outcome_v1(KEYS[1]) end
+  if o then return o end
   return {'in_flight', ARGV[6], '1'}
-elseif st == 'processing' then
-  local lu = tonumber(r[6])
+elseif rec.st == 'p' then
+  local lu = tonumber(rec.lu)
   if not lu then return {'corrupt', 'lease_until is missing or not a number'} end
   if now < lu then return {'in_flight', fmt(math.max(lu - now, 1)), '0'} end
   if ARGV[7] ~= '1' then return {'in_flight', ARGV[6], '1'} end
-  return reclaim('taken_over')
-elseif st == 'failed_retryable' then
-  return reclaim('retry')
+  return reclaim('t')
+elseif rec.st == 'f' then
+  return reclaim('r')
 end
 return {'corrupt', 'unknown state'}
 "#;
 
 /// KEYS: record, expiry index, lease index.
-/// ARGV: nonce, now, seq, token id, new state, status, body, class, new expires_at, index member,
-/// native ttl ms ('' for none).
-const COMPLETE: &str = r#"
+/// ARGV: nonce, now, seq, token id, new state char, outcome (`status|class|body`), new
+/// expires_at, native ttl ms ('' for none).
+const COMPLETE_HOT: &str = r#"
 local now = tonumber(ARGV[2])
-local r = redis.call('HMGET', KEYS[1], 'st', 'seq', 'tid', 'ea', 'n')
-local mine = r[2] == ARGV[3] and r[3] == ARGV[4]
-if mine and r[5] == ARGV[1] then
-  if r[1] == 'completed' then return 'completed' end
+local r = redis.call('HMGET', KEYS[1], 'm', 'st')
+local m = r[1]
+-- The holder of a live format-2 claim: splice the new state, nonce, expiry and update time in.
+if m and string.sub(m, 1, 1) == 'p' and string.sub(m, 67, 98) == ARGV[4] and string.sub(m, 99, 130) ~= ARGV[1] then
+  local keep, ea = string.match(m, '^(%d+|%d+|%d+|%d+)|(%d+)|%d+$', 131)
+  if keep and string.sub(keep, 1, #ARGV[3] + 1) == ARGV[3] .. '|' and tonumber(ea) > now then
+    redis.call('HSET', KEYS[1], 'm', ARGV[5] .. string.sub(m, 2, 98) .. ARGV[1] .. keep .. '|' .. ARGV[7] .. '|' .. ARGV[2], 'o', ARGV[6])
+    local mb = string.sub(KEYS[1], #KEYS[2])
+    if tonumber(ARGV[7]) < tonumber(ea) then redis.call('ZADD', KEYS[2], ARGV[7], mb) end
+    redis.call('ZREM', KEYS[3], mb)
+    if ARGV[8] == '' then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
+    if ARGV[5] == 'c' then return 'completed' end
+    return 'marked_retryable'
+  end
+end
+"#;
+
+const COMPLETE: &str = r#"
+if not r[1] and not r[2] then return 'fenced' end
+local rec = load(KEYS[1], r[1])
+if not rec then return 'corrupt' end
+local mine = rec.seq == ARGV[3] and rec.tid == ARGV[4]
+if mine and rec.n == ARGV[1] then
+  if rec.st == 'c' then return 'completed' end
   return 'marked_retryable'
 end
-if not (mine and r[1] == 'processing' and (tonumber(r[4]) or 0) > now) then return 'fenced' end
-redis.call('ZADD', KEYS[2], ARGV[9], ARGV[10])
-redis.call('ZREM', KEYS[3], ARGV[10])
-redis.call('HSET', KEYS[1], 'st', ARGV[5], 'os', ARGV[6], 'ob', ARGV[7], 'oc', ARGV[8],
-  'ua', ARGV[2], 'ea', ARGV[9], 'n', ARGV[1])
-gc(KEYS[1], ARGV[11])
-if ARGV[5] == 'completed' then return 'completed' end
+if not (mine and rec.st == 'p' and (tonumber(rec.ea) or 0) > now) then return 'fenced' end
+redis.call('HSET', KEYS[1], 'm', meta(ARGV[5], rec.ck, rec.fp, rec.tid, ARGV[1], ARGV[7], rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]), 'o', ARGV[6])
+drop_v1(KEYS[1], rec)
+local mb = member()
+if tonumber(ARGV[7]) < tonumber(rec.ea) then redis.call('ZADD', KEYS[2], ARGV[7], mb) end
+redis.call('ZREM', KEYS[3], mb)
+gc(KEYS[1], ARGV[8])
+if ARGV[5] == 'c' then return 'completed' end
 return 'marked_retryable'
 "#;
 
-/// KEYS: record, lease index. ARGV: nonce, now, seq, token id, index member.
+/// KEYS: record, expiry index, lease index. ARGV: nonce, now, seq, token id.
 const RELEASE: &str = r#"
 local now = tonumber(ARGV[2])
-local r = redis.call('HMGET', KEYS[1], 'st', 'seq', 'tid', 'ea', 'n')
-local mine = r[2] == ARGV[3] and r[3] == ARGV[4]
-if mine and r[5] == ARGV[1] then return 'released' end
-if not (mine and r[1] == 'processing' and (tonumber(r[4]) or 0) > now) then return 'fenced' end
-redis.call('ZREM', KEYS[2], ARGV[5])
-redis.call('HDEL', KEYS[1], 'os', 'ob', 'oc')
-redis.call('HSET', KEYS[1], 'st', 'failed_retryable', 'ua', ARGV[2], 'n', ARGV[1])
+local r = redis.call('HMGET', KEYS[1], 'm', 'st', 'o')
+if not r[1] and not r[2] then return 'fenced' end
+local rec = load(KEYS[1], r[1])
+if not rec then return 'corrupt' end
+local mine = rec.seq == ARGV[3] and rec.tid == ARGV[4]
+if mine and rec.n == ARGV[1] then return 'released' end
+if not (mine and rec.st == 'p' and (tonumber(rec.ea) or 0) > now) then return 'fenced' end
+redis.call('ZREM', KEYS[3], member())
+redis.call('HSET', KEYS[1], 'm', meta('f', rec.ck, rec.fp, rec.tid, ARGV[1], rec.ea, rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]))
+drop_v1(KEYS[1], rec)
+if r[3] then redis.call('HDEL', KEYS[1], 'o') end
 return 'released'
 "#;
 
 /// KEYS: record, expiry index, lease index.
-/// ARGV: nonce, now, seq, token id, requested lease_until (`now + lease`), index member, gc
-/// margin ms.
+/// ARGV: nonce, now, seq, token id, requested lease_until (`now + lease`), gc margin ms.
 /// Returns `{'extended', lease_until stored}` or `{'fenced'}`.
 const EXTEND: &str = r#"
 local now = tonumber(ARGV[2])
-local r = redis.call('HMGET', KEYS[1], 'st', 'seq', 'tid', 'ea', 'n', 'lu')
-local mine = r[2] == ARGV[3] and r[3] == ARGV[4]
-if mine and r[5] == ARGV[1] then return {'extended', r[6] or ''} end
-local ea = tonumber(r[4]) or 0
-if not (mine and r[1] == 'processing' and ea > now) then return {'fenced'} end
-local lu_old = tonumber(r[6])
+local r = redis.call('HMGET', KEYS[1], 'm', 'st')
+if not r[1] and not r[2] then return {'fenced'} end
+local rec, why = load(KEYS[1], r[1])
+if not rec then return {'corrupt', why or 'unreadable record'} end
+local mine = rec.seq == ARGV[3] and rec.tid == ARGV[4]
+if mine and rec.n == ARGV[1] then return {'extended', rec.lu} end
+local ea = tonumber(rec.ea) or 0
+if not (mine and rec.st == 'p' and ea > now) then return {'fenced'} end
+local lu_old = tonumber(rec.lu)
 if not lu_old then return {'corrupt', 'lease_until is missing or not a number'} end
 -- machine::extend: the later deadline wins, a lease is never shortened.
 local lu_new, lu_s = tonumber(ARGV[5]), ARGV[5]
-if lu_new <= lu_old then lu_new, lu_s = lu_old, r[6] end
+if lu_new <= lu_old then lu_new, lu_s = lu_old, rec.lu end
 -- machine::extended_expiry: at least as far past the new lease as it was past the old one.
 local ea_new = math.max(ea, lu_new + math.max(ea - lu_old, 0))
-local ea_s = r[4]
+local ea_s = rec.ea
 if ea_new > ea then ea_s = fmt(ea_new) end
-redis.call('ZADD', KEYS[2], ea_s, ARGV[6])
-redis.call('ZADD', KEYS[3], lu_s, ARGV[6])
-redis.call('HSET', KEYS[1], 'lu', lu_s, 'ea', ea_s, 'ua', ARGV[2], 'n', ARGV[1])
-local ttl = ea_new - now + tonumber(ARGV[7])
+-- The expiry only moves later (ea_new >= ea): its index entry stays as it is.
+redis.call('ZADD', KEYS[3], lu_s, member())
+redis.call('HSET', KEYS[1], 'm', meta('p', rec.ck, rec.fp, rec.tid, ARGV[1], ea_s, lu_s, rec.seq, rec.att, rec.ca, ARGV[2]))
+drop_v1(KEYS[1], rec)
+local ttl = ea_new - now + tonumber(ARGV[6])
 if ttl >= 9007199254740992 then gc(KEYS[1], '') else gc(KEYS[1], fmt(ttl)) end
 return {'extended', lu_s}
 "#;
@@ -152,7 +270,9 @@ local now = tonumber(ARGV[1])
 local deleted = 0
 for i = 3, #KEYS do
   local m = ARGV[i - 1]
-  local ea = redis.call('HGET', KEYS[i], 'ea')
+  local r = redis.call('HMGET', KEYS[i], 'm', 'ea')
+  local ea = r[2]
+  if r[1] then ea = string.match(r[1], '^%d+|%d+|%d+|%d+|(%d+)|', 131) or '0' end
   if not ea then
     redis.call('ZREM', KEYS[1], m)
     redis.call('ZREM', KEYS[2], m)
@@ -176,17 +296,29 @@ return deleted
 /// the write is gone (a failover lost it) or a later write replaced it, and it cannot be
 /// confirmed.
 const CONFIRM: &str = r#"
-if redis.call('HGET', KEYS[1], 'n') ~= ARGV[1] then return 0 end
+local r = redis.call('HMGET', KEYS[1], 'm', 'n')
+if r[1] then
+  if string.sub(r[1], 99, 130) ~= ARGV[1] then return 0 end
+  redis.call('HSET', KEYS[1], 'm', r[1])
+  return 1
+end
+if r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'n', ARGV[1])
 return 1
 "#;
 
 fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}{body}"))
+    hot_script("", body)
 }
 
-pub(crate) static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CLAIM));
-pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(COMPLETE));
+/// A script whose hot path `hot` runs before the helpers are defined.
+fn hot_script(hot: &str, body: &str) -> Script {
+    Script::new(&format!("{hot}{PRELUDE}{body}"))
+}
+
+pub(crate) static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| hot_script(CLAIM_HOT, CLAIM));
+pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| hot_script(COMPLETE_HOT, COMPLETE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RELEASE));
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(EXTEND));
 pub(crate) static PURGE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(PURGE));

@@ -1,21 +1,112 @@
 //! [`KeyStore`] for [`RedisStore`]: each write is one Lua script (see `scripts.rs`) deciding by
 //! the rules of [`idem_core::machine`] on the server; the lists and purge walk the indexes.
 
+use std::io::Write as _;
 use std::time::Duration;
 
 use idem_core::machine::{
     self, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StalePolicy,
-    StoreError, Timestamp, Token, async_trait,
+    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, RecordState, Scope,
+    StalePolicy, StoreError, Timestamp, Token, async_trait,
+};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value,
 };
 
+use crate::connect::Conn;
 use crate::error::classify;
 use crate::keys::RecordKeys;
-use crate::record::{self, Fields, utf8};
+use crate::record::{self, Fields, class_char};
 use crate::scripts::{CLAIM_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
 use crate::{RedisStore, millis};
+
+/// A token id or nonce as the scripts keep it: 32 hex digits, written straight into the command.
+#[derive(Clone, Copy)]
+struct Hex32(u128);
+
+impl ToRedisArgs for Hex32 {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let _ = write!(out.writer_for_next_arg(), "{:032x}", self.0);
+    }
+}
+
+impl Hex32 {
+    fn random() -> Self {
+        Self(rand::random())
+    }
+
+    fn text(self) -> String {
+        format!("{:032x}", self.0)
+    }
+}
+
+/// An outcome as format 2 stores it, `status|class|body`, written straight into the command.
+struct PackedOutcome<'a>(&'a Outcome);
+
+impl ToRedisArgs for PackedOutcome<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut w = out.writer_for_next_arg();
+        let _ = write!(w, "{}|", self.0.status());
+        let _ = w.write_all(&[class_char(self.0.class()), b'|']);
+        let _ = w.write_all(self.0.body().as_bytes());
+    }
+}
+
+/// The metadata `m` of a new record (see `scripts.rs`), which the claim script stores as it is
+/// when the key is absent: `pn <fp> <tid> <tid> 1|1|<lease_until>|<now>|<expires_at>|<now>`.
+struct NewMeta<'a> {
+    fingerprint: &'a Fingerprint,
+    token_id: Hex32,
+    lease_until: u64,
+    now: u64,
+    expires_at: u64,
+}
+
+impl ToRedisArgs for NewMeta<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let tid = self.token_id.0;
+        let _ = write!(
+            out.writer_for_next_arg(),
+            "pn{}{tid:032x}{tid:032x}1|1|{}|{}|{}|{}",
+            self.fingerprint.as_str(),
+            self.lease_until,
+            self.now,
+            self.expires_at,
+            self.now
+        );
+    }
+}
+
+/// `EVALSHA <script> 3 <record> <expiry index> <lease index>`, for the arguments to follow.
+fn evalsha(script: &Script, keys: &RecordKeys) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(3)
+        .arg(&keys.record)
+        .arg(&keys.expiry_index)
+        .arg(&keys.lease_index);
+    cmd
+}
+
+/// Runs `cmd` (an [`evalsha`] of `script`); on `NOSCRIPT` (the script cache is volatile) loads the
+/// script and runs it once more.
+async fn run<T: FromRedisValue>(
+    script: &Script,
+    cmd: &Cmd,
+    conn: &mut Conn,
+    op: &'static str,
+) -> Result<T, StoreError> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await.map_err(|e| classify(op, e))?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
+    .map_err(|e| classify(op, e))
+}
 
 impl RedisStore {
     async fn release_script(
@@ -23,19 +114,14 @@ impl RedisStore {
         keys: &RecordKeys,
         token: Token,
         now: Timestamp,
-        nonce: &str,
+        nonce: Hex32,
     ) -> Result<String, StoreError> {
-        RELEASE_SCRIPT
-            .key(&keys.record)
-            .key(&keys.lease_index)
-            .arg(nonce)
+        let mut cmd = evalsha(&RELEASE_SCRIPT, keys);
+        cmd.arg(nonce)
             .arg(now.as_millis())
             .arg(token.seq)
-            .arg(token.id_hex())
-            .arg(&keys.member)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| classify("release", e))
+            .arg(Hex32(token.id));
+        run(&RELEASE_SCRIPT, &cmd, &mut self.conn(), "release").await
     }
 
     /// Gives back a claim whose confirmation failed, without waiting for replicas: if this
@@ -47,65 +133,84 @@ impl RedisStore {
         token: Token,
         now: Timestamp,
     ) -> Result<String, StoreError> {
-        self.release_script(keys, token, now, &nonce()).await
+        self.release_script(keys, token, now, Hex32::random()).await
+    }
+
+    /// Appends the native expiry argument: milliseconds, or `''` for none.
+    fn native_ttl_arg(&self, cmd: &mut Cmd, ttl: Duration) {
+        match self.native_ttl(ttl) {
+            Some(ms) => cmd.arg(ms),
+            None => cmd.arg(""),
+        };
     }
 }
 
-fn nonce() -> String {
-    format!("{:032x}", rand::random::<u128>())
+fn short() -> StoreError {
+    StoreError::corrupt("redis claim script: short answer")
 }
 
-fn parse_claim(reply: &[Vec<u8>], token_id: u128) -> Result<ClaimAnswer, StoreError> {
-    let field = |i: usize| -> Result<String, StoreError> {
-        let bytes = reply
-            .get(i)
-            .ok_or_else(|| StoreError::corrupt("redis claim script: short answer"))?;
-        utf8("answer", bytes)
+/// A text field of a script's answer.
+fn text(v: Option<&Value>) -> Result<&str, StoreError> {
+    match v {
+        Some(Value::BulkString(b)) => std::str::from_utf8(b)
+            .map_err(|e| StoreError::corrupt_with("redis: answer is not UTF-8", e)),
+        Some(Value::SimpleString(s)) => Ok(s),
+        _ => Err(short()),
+    }
+}
+
+fn parse_claim(reply: Value, token_id: u128) -> Result<ClaimAnswer, StoreError> {
+    let reply = match reply {
+        Value::BulkString(o) => return Ok(ClaimAnswer::Replay(record::outcome(o)?)),
+        Value::SimpleString(claimed) => return parse_claimed(&claimed, token_id),
+        Value::Array(reply) => reply,
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "redis claim script: unknown answer {other:?}"
+            )));
+        }
     };
-    match field(0)?.as_str() {
-        "claimed" => {
-            let seq = record::number("token seq", &field(1)?)?;
-            let attempt = record::number("attempt", &field(2)?)?;
-            let kind = match field(3)?.as_str() {
-                "new" => ClaimKind::New,
-                "expired_replaced" => ClaimKind::ExpiredReplaced,
-                "retry" => ClaimKind::Retry,
-                "taken_over" => ClaimKind::TakenOver,
-                other => {
-                    return Err(StoreError::corrupt(format!(
-                        "redis record: claim kind {other:?}"
-                    )));
-                }
-            };
-            Ok(ClaimAnswer::Claimed {
-                token: Token::with_id(seq, token_id),
-                attempt,
-                kind,
-            })
-        }
-        "replay" => {
-            let body = reply
-                .get(2)
-                .ok_or_else(|| StoreError::corrupt("redis claim script: short answer"))?;
-            Ok(ClaimAnswer::Replay(record::outcome(
-                &field(1)?,
-                body,
-                &field(3)?,
-            )?))
-        }
+    match text(reply.first())? {
         "in_flight" => {
-            let ms: u64 = record::number("retry_after", &field(1)?)?;
+            let ms: u64 = record::number("retry_after", text(reply.get(1))?)?;
             Ok(ClaimAnswer::InFlight {
                 retry_after: Duration::from_millis(ms.max(1)),
-                stale: field(2)? == "1",
+                stale: text(reply.get(2))? == "1",
             })
         }
         "mismatch" => Ok(ClaimAnswer::FingerprintMismatch),
-        "corrupt" => Err(StoreError::corrupt(format!("redis record: {}", field(1)?))),
+        "corrupt" => Err(StoreError::corrupt(format!(
+            "redis record: {}",
+            text(reply.get(1))?
+        ))),
         other => Err(StoreError::corrupt(format!(
             "redis claim script: unknown answer {other:?}"
         ))),
     }
+}
+
+/// `seq|attempt|kind`, the claim script's answer when it claimed.
+fn parse_claimed(claimed: &str, token_id: u128) -> Result<ClaimAnswer, StoreError> {
+    let mut parts = claimed.split('|');
+    let mut part = || parts.next().ok_or_else(short);
+    let seq = record::number("token seq", part()?)?;
+    let attempt = record::number("attempt", part()?)?;
+    let kind = match part()? {
+        "n" => ClaimKind::New,
+        "e" => ClaimKind::ExpiredReplaced,
+        "r" => ClaimKind::Retry,
+        "t" => ClaimKind::TakenOver,
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "redis record: claim kind {other:?}"
+            )));
+        }
+    };
+    Ok(ClaimAnswer::Claimed {
+        token: Token::with_id(seq, token_id),
+        attempt,
+        kind,
+    })
 }
 
 #[async_trait]
@@ -119,34 +224,32 @@ impl KeyStore for RedisStore {
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
         let keys = RecordKeys::new(&self.prefix, scope, key);
-        let token_id: u128 = rand::random();
+        let token_id = Hex32::random();
         let takeover = match policy.stale() {
             StalePolicy::Takeover => "1",
             StalePolicy::Reconcile => "0",
         };
-        let reply: Vec<Vec<u8>> = CLAIM_SCRIPT
-            .key(&keys.record)
-            .key(&keys.expiry_index)
-            .key(&keys.lease_index)
-            .arg(format!("{token_id:032x}"))
+        let mut cmd = evalsha(&CLAIM_SCRIPT, &keys);
+        cmd.arg(token_id)
             .arg(fingerprint.as_str())
             .arg(now.as_millis())
             .arg((now + policy.lease()).as_millis())
             .arg((now + policy.ttl()).as_millis())
             .arg(millis(policy.lease()).max(1))
-            .arg(takeover)
-            .arg(scope.as_str())
-            .arg(key.as_str())
-            .arg(&keys.member)
-            .arg(self.native_ttl(policy.ttl()))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| classify("claim", e))?;
-        let answer = parse_claim(&reply, token_id)?;
+            .arg(takeover);
+        self.native_ttl_arg(&mut cmd, policy.ttl());
+        cmd.arg(NewMeta {
+            fingerprint,
+            token_id,
+            lease_until: (now + policy.lease()).as_millis(),
+            now: now.as_millis(),
+            expires_at: (now + policy.ttl()).as_millis(),
+        });
+        let reply: Value = run(&CLAIM_SCRIPT, &cmd, &mut self.conn(), "claim").await?;
+        let answer = parse_claim(reply, token_id.0)?;
         if let ClaimAnswer::Claimed { token, .. } = &answer
-            && let Err(e) = self
-                .confirm("claim", &keys.record, &format!("{token_id:032x}"))
-                .await
+            && self.wait.is_some()
+            && let Err(e) = self.confirm("claim", &keys.record, &token_id.text()).await
         {
             // Nothing ran on this claim: give it back (best effort, unconfirmed) so the next
             // retry claims at once instead of waiting for the lease.
@@ -167,37 +270,36 @@ impl KeyStore for RedisStore {
     ) -> Result<CompleteAnswer, StoreError> {
         machine::check_outcome_size(outcome, policy)?;
         let keys = RecordKeys::new(&self.prefix, scope, key);
-        let state = machine::completed_state(outcome, policy);
-        let nonce = nonce();
-        let reply: String = COMPLETE_SCRIPT
-            .key(&keys.record)
-            .key(&keys.expiry_index)
-            .key(&keys.lease_index)
-            .arg(&nonce)
+        let state = match machine::completed_state(outcome, policy) {
+            RecordState::Completed => "c",
+            _ => "f",
+        };
+        let nonce = Hex32::random();
+        let mut cmd = evalsha(&COMPLETE_SCRIPT, &keys);
+        cmd.arg(nonce)
             .arg(now.as_millis())
             .arg(token.seq)
-            .arg(token.id_hex())
-            .arg(state.as_str())
-            .arg(outcome.status())
-            .arg(outcome.body())
-            .arg(outcome.class().as_str())
-            .arg((now + policy.ttl()).as_millis())
-            .arg(&keys.member)
-            .arg(self.native_ttl(policy.ttl()))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| classify("complete", e))?;
-        if matches!(reply.as_str(), "completed" | "marked_retryable") {
-            self.confirm("complete", &keys.record, &nonce).await?;
+            .arg(Hex32(token.id))
+            .arg(state)
+            .arg(PackedOutcome(outcome))
+            .arg((now + policy.ttl()).as_millis());
+        self.native_ttl_arg(&mut cmd, policy.ttl());
+        let reply: Value = run(&COMPLETE_SCRIPT, &cmd, &mut self.conn(), "complete").await?;
+        let answer = match &reply {
+            Value::BulkString(b) if b == b"completed" => CompleteAnswer::Completed,
+            Value::BulkString(b) if b == b"marked_retryable" => CompleteAnswer::MarkedRetryable,
+            Value::BulkString(b) if b == b"fenced" => return Ok(CompleteAnswer::Fenced),
+            other => {
+                return Err(StoreError::corrupt(format!(
+                    "redis complete script: unknown answer {other:?}"
+                )));
+            }
+        };
+        if self.wait.is_some() {
+            self.confirm("complete", &keys.record, &nonce.text())
+                .await?;
         }
-        match reply.as_str() {
-            "completed" => Ok(CompleteAnswer::Completed),
-            "marked_retryable" => Ok(CompleteAnswer::MarkedRetryable),
-            "fenced" => Ok(CompleteAnswer::Fenced),
-            other => Err(StoreError::corrupt(format!(
-                "redis complete script: unknown answer {other:?}"
-            ))),
-        }
+        Ok(answer)
     }
 
     async fn release(
@@ -208,10 +310,10 @@ impl KeyStore for RedisStore {
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
         let keys = RecordKeys::new(&self.prefix, scope, key);
-        let nonce = nonce();
-        let reply = self.release_script(&keys, token, now, &nonce).await?;
+        let nonce = Hex32::random();
+        let reply = self.release_script(&keys, token, now, nonce).await?;
         if reply == "released" {
-            self.confirm("release", &keys.record, &nonce).await?;
+            self.confirm("release", &keys.record, &nonce.text()).await?;
         }
         match reply.as_str() {
             "released" => Ok(ReleaseAnswer::Released),
@@ -233,23 +335,17 @@ impl KeyStore for RedisStore {
         machine::check_lease(lease)?;
         let keys = RecordKeys::new(&self.prefix, scope, key);
         let lease_until = now + lease;
-        let nonce = nonce();
-        let reply: Vec<String> = EXTEND_SCRIPT
-            .key(&keys.record)
-            .key(&keys.expiry_index)
-            .key(&keys.lease_index)
-            .arg(&nonce)
+        let nonce = Hex32::random();
+        let mut cmd = evalsha(&EXTEND_SCRIPT, &keys);
+        cmd.arg(nonce)
             .arg(now.as_millis())
             .arg(token.seq)
-            .arg(token.id_hex())
+            .arg(Hex32(token.id))
             .arg(lease_until.as_millis())
-            .arg(&keys.member)
-            .arg(millis(self.gc_margin))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| classify("extend", e))?;
+            .arg(millis(self.gc_margin));
+        let reply: Vec<String> = run(&EXTEND_SCRIPT, &cmd, &mut self.conn(), "extend").await?;
         if reply.first().map(String::as_str) == Some("extended") {
-            self.confirm("extend", &keys.record, &nonce).await?;
+            self.confirm("extend", &keys.record, &nonce.text()).await?;
         }
         match reply.iter().map(String::as_str).collect::<Vec<_>>()[..] {
             ["extended", stored] => match stored.parse::<u64>() {
@@ -280,7 +376,8 @@ impl KeyStore for RedisStore {
             .query_async(&mut self.conn())
             .await
             .map_err(|e| classify("get", e))?;
-        Ok(record::record(&fields)?.filter(|r| !r.is_expired(now)))
+        let names = || Ok((scope.as_str().to_owned(), key.as_str().to_owned()));
+        Ok(record::record(fields, names)?.filter(|r| !r.is_expired(now)))
     }
 
     async fn list_in_flight(

@@ -1,0 +1,411 @@
+//! Records written by earlier versions (format 1: one hash field per column, `s k fp st seq tid
+//! att ck lu ca ua ea os ob oc n`) still claim, replay, complete, release, extend, list and purge
+//! correctly, and their first write rewrites them in format 2 (fields `m` and `o`) keeping their
+//! native expiry. The format-1 hashes are written here by hand, exactly as the old scripts wrote
+//! them, under a key prefix of the test's own, against the server named by `IDEM_TEST_REDIS_URL`.
+
+mod common;
+
+use std::time::Duration;
+
+use idem_core::machine::{ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::{
+    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, RecordState,
+    Scope, Timestamp, Token,
+};
+use idem_store_redis::{BUCKETS, RedisStore, redis};
+
+const NOW: u64 = 1_800_000_000_000;
+const TID: u128 = 0x0123_4567_89ab_cdef_0123_4567_89ab_cdef;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The record's name and index member, computed as format 1 did (FNV-1a bucket, hex names).
+fn names(prefix: &str, scope: &str, key: &str) -> (String, String, String) {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in scope.as_bytes().iter().chain(&[0x1f]).chain(key.as_bytes()) {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let base = format!("{prefix}:{{b{:02}}}", hash % u64::from(BUCKETS));
+    let member = format!("{}:{}", hex(scope.as_bytes()), hex(key.as_bytes()));
+    (format!("{base}:r:{member}"), base, member)
+}
+
+fn fingerprint() -> Fingerprint {
+    Fingerprint::of("create_ticket", &serde_json::json!({"title": "old"})).unwrap()
+}
+
+/// Writes a format-1 record as the old claim and complete scripts left it.
+async fn write_v1(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    key: &str,
+    state: &str,
+    lease_until: u64,
+    expires_at: u64,
+    outcome: Option<(&str, &str, &str)>,
+) {
+    let (record, base, member) = names(prefix, "tenant/tool", key);
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(&record);
+    for (f, v) in [
+        ("s", "tenant/tool".to_owned()),
+        ("k", key.to_owned()),
+        ("fp", fingerprint().as_str().to_owned()),
+        ("ca", (NOW - 5000).to_string()),
+        ("st", state.to_owned()),
+        ("seq", "1".to_owned()),
+        ("tid", format!("{TID:032x}")),
+        ("att", "1".to_owned()),
+        ("ck", "new".to_owned()),
+        ("lu", lease_until.to_string()),
+        ("ua", (NOW - 4000).to_string()),
+        ("ea", expires_at.to_string()),
+        ("n", format!("{:032x}", 7u128)),
+    ] {
+        cmd.arg(f).arg(v);
+    }
+    if let Some((status, body, class)) = outcome {
+        cmd.arg("os")
+            .arg(status)
+            .arg("ob")
+            .arg(body)
+            .arg("oc")
+            .arg(class);
+    }
+    let _: () = cmd.query_async(conn).await.unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&record)
+        .arg(3_600_000)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(format!("{base}:exp"))
+        .arg(expires_at)
+        .arg(&member)
+        .query_async(conn)
+        .await
+        .unwrap();
+    if state == "processing" {
+        let _: () = redis::cmd("ZADD")
+            .arg(format!("{base}:lease"))
+            .arg(lease_until)
+            .arg(&member)
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
+async fn fields(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    key: &str,
+) -> Vec<String> {
+    let (record, _, _) = names(prefix, "tenant/tool", key);
+    let mut f: Vec<String> = redis::cmd("HKEYS")
+        .arg(&record)
+        .query_async(conn)
+        .await
+        .unwrap();
+    f.sort();
+    f
+}
+
+async fn pttl(conn: &mut redis::aio::MultiplexedConnection, prefix: &str, key: &str) -> i64 {
+    let (record, _, _) = names(prefix, "tenant/tool", key);
+    redis::cmd("PTTL")
+        .arg(&record)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn format_1_records_keep_working() {
+    let Some(url) = common::url() else { return };
+    let prefix = common::unique("idem-upgrade");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .with_prefix(&prefix)
+        .unwrap();
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let scope = Scope::new("tenant/tool").unwrap();
+    let k = |s: &str| IdempotencyKey::new(s).unwrap();
+    let now = Timestamp::from_millis(NOW);
+    let policy = Policy::builder()
+        .ttl(Duration::from_secs(600))
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let live = NOW + 500_000;
+    let body = r#"{"ticket_id":"T-1","note":"é ✓"}"#;
+    let old_token = Token::with_id(1, TID);
+
+    // A completed record replays its outcome byte for byte; get and list read it.
+    write_v1(
+        &mut conn,
+        &prefix,
+        "done",
+        "completed",
+        NOW - 4000,
+        live,
+        Some(("201", body, "definitive")),
+    )
+    .await;
+    let ClaimAnswer::Replay(o) = store
+        .claim(&scope, &k("done"), &fingerprint(), &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("a format-1 completed record replays")
+    };
+    assert_eq!((o.status(), o.body()), (201, body));
+    let other = Fingerprint::of("create_ticket", &serde_json::json!({"title": "new"})).unwrap();
+    assert!(matches!(
+        store
+            .claim(&scope, &k("done"), &other, &policy, now)
+            .await
+            .unwrap(),
+        ClaimAnswer::FingerprintMismatch
+    ));
+    let r = store.get(&scope, &k("done"), now).await.unwrap().unwrap();
+    assert_eq!(r.state, RecordState::Completed);
+    assert_eq!(r.token, old_token);
+    assert_eq!(r.created_at, Timestamp::from_millis(NOW - 5000));
+    assert_eq!(r.outcome.as_ref().unwrap().body(), body);
+
+    // A processing record: in flight, listed when stale, completed by its old holder.
+    write_v1(
+        &mut conn,
+        &prefix,
+        "running",
+        "processing",
+        NOW + 10_000,
+        live,
+        None,
+    )
+    .await;
+    assert!(matches!(
+        store
+            .claim(&scope, &k("running"), &fingerprint(), &policy, now)
+            .await
+            .unwrap(),
+        ClaimAnswer::InFlight { stale: false, .. }
+    ));
+    let later = Timestamp::from_millis(NOW + 20_000);
+    let stale = store.list_in_flight(later, 10).await.unwrap();
+    assert_eq!(stale.len(), 1);
+    assert_eq!(stale[0].key.as_str(), "running");
+    assert!(matches!(
+        store
+            .extend(
+                &scope,
+                &k("running"),
+                old_token,
+                Duration::from_secs(60),
+                now
+            )
+            .await
+            .unwrap(),
+        ExtendAnswer::Extended { .. }
+    ));
+    assert_eq!(fields(&mut conn, &prefix, "running").await, ["m"]);
+    assert!(pttl(&mut conn, &prefix, "running").await > 0);
+    let outcome = Outcome::definitive(200, &serde_json::json!({"ok": 1})).unwrap();
+    assert_eq!(
+        store
+            .complete(&scope, &k("running"), old_token, &outcome, &policy, now)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    let ClaimAnswer::Replay(o) = store
+        .claim(&scope, &k("running"), &fingerprint(), &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("completed after the upgrade")
+    };
+    assert_eq!(o.body(), outcome.body());
+    let r = store
+        .get(&scope, &k("running"), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.token, r.attempt), (old_token, 1));
+    assert_eq!(r.created_at, Timestamp::from_millis(NOW - 5000));
+    assert_eq!(r.fingerprint, fingerprint());
+
+    // A processing record completed straight away (no extend first) is rewritten as well.
+    write_v1(
+        &mut conn,
+        &prefix,
+        "quick",
+        "processing",
+        NOW + 10_000,
+        live,
+        None,
+    )
+    .await;
+    assert_eq!(
+        store
+            .complete(&scope, &k("quick"), old_token, &outcome, &policy, now)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    assert_eq!(fields(&mut conn, &prefix, "quick").await, ["m", "o"]);
+    assert!(pttl(&mut conn, &prefix, "quick").await > 0);
+    // A stale old token is still fenced.
+    write_v1(
+        &mut conn,
+        &prefix,
+        "fenced",
+        "processing",
+        NOW + 10_000,
+        live,
+        None,
+    )
+    .await;
+    assert_eq!(
+        store
+            .complete(
+                &scope,
+                &k("fenced"),
+                Token::with_id(1, 99),
+                &outcome,
+                &policy,
+                now
+            )
+            .await
+            .unwrap(),
+        CompleteAnswer::Fenced
+    );
+    assert_eq!(
+        fields(&mut conn, &prefix, "fenced").await.len(),
+        13,
+        "nothing written"
+    );
+
+    // Released by its old holder, then claimed again with the next token.
+    write_v1(
+        &mut conn,
+        &prefix,
+        "given-back",
+        "processing",
+        NOW + 10_000,
+        live,
+        None,
+    )
+    .await;
+    assert_eq!(
+        store
+            .release(&scope, &k("given-back"), old_token, now)
+            .await
+            .unwrap(),
+        ReleaseAnswer::Released
+    );
+    assert!(pttl(&mut conn, &prefix, "given-back").await > 0);
+    let ClaimAnswer::Claimed {
+        token,
+        attempt,
+        kind,
+    } = store
+        .claim(&scope, &k("given-back"), &fingerprint(), &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("a released record is claimed again")
+    };
+    assert_eq!((token.seq, attempt, kind), (2, 2, ClaimKind::Retry));
+
+    // A failed_retryable record with its retryable outcome: claimed again, the outcome dropped.
+    write_v1(
+        &mut conn,
+        &prefix,
+        "failed",
+        "failed_retryable",
+        NOW - 4000,
+        live,
+        Some(("503", "{}", "retryable")),
+    )
+    .await;
+    let ClaimAnswer::Claimed {
+        token,
+        attempt,
+        kind,
+    } = store
+        .claim(&scope, &k("failed"), &fingerprint(), &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("a failed_retryable record is claimed again")
+    };
+    assert_eq!((token.seq, attempt, kind), (2, 2, ClaimKind::Retry));
+    assert_eq!(fields(&mut conn, &prefix, "failed").await, ["m"]);
+    let r = store.get(&scope, &k("failed"), now).await.unwrap().unwrap();
+    assert!(r.outcome.is_none());
+    assert_eq!(r.created_at, Timestamp::from_millis(NOW - 5000));
+
+    // An expired record is replaced (its token continues), another one is purged.
+    write_v1(
+        &mut conn,
+        &prefix,
+        "old",
+        "completed",
+        NOW - 4000,
+        NOW - 1,
+        Some(("200", "{}", "definitive")),
+    )
+    .await;
+    let ClaimAnswer::Claimed { token, kind, .. } = store
+        .claim(&scope, &k("old"), &fingerprint(), &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("an expired record is replaced")
+    };
+    assert_eq!((token.seq, kind), (2, ClaimKind::ExpiredReplaced));
+    assert_eq!(fields(&mut conn, &prefix, "old").await, ["m"]);
+    write_v1(
+        &mut conn,
+        &prefix,
+        "gone",
+        "completed",
+        NOW - 4000,
+        NOW - 1,
+        Some(("200", "{}", "definitive")),
+    )
+    .await;
+    let listed = store.list(&ListFilter::default(), now, 100).await.unwrap();
+    let mut names: Vec<&str> = listed.iter().map(|r| r.key.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "done",
+            "failed",
+            "fenced",
+            "given-back",
+            "old",
+            "quick",
+            "running"
+        ]
+    );
+    assert_eq!(store.purge_expired(now, 100).await.unwrap(), 1);
+    assert!(store.get(&scope, &k("gone"), now).await.unwrap().is_none());
+
+    // Clean up what is left.
+    let end = Timestamp::from_millis(u64::MAX - 1);
+    while store.purge_expired(end, 1000).await.unwrap() > 0 {}
+}
