@@ -73,7 +73,16 @@ impl Fingerprint {
         arguments: &A,
     ) -> Result<Self, FingerprintError> {
         let arguments = serde_json::to_value(arguments).map_err(FingerprintError::Canonicalize)?;
-        let canonical = canonical_request(operation, &arguments)?;
+        Self::of_value(operation, &arguments)
+    }
+
+    /// [`Fingerprint::of`] for arguments that are already a `serde_json::Value` (a parsed
+    /// request body): the same fingerprint, without first copying the value.
+    pub fn of_value(
+        operation: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<Self, FingerprintError> {
+        let canonical = canonical_request(operation, arguments)?;
         Ok(Self::of_bytes(canonical.as_bytes()))
     }
 
