@@ -58,8 +58,9 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 /// with another body is 422, a repeat while the first runs is 409 with `Retry-After`, a store
 /// that is down is 503 — each an `application/problem+json` body.
 ///
-/// The inner service runs in a spawned task: a client that disconnects (its deadline passed)
-/// cannot cancel a tool halfway; the outcome is recorded and its retry gets the replay. The
+/// The claim, the inner service and the completion run in one spawned task per request: a client
+/// that disconnects (its deadline passed) cannot cancel a tool halfway; the outcome is recorded
+/// and its retry gets the replay. The
 /// [`idem_core::Attempt`] is put in the request's extensions, so a handler can complete the
 /// record in the same transaction as its effect and call
 /// [`Attempt::mark_recorded`](idem_core::Attempt::mark_recorded).
@@ -93,7 +94,10 @@ impl fmt::Debug for IdempotencyLayer {
 impl IdempotencyLayer {
     /// A layer running tools through `executor`, with `principal` naming who sent a request
     /// (a tenant or user id taken from the authenticated request parts; an `Err` refuses the
-    /// request). Give the executor a spawner (`with_spawner`) so claims survive dropped callers.
+    /// request). Each request runs in a task of its own (claim, tool and completion together), so
+    /// claims and completions survive dropped callers with or without a spawner on `executor`;
+    /// the layer does not use the spawner (it would add a task hop per claim and completion and
+    /// protect nothing more).
     pub fn new(
         executor: Executor,
         principal: impl Fn(&Parts) -> Result<String, Problem> + Send + Sync + 'static,
@@ -190,7 +194,11 @@ impl<S> Layer<S> for IdempotencyLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Idempotent {
             inner,
-            layer: Arc::new(self.clone()),
+            layer: Arc::new(Self {
+                // The request's own task already protects the claim and the completion.
+                executor: self.executor.without_spawner(),
+                ..self.clone()
+            }),
         }
     }
 }
