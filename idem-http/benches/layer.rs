@@ -92,7 +92,9 @@ async fn store_round_trips(store: &MemoryStore, key: &str, replay: bool) -> Dura
 
 struct Stats {
     p50: f64,
+    p90: f64,
     p99: f64,
+    p999: f64,
     mean: f64,
 }
 
@@ -102,7 +104,9 @@ fn stats(samples: &mut [Duration]) -> Stats {
     let rank = |q: f64| us(samples[((q * samples.len() as f64).ceil() as usize).max(1) - 1]);
     Stats {
         p50: rank(0.50),
+        p90: rank(0.90),
         p99: rank(0.99),
+        p999: rank(0.999),
         mean: samples.iter().map(|d| us(*d)).sum::<f64>() / samples.len() as f64,
     }
 }
@@ -141,7 +145,10 @@ async fn run(n: usize) {
     println!(
         "idem-http layer bench: {n} calls of each kind, in-process (tower Service::call), MemoryStore"
     );
-    println!("  {:<40}{:>9}{:>9}{:>9}", "", "p50 µs", "p99 µs", "mean µs");
+    println!(
+        "  {:<40}{:>9}{:>9}{:>9}{:>9}{:>9}",
+        "", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "mean µs"
+    );
     for (name, s) in [
         ("bare axum handler", &b),
         ("layer, first execution", &first),
@@ -149,7 +156,10 @@ async fn run(n: usize) {
         ("store alone: claim + complete", &store_first),
         ("store alone: claim → replay", &store_replay),
     ] {
-        println!("  {name:<40}{:>9.1}{:>9.1}{:>9.1}", s.p50, s.p99, s.mean);
+        println!(
+            "  {name:<40}{:>9.1}{:>9.1}{:>9.1}{:>9.1}{:>9.1}",
+            s.p50, s.p90, s.p99, s.p999, s.mean
+        );
     }
     for (name, s) in [("first execution", &first), ("replay", &replay)] {
         println!(
