@@ -1,5 +1,6 @@
 //! Request fingerprints: SHA-256 over the RFC 8785 canonical form of the request.
 
+use std::cmp::Ordering;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -73,17 +74,37 @@ impl Fingerprint {
         arguments: &A,
     ) -> Result<Self, FingerprintError> {
         let arguments = serde_json::to_value(arguments).map_err(FingerprintError::Canonicalize)?;
-        let canonical = canonical_request(operation, &arguments)?;
-        Ok(Self::of_bytes(canonical.as_bytes()))
+        Self::of_value(operation, &arguments)
+    }
+
+    /// [`Fingerprint::of`] for arguments that are already a `serde_json::Value` (a parsed
+    /// request body): the same fingerprint, without first copying the value.
+    pub fn of_value(
+        operation: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<Self, FingerprintError> {
+        // The JCS text of `{"arguments": <args>, "operation": <name>}`, written straight into
+        // the hash.
+        let mut hasher = Sha256::new();
+        hasher.update(br#"{"arguments":"#);
+        write_canonical(arguments, &mut hasher)?;
+        hasher.update(br#","operation":"#);
+        write_string(operation, &mut hasher);
+        hasher.update(b"}");
+        Ok(Self::of_digest(&hasher.finalize()))
     }
 
     /// SHA-256 of bytes that the caller has already put in a canonical form.
     pub fn of_bytes(bytes: &[u8]) -> Self {
-        let digest = Sha256::digest(bytes);
-        let mut hex = String::with_capacity(64);
-        for b in digest {
-            use std::fmt::Write;
-            let _ = write!(hex, "{b:02x}");
+        Self::of_digest(&Sha256::digest(bytes))
+    }
+
+    fn of_digest(digest: &[u8]) -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = String::with_capacity(2 * digest.len());
+        for &b in digest {
+            hex.push(char::from(HEX[usize::from(b >> 4)]));
+            hex.push(char::from(HEX[usize::from(b & 0xf)]));
         }
         Self(hex)
     }
@@ -125,78 +146,171 @@ impl<'de> Deserialize<'de> for Fingerprint {
 /// that an integer a double cannot hold exactly keeps its exact decimal digits (see
 /// [`Fingerprint`]).
 pub fn canonical_json(value: &serde_json::Value) -> Result<String, FingerprintError> {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_canonical(value, &mut out)?;
-    Ok(out)
+    Ok(String::from_utf8(out).expect("canonical JSON is written from UTF-8 text only"))
 }
 
-/// JCS of one value, written into `out`. Strings, numbers and the order of object members are
-/// left to `serde_json_canonicalizer` (UTF-16 key order, ECMAScript number text); only integers
-/// beyond a double's precision are written here.
-fn write_canonical(value: &serde_json::Value, out: &mut String) -> Result<(), FingerprintError> {
-    use serde_json::Value;
-    let leaf = |v: &Value, out: &mut String| -> Result<(), FingerprintError> {
-        out.push_str(
-            &serde_json_canonicalizer::to_string(v).map_err(FingerprintError::Canonicalize)?,
-        );
+/// Where canonical text goes: a buffer ([`canonical_json`]) or straight into the hash
+/// ([`Fingerprint::of_value`]), so a fingerprint builds no intermediate text.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl Sink for Sha256 {
+    fn put(&mut self, bytes: &[u8]) {
+        self.update(bytes);
+    }
+}
+
+/// A [`Sink`] as an `io::Write`, for the serialisers that write strings and doubles.
+struct Writer<'a, S>(&'a mut S);
+
+impl<S: Sink> std::io::Write for Writer<'_, S> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.put(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
-    };
+    }
+}
+
+/// JCS of one value, written into `out`.
+///
+/// What is written is exactly what `serde_json_canonicalizer` writes for the value (member order
+/// by UTF-16 code units, ECMAScript number text, JCS string escapes), except for integers beyond
+/// a double's precision; the parts are written here without building a text per leaf:
+/// - strings with serde_json's own escaper, which escapes exactly what RFC 8785 §3.2.2.2 does
+///   (`"`, `\`, and U+0000–U+001F as `\b \f \n \r \t` or `\u00xx` in lower case; nothing
+///   else, not `/` nor DEL) and is the escaper `serde_json_canonicalizer` runs too;
+/// - integers of magnitude up to 2^53 as their decimal digits (what ECMAScript writes for them);
+/// - every other number through `serde_json_canonicalizer`, as before.
+fn write_canonical<S: Sink>(
+    value: &serde_json::Value,
+    out: &mut S,
+) -> Result<(), FingerprintError> {
+    use serde_json::Value;
     match value {
-        Value::Number(n) => match exact_integer(n) {
-            Some(digits) => out.push_str(&digits),
-            None => leaf(value, out)?,
-        },
+        Value::Null => out.put(b"null"),
+        Value::Bool(true) => out.put(b"true"),
+        Value::Bool(false) => out.put(b"false"),
+        Value::String(s) => write_string(s, out),
+        Value::Number(n) => write_number(n, value, out)?,
         Value::Array(items) => {
-            out.push('[');
+            out.put(b"[");
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.put(b",");
                 }
                 write_canonical(item, out)?;
             }
-            out.push(']');
+            out.put(b"]");
         }
         Value::Object(members) => {
-            // RFC 8785 §3.2.3: members sorted by their names' UTF-16 code units.
-            let mut sorted: Vec<_> = members.iter().collect();
-            sorted.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push('{');
-            for (i, (name, member)) in sorted.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                leaf(&Value::String(name.clone()), out)?;
-                out.push(':');
-                write_canonical(member, out)?;
+            // RFC 8785 §3.2.3: members sorted by their names' UTF-16 code units. serde_json's map
+            // (a BTreeMap by UTF-8 bytes) is nearly always in that order already.
+            out.put(b"{");
+            if members
+                .keys()
+                .is_sorted_by(|a, b| utf16_cmp(a, b) != Ordering::Greater)
+            {
+                write_members(members.iter(), out)?;
+            } else {
+                let mut sorted: Vec<_> = members.iter().collect();
+                sorted.sort_by(|(a, _), (b, _)| utf16_cmp(a, b));
+                write_members(sorted.into_iter(), out)?;
             }
-            out.push('}');
+            out.put(b"}");
         }
-        Value::Null | Value::Bool(_) | Value::String(_) => leaf(value, out)?,
     }
     Ok(())
 }
 
-/// The exact decimal digits of an integer that a double cannot hold exactly; `None` for every
-/// other number (JCS's text is then exact or the number is not an integer).
-fn exact_integer(n: &serde_json::Number) -> Option<String> {
-    // Doubles hold every integer of magnitude up to 2^53 and, beyond it, only some; a round trip
-    // through f64 (exact in i128) tells which.
-    let exact = |v: i128| {
-        let d = v as f64;
-        (d as i128 != v).then(|| v.to_string())
+fn write_members<'a, S: Sink>(
+    members: impl Iterator<Item = (&'a String, &'a serde_json::Value)>,
+    out: &mut S,
+) -> Result<(), FingerprintError> {
+    for (i, (name, member)) in members.enumerate() {
+        if i > 0 {
+            out.put(b",");
+        }
+        write_string(name, out);
+        out.put(b":");
+        write_canonical(member, out)?;
+    }
+    Ok(())
+}
+
+/// A JSON string as JCS writes it (see [`write_canonical`]).
+fn write_string<S: Sink>(s: &str, out: &mut S) {
+    serde_json::to_writer(Writer(out), s).expect("a string always serialises");
+}
+
+/// A number: integers that fit 64 bits here, every other number as JCS writes it.
+fn write_number<S: Sink>(
+    n: &serde_json::Number,
+    value: &serde_json::Value,
+    out: &mut S,
+) -> Result<(), FingerprintError> {
+    let integer = match (n.as_u64(), n.as_i64()) {
+        (Some(v), _) => Some(i128::from(v)),
+        (None, Some(v)) => Some(i128::from(v)),
+        (None, None) => None,
     };
-    if let Some(v) = n.as_u64() {
-        exact(i128::from(v))
-    } else {
-        n.as_i64().and_then(|v| exact(i128::from(v)))
+    match integer {
+        // Doubles hold every integer of magnitude up to 2^53, and ECMAScript writes those as
+        // their digits; beyond it a double holds only some (a round trip through f64, exact in
+        // i128, tells which): the others keep their exact digits, the exception to JCS.
+        Some(v) if v.unsigned_abs() <= 1 << 53 || (v as f64) as i128 != v => {
+            write_integer(v, out);
+            Ok(())
+        }
+        _ => serde_json_canonicalizer::to_writer(value, &mut Writer(out))
+            .map_err(FingerprintError::Canonicalize),
     }
 }
 
-fn canonical_request(
-    operation: &str,
-    arguments: &serde_json::Value,
-) -> Result<String, FingerprintError> {
-    canonical_json(&serde_json::json!({ "arguments": arguments, "operation": operation }))
+/// The decimal digits of `v` (which fits 64 bits, signed or not).
+fn write_integer<S: Sink>(v: i128, out: &mut S) {
+    let mut digits = [0u8; 40];
+    let mut at = digits.len();
+    let mut rest = v.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        at -= 1;
+        digits[at] = b'-';
+    }
+    out.put(&digits[at..]);
+}
+
+/// Compares two strings by their UTF-16 code units (RFC 8785 §3.2.3) without transcoding them:
+/// UTF-8 byte order is code point order, which is UTF-16 order except between a supplementary
+/// character (UTF-8 lead byte `F0`–`F4`) and one of U+E000–U+FFFF (lead `EE` or `EF`). So the
+/// first differing byte decides, unless both are such lead bytes.
+fn utf16_cmp(a: &str, b: &str) -> Ordering {
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        None => x.len().cmp(&y.len()),
+        // Both are lead bytes (continuation bytes are below 0xC0) at the same offset after an
+        // equal prefix, so `i` is a character boundary in both.
+        Some(i) if x[i] >= 0xEE && y[i] >= 0xEE => a[i..].encode_utf16().cmp(b[i..].encode_utf16()),
+        Some(i) => x[i].cmp(&y[i]),
+    }
 }
 
 #[cfg(test)]
@@ -259,6 +373,10 @@ mod tests {
         );
         assert_eq!(a.as_str().len(), 64);
         assert_eq!(a.short().len(), 12);
+    }
+
+    fn canonical_request(operation: &str, arguments: &Value) -> Result<String, FingerprintError> {
+        canonical_json(&json!({ "arguments": arguments, "operation": operation }))
     }
 
     #[test]
@@ -379,7 +497,36 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_hash_is_of_the_canonical_request_text() {
+        for (op, args) in [
+            ("op", json!({"z": 1, "a": true})),
+            (
+                "POST /x?a=%22",
+                json!([{"\u{e000}": 1, "😀": [2.5, null, "\u{1}"]}]),
+            ),
+            ("\"quoted\" \\ op", json!(u64::MAX)),
+        ] {
+            let text = canonical_request(op, &args).unwrap();
+            assert_eq!(
+                Fingerprint::of_value(op, &args).unwrap(),
+                Fingerprint::of_bytes(text.as_bytes())
+            );
+        }
+    }
+
     proptest::proptest! {
+        /// The byte-wise comparison orders names as their UTF-16 code units do.
+        #[test]
+        fn utf16_order(
+            a in "[a\u{7f}\u{80}é\u{d7ff}\u{e000}\u{fb33}\u{ffff}😀\u{10000}\u{10ffff}]{0,4}",
+            b in "[a\u{7f}\u{80}é\u{d7ff}\u{e000}\u{fb33}\u{ffff}😀\u{10000}\u{10ffff}]{0,4}",
+            prefix in "[aé😀\u{ffff}]{0,2}",
+        ) {
+            let (a, b) = (format!("{prefix}{a}"), format!("{prefix}{b}"));
+            proptest::prop_assert_eq!(utf16_cmp(&a, &b), a.encode_utf16().cmp(b.encode_utf16()));
+        }
+
         /// Away from the exact-integer rule, the canonical text is RFC 8785's, byte for byte.
         #[test]
         fn agrees_with_jcs_where_doubles_are_exact(

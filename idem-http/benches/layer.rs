@@ -1,8 +1,11 @@
 //! What the HTTP layer adds to a handler: a bare axum handler against the same handler behind
 //! `IdempotencyLayer` on a `MemoryStore` (so the store's round trips cost next to nothing),
 //! in-process through the router as a tower service (no sockets). Bare calls, first executions
-//! (a new key) and replays are interleaved; p50, p99 and mean per kind, and the layer's overhead
-//! beyond the bare handler.
+//! (a new key) and replays are interleaved, and so are the store's own round trips (claim +
+//! complete, and the claim that answers a replay, straight on another `MemoryStore`); p50, p99
+//! and mean per kind, and the layer's overhead beyond the bare handler and beyond the bare
+//! handler plus the store's round trips (issue 17's target: at most 15 % or 20 µs, whichever is
+//! larger).
 //!
 //! ```text
 //! cargo bench -p idem-http --bench layer
@@ -18,7 +21,10 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idem_core::{Executor, MemoryStore};
+use idem_core::{
+    ClaimAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy,
+    Scope, Timestamp,
+};
 use idem_http::IdempotencyLayer;
 use serde_json::{Value, json};
 use tower_service::Service;
@@ -53,9 +59,42 @@ async fn call(app: &mut Router, req: Request<Body>) -> Duration {
     took
 }
 
+/// The store's own round trips for one first execution (claim + complete of a new key) or one
+/// replay (the claim of a completed key), straight through `KeyStore`.
+async fn store_round_trips(store: &MemoryStore, key: &str, replay: bool) -> Duration {
+    let scope = Scope::new("bench//tools/create_ticket").unwrap();
+    let key = IdempotencyKey::new(key).unwrap();
+    let fingerprint = Fingerprint::of_bytes(b"request");
+    let policy = Policy::default();
+    let outcome = Outcome::from_json_text(
+        201,
+        r#"{"ticket_id":"T-1","title":"bench","status":"open"}"#,
+        idem_core::OutcomeClass::Definitive,
+    )
+    .unwrap();
+    let t = Instant::now();
+    let answer = store
+        .claim(&scope, &key, &fingerprint, &policy, Timestamp::now())
+        .await
+        .unwrap();
+    match answer {
+        ClaimAnswer::Claimed { token, .. } if !replay => {
+            store
+                .complete(&scope, &key, token, &outcome, &policy, Timestamp::now())
+                .await
+                .unwrap();
+        }
+        ClaimAnswer::Replay(_) if replay => {}
+        other => panic!("unexpected claim answer {other:?}"),
+    }
+    t.elapsed()
+}
+
 struct Stats {
     p50: f64,
+    p90: f64,
     p99: f64,
+    p999: f64,
     mean: f64,
 }
 
@@ -65,7 +104,9 @@ fn stats(samples: &mut [Duration]) -> Stats {
     let rank = |q: f64| us(samples[((q * samples.len() as f64).ceil() as usize).max(1) - 1]);
     Stats {
         p50: rank(0.50),
+        p90: rank(0.90),
         p99: rank(0.99),
+        p999: rank(0.999),
         mean: samples.iter().map(|d| us(*d)).sum::<f64>() / samples.len() as f64,
     }
 }
@@ -79,31 +120,46 @@ async fn run(n: usize) {
         .route("/tools/create_ticket", post(create_ticket))
         .route_layer(IdempotencyLayer::new(executor, |_| Ok("bench".to_owned())));
 
+    let store = MemoryStore::new();
     for i in 0..200 {
         call(&mut bare, request(None)).await;
         call(&mut layered, request(Some(&format!("warm-{i}")))).await;
+        store_round_trips(&store, &format!("warm-{i}"), false).await;
     }
     let (mut b, mut first, mut replay) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut store_first, mut store_replay) = (Vec::new(), Vec::new());
     for i in 0..n {
         let key = format!("op-{i}");
         b.push(call(&mut bare, request(None)).await);
+        store_first.push(store_round_trips(&store, &key, false).await);
         first.push(call(&mut layered, request(Some(&key))).await);
         // The replay of the key before, so the record is settled (the completion ran).
         if i > 0 {
-            replay.push(call(&mut layered, request(Some(&format!("op-{}", i - 1)))).await);
+            let before = format!("op-{}", i - 1);
+            store_replay.push(store_round_trips(&store, &before, true).await);
+            replay.push(call(&mut layered, request(Some(&before))).await);
         }
     }
     let (b, first, replay) = (stats(&mut b), stats(&mut first), stats(&mut replay));
+    let (store_first, store_replay) = (stats(&mut store_first), stats(&mut store_replay));
     println!(
         "idem-http layer bench: {n} calls of each kind, in-process (tower Service::call), MemoryStore"
     );
-    println!("  {:<28}{:>9}{:>9}{:>9}", "", "p50 µs", "p99 µs", "mean µs");
+    println!(
+        "  {:<40}{:>9}{:>9}{:>9}{:>9}{:>9}",
+        "", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "mean µs"
+    );
     for (name, s) in [
         ("bare axum handler", &b),
         ("layer, first execution", &first),
         ("layer, replay", &replay),
+        ("store alone: claim + complete", &store_first),
+        ("store alone: claim → replay", &store_replay),
     ] {
-        println!("  {name:<28}{:>9.1}{:>9.1}{:>9.1}", s.p50, s.p99, s.mean);
+        println!(
+            "  {name:<40}{:>9.1}{:>9.1}{:>9.1}{:>9.1}{:>9.1}",
+            s.p50, s.p90, s.p99, s.p999, s.mean
+        );
     }
     for (name, s) in [("first execution", &first), ("replay", &replay)] {
         println!(
@@ -112,6 +168,18 @@ async fn run(n: usize) {
             s.p50 / b.p50,
             s.p99 - b.p99,
             s.p99 / b.p99
+        );
+    }
+    for (name, s, st) in [
+        ("first execution", &first, &store_first),
+        ("replay", &replay, &store_replay),
+    ] {
+        println!(
+            "  beyond bare + store, {name:<16} p50 +{:.1} µs ({:.2}×)  p99 +{:.1} µs ({:.2}×)",
+            s.p50 - b.p50 - st.p50,
+            s.p50 / (b.p50 + st.p50),
+            s.p99 - b.p99 - st.p99,
+            s.p99 / (b.p99 + st.p99)
         );
     }
 }

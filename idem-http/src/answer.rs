@@ -23,8 +23,26 @@ where
     let Some(bytes) = collect(response.into_body()).await else {
         return internal_failure();
     };
-    Outcome::from_json_text(status.as_u16(), json_text(&bytes), class)
-        .unwrap_or_else(|_| internal_failure())
+    json_outcome(status.as_u16(), &bytes, class).unwrap_or_else(|_| internal_failure())
+}
+
+/// The outcome whose body is `bytes` as [`json_text`] keeps them, reading the body as JSON once
+/// (the outcome's own check is that reading).
+fn json_outcome(
+    status: u16,
+    bytes: &[u8],
+    class: OutcomeClass,
+) -> Result<Outcome, serde_json::Error> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) if !text.is_empty() => Outcome::from_json_text(status, text, class)
+            .or_else(|_| Outcome::from_json_text(status, json_string(text), class)),
+        _ => Outcome::from_json_text(status, json_text(bytes), class),
+    }
+}
+
+/// `text` as a JSON string.
+fn json_string(text: &str) -> String {
+    serde_json::Value::String(text.to_owned()).to_string()
 }
 
 /// The tool's response in verbatim mode: the outcome to store (status, the `listed` headers and
@@ -74,7 +92,7 @@ fn json_text(bytes: &[u8]) -> String {
         match std::str::from_utf8(bytes) {
             // Read as a value: JSON a reader cannot hold (`1E400`) is kept as a string too.
             Ok(s) if serde_json::from_str::<serde_json::Value>(s).is_ok() => s.to_owned(),
-            Ok(s) => serde_json::Value::String(s.to_owned()).to_string(),
+            Ok(s) => json_string(s),
             Err(_) => {
                 serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()).to_string()
             }
@@ -149,12 +167,20 @@ fn wrap<B: From<Bytes>>(outcome: &Outcome, replay: bool) -> Response<B> {
     // A response kept in verbatim mode (the layer's mode changed): its body, as envelope mode
     // would have kept it.
     let kept = replay::decode(outcome).map(|kept| json_text(&kept.body));
-    let body = format!(
-        r#"{{"ok":{},"idempotent_replay":{},"original_response":{}}}"#,
-        status.is_success(),
-        replay,
-        kept.as_deref().unwrap_or(outcome.body())
-    );
+    let original = kept.as_deref().unwrap_or(outcome.body());
+    let mut body = String::with_capacity(original.len() + 64);
+    body.push_str(if status.is_success() {
+        r#"{"ok":true,"idempotent_replay":"#
+    } else {
+        r#"{"ok":false,"idempotent_replay":"#
+    });
+    body.push_str(if replay {
+        r#"true,"original_response":"#
+    } else {
+        r#"false,"original_response":"#
+    });
+    body.push_str(original);
+    body.push('}');
     let mut response = Response::new(B::from(Bytes::from(body)));
     *response.status_mut() = status;
     let headers = response.headers_mut();

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -58,8 +58,9 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 /// with another body is 422, a repeat while the first runs is 409 with `Retry-After`, a store
 /// that is down is 503 — each an `application/problem+json` body.
 ///
-/// The inner service runs in a spawned task: a client that disconnects (its deadline passed)
-/// cannot cancel a tool halfway; the outcome is recorded and its retry gets the replay. The
+/// The claim, the inner service and the completion run in one spawned task per request: a client
+/// that disconnects (its deadline passed) cannot cancel a tool halfway; the outcome is recorded
+/// and its retry gets the replay. The
 /// [`idem_core::Attempt`] is put in the request's extensions, so a handler can complete the
 /// record in the same transaction as its effect and call
 /// [`Attempt::mark_recorded`](idem_core::Attempt::mark_recorded).
@@ -93,7 +94,10 @@ impl fmt::Debug for IdempotencyLayer {
 impl IdempotencyLayer {
     /// A layer running tools through `executor`, with `principal` naming who sent a request
     /// (a tenant or user id taken from the authenticated request parts; an `Err` refuses the
-    /// request). Give the executor a spawner (`with_spawner`) so claims survive dropped callers.
+    /// request). Each request runs in a task of its own (claim, tool and completion together), so
+    /// claims and completions survive dropped callers with or without a spawner on `executor`;
+    /// the layer does not use the spawner (it would add a task hop per claim and completion and
+    /// protect nothing more).
     pub fn new(
         executor: Executor,
         principal: impl Fn(&Parts) -> Result<String, Problem> + Send + Sync + 'static,
@@ -190,7 +194,11 @@ impl<S> Layer<S> for IdempotencyLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Idempotent {
             inner,
-            layer: self.clone(),
+            layer: Arc::new(Self {
+                // The request's own task already protects the claim and the completion.
+                executor: self.executor.without_spawner(),
+                ..self.clone()
+            }),
         }
     }
 }
@@ -199,7 +207,8 @@ impl<S> Layer<S> for IdempotencyLayer {
 #[derive(Clone, Debug)]
 pub struct Idempotent<S> {
     inner: S,
-    layer: IdempotencyLayer,
+    // Shared: a request clones one `Arc`, not the layer's settings.
+    layer: Arc<IdempotencyLayer>,
 }
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for Idempotent<S>
@@ -249,17 +258,18 @@ where
                 body,
             } = prepared;
             let request = Request::from_parts(parts, ReqB::from(body));
-            let failure: Arc<Mutex<Option<S::Error>>> = Arc::new(Mutex::new(None));
-            let slot = failure.clone();
-            // Verbatim mode: the tool's whole response, for the caller whose request ran it.
-            let original: Arc<Mutex<Option<Response<Bytes>>>> = Arc::new(Mutex::new(None));
-            let original_slot = original.clone();
-            let classify = layer.classify.clone();
-            let replay_mode = layer.replay.clone();
-            let executor = layer.executor.clone();
-            // Detached, so a caller that goes away cannot cancel the tool halfway.
+            let task_layer = layer.clone();
+            // Detached, so a caller that goes away cannot cancel the tool halfway. The task
+            // hands back, beside the executor's result, the inner service's error (if it failed)
+            // and, in verbatim mode, the tool's whole response for the caller whose request ran it.
             let task = tokio::spawn(async move {
-                executor
+                let layer = task_layer;
+                let mut failure: Option<S::Error> = None;
+                let mut original: Option<Response<Bytes>> = None;
+                let (failure_slot, original_slot) = (&mut failure, &mut original);
+                let (replay, classify) = (&layer.replay, &*layer.classify);
+                let result = layer
+                    .executor
                     .run(&scope, &key, &fingerprint, |attempt| async move {
                         let mut request = request;
                         request.extensions_mut().insert(attempt);
@@ -269,33 +279,32 @@ where
                             Err(e) => Err(e),
                         };
                         match answer {
-                            Ok(response) => match replay_mode {
+                            Ok(response) => match replay {
                                 Replay::Verbatim { headers } => {
                                     let (outcome, response) =
-                                        to_verbatim_outcome(response, &headers, &*classify).await;
-                                    *original_slot.lock().unwrap_or_else(|p| p.into_inner()) =
-                                        response;
+                                        to_verbatim_outcome(response, headers, classify).await;
+                                    *original_slot = response;
                                     outcome
                                 }
-                                _ => to_outcome(response, &*classify).await,
+                                _ => to_outcome(response, classify).await,
                             },
                             Err(e) => {
-                                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                                *failure_slot = Some(e);
                                 internal_failure()
                             }
                         }
                     })
-                    .await
+                    .await;
+                (result, failure, original)
             });
-            let result = match task.await {
-                Ok(result) => result,
+            let (result, failure, original) = match task.await {
+                Ok(done) => done,
                 Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
                 Err(_) => return Ok(Problem::StoreError.to_response()),
             };
-            if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some(e) = failure {
                 return Err(e);
             }
-            let original = original.lock().unwrap_or_else(|p| p.into_inner()).take();
             let answer = |outcome: &Outcome| match original {
                 Some(response) => response.map(ResB::from),
                 None => respond(&layer.replay, outcome, false),
@@ -358,8 +367,8 @@ where
     let json: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| Problem::InvalidBody(format!("the body is not JSON: {e}")))?;
     let fingerprint = match &layer.fingerprint {
-        Some(choose) => Fingerprint::of(&operation(parts), &choose(parts, &json)?),
-        None => Fingerprint::of(&operation(parts), &json),
+        Some(choose) => Fingerprint::of_value(&operation(parts), &choose(parts, &json)?),
+        None => Fingerprint::of_value(&operation(parts), &json),
     }
     .map_err(|e| Problem::InvalidBody(e.to_string()))?;
     Ok(Prepared {
@@ -374,11 +383,18 @@ where
 /// [`canonical_query`](crate::canonical_query) when the request has query parameters. A request
 /// without them keeps the name it had before the query string was included.
 fn operation(parts: &Parts) -> String {
-    let path = parts.uri.path();
-    let query = crate::canonical_query(parts.uri.query().unwrap_or(""));
-    if query.is_empty() {
-        format!("{} {path}", parts.method)
-    } else {
-        format!("{} {path}?{query}", parts.method)
+    let (method, path) = (parts.method.as_str(), parts.uri.path());
+    let query = match parts.uri.query() {
+        Some(query) if !query.is_empty() => crate::canonical_query(query),
+        _ => String::new(),
+    };
+    let mut name = String::with_capacity(method.len() + path.len() + query.len() + 2);
+    name.push_str(method);
+    name.push(' ');
+    name.push_str(path);
+    if !query.is_empty() {
+        name.push('?');
+        name.push_str(&query);
     }
+    name
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::metrics::count_refusal;
@@ -54,9 +54,9 @@ use settings::PrincipalFn;
 ///    [`UNAUTHENTICATED`] (nothing claimed, the tool not run), unless the server opted into one
 ///    shared scope with [`IdempotentTools::allow_anonymous`];
 /// 3. fingerprints the tool name and the canonical arguments;
-/// 4. runs the tool through the [`Executor`] in a spawned task (a client that goes away cannot
-///    cancel it halfway; its retry gets the recorded answer), with the
-///    [`Attempt`](idem_core::Attempt) in the request context's extensions (so a tool can complete
+/// 4. runs the claim, the tool and the completion through the [`Executor`] in one spawned task
+///    (a client that goes away cannot cancel it halfway; its retry gets the recorded answer),
+///    with the [`Attempt`](idem_core::Attempt) in the request context's extensions (so a tool can complete
 ///    the record in its own transaction and call `mark_recorded`);
 /// 5. records the `CallToolResult` as the outcome: a success and an `isError: true` result are
 ///    definitive (the latter per `ToolSettings::tool_error`); an `Err` from the tool (an
@@ -93,9 +93,11 @@ impl fmt::Debug for IdempotentTools {
 pub const DEFAULT_STORE_WRITE: Duration = ToolContract::DEFAULT_STORE_WRITE;
 
 impl IdempotentTools {
-    /// Protects tools through `executor`. Give it a spawner
-    /// (`executor.with_spawner(|task| { tokio::spawn(task); })`) so that claims and completions
-    /// survive a dropped request, and a lease at least the longest minimum client deadline.
+    /// Protects tools through `executor`. Give it a lease at least the longest minimum client
+    /// deadline. Each call runs in a task of its own (claim, tool and completion together), so
+    /// claims and completions survive a dropped request with or without a spawner on `executor`;
+    /// the calls do not use the spawner (it would add a task hop per claim and completion and
+    /// protect nothing more).
     pub fn new(executor: Executor) -> Self {
         Self {
             executor,
@@ -191,7 +193,7 @@ impl IdempotentTools {
     /// `ToolRouter`), exactly once per key for side-effecting tools; see the type's docs.
     pub async fn call<F, Fut>(
         &self,
-        params: CallToolRequestParams,
+        mut params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
         tool: F,
     ) -> Result<CallToolResponse, ErrorData>
@@ -221,31 +223,33 @@ impl IdempotentTools {
         };
         let scope = Scope::from_parts([principal.as_str(), name.as_str()])
             .map_err(|e| refused(Refusal::InvalidScope(e.to_string()), &name))?;
-        let arguments = Value::Object(params.arguments.clone().unwrap_or_default());
-        let fingerprint = Fingerprint::of(&name, &arguments)
+        let fingerprint = fingerprint_of(&name, &mut params)
             .map_err(|e| refused(Refusal::InvalidBody(e.to_string()), &name))?;
 
-        // The live answer of this call's own run, returned as it is (a replay is decoded from
-        // the record instead).
-        let live: Arc<Mutex<Option<Result<CallToolResponse, ErrorData>>>> = Default::default();
-        let slot = live.clone();
-        let executor = self.executor.clone();
+        // The request's own task runs the claim, the tool and the completion: the executor's
+        // spawner would add a task hop to each and protect nothing more.
+        let executor = self.executor.without_spawner();
         // Detached: rmcp drops this request's future when the client cancels or goes away; the
-        // tool and its completion must not stop halfway.
+        // tool and its completion must not stop halfway. The task hands back, beside the
+        // executor's result, the live answer of this call's own run, returned as it is (a replay
+        // is decoded from the record instead).
         let task = tokio::spawn(async move {
-            executor
+            let mut live = None;
+            let slot = &mut live;
+            let result = executor
                 .run(&scope, &key, &fingerprint, move |attempt| async move {
                     let mut context = context;
                     context.extensions.insert(attempt);
                     let answer = tool(params, context).await;
                     let outcome = to_outcome(&answer, settings.tool_error);
-                    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(answer);
+                    *slot = Some(answer);
                     outcome
                 })
-                .await
+                .await;
+            (result, live)
         });
-        let result = match task.await {
-            Ok(result) => result,
+        let (result, mut live) = match task.await {
+            Ok(done) => done,
             Err(e) => {
                 tracing::error!(tool = %name, error = %e, "the tool's task failed; its record is left to the lease");
                 return Err(ErrorData::internal_error(
@@ -254,7 +258,7 @@ impl IdempotentTools {
                 ));
             }
         };
-        let take_live = || live.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let mut take_live = || live.take();
         match result {
             Ok(Execution::Replayed { outcome }) => from_outcome(&outcome),
             Ok(Execution::Executed { outcome, .. }) => {
@@ -293,6 +297,21 @@ impl IdempotentTools {
         })
         .await
     }
+}
+
+/// The fingerprint of a call: the tool's name and its arguments (absent arguments as `{}`). The
+/// arguments are lent to the fingerprint and put back as they were, not copied.
+fn fingerprint_of(
+    name: &str,
+    params: &mut CallToolRequestParams,
+) -> Result<Fingerprint, idem_core::FingerprintError> {
+    let given = params.arguments.is_some();
+    let arguments = Value::Object(params.arguments.take().unwrap_or_default());
+    let fingerprint = Fingerprint::of_value(name, &arguments);
+    if let (true, Value::Object(arguments)) = (given, arguments) {
+        params.arguments = Some(arguments);
+    }
+    fingerprint
 }
 
 /// A refusal the transport makes before the executor, counted in `idem_refusals_total`.

@@ -160,6 +160,18 @@ impl Executor {
         self
     }
 
+    /// This executor without its spawner: the claim and the completion run inline, in the
+    /// caller's task. For a caller that already runs [`Executor::run`] in a task of its own that
+    /// nothing cancels (the HTTP layer and the MCP wrapper spawn one per call): there the
+    /// spawner's extra task per claim and per completion protects nothing more and costs a task
+    /// hop each.
+    pub fn without_spawner(&self) -> Self {
+        Self {
+            spawner: None,
+            ..self.clone()
+        }
+    }
+
     /// Encodes every outcome with `codec` before it is stored and decodes every stored outcome
     /// before it is replayed (encryption, redaction: see [`codec`](crate::codec)). The status,
     /// the class, the fingerprint and the record's metadata stay clear. A stored outcome that
