@@ -5,7 +5,7 @@ use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer};
 use idem_core::{
     IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp, Token,
 };
-use sqlx::{Postgres, Row, SqlStr};
+use sqlx::{Postgres, SqlStr};
 
 use crate::PostgresStore;
 use crate::conflict::retry_conflicts;
@@ -72,28 +72,29 @@ impl PostgresStore {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<Option<ClaimAnswer>, sqlx::Error> {
-        // Assume the key is new: a first execution costs this one statement, and so does a
-        // replay (it reads the existing record in the same statement, writing nothing).
-        let fresh = machine::claim(None, req, now, policy);
-        let Some(record) = &fresh.write else {
-            return Ok(Some(fresh.answer));
-        };
-        let row = bind_record(sqlx::query(self.sql.insert.clone()), record)
-            .fetch_one(&self.pool)
-            .await?;
-        if row.try_get::<i64, _>("inserted")? == 1 {
-            return Ok(Some(fresh.answer));
-        }
-        let found = if row.try_get::<Option<String>, _>("scope")?.is_some() {
-            Some(record_from_row(&row).map_err(|e| sqlx::Error::Decode(e.into()))?)
-        } else {
-            // A conflict, yet no row in the statement's snapshot: the insert waited on a
-            // concurrent inserter that committed after the snapshot was taken. A separate
-            // statement takes a new snapshot and sees the row (idem_core::contract §7).
-            self.read(req.scope, req.key).await?
-        };
-        let Some(found) = found else {
-            return Ok(None); // purged meanwhile: insert again
+        // Read first: a replay (and an in-flight or mismatched request) is this one read.
+        let found = match self.read(req.scope, req.key).await? {
+            Some(found) => found,
+            None => {
+                let fresh = machine::claim(None, req, now, policy);
+                let Some(record) = &fresh.write else {
+                    return Ok(Some(fresh.answer));
+                };
+                let inserted = bind_record(sqlx::query(self.sql.insert.clone()), record)
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected();
+                if inserted == 1 {
+                    return Ok(Some(fresh.answer));
+                }
+                // A concurrent claim inserted the key since our read (the insert waited for it
+                // to commit). A new statement takes a new snapshot and sees its row
+                // (idem_core::contract §7).
+                match self.read(req.scope, req.key).await? {
+                    Some(found) => found,
+                    None => return Ok(None), // purged meanwhile: start again
+                }
+            }
         };
         let decided = machine::claim(Some(&found), req, now, policy);
         let Some(write) = decided.write else {
