@@ -5,7 +5,7 @@ use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer};
 use idem_core::{
     IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp, Token,
 };
-use sqlx::{Postgres, SqlStr};
+use sqlx::{PgConnection, Postgres, SqlStr};
 
 use crate::PostgresStore;
 use crate::conflict::retry_conflicts;
@@ -50,13 +50,14 @@ impl PostgresStore {
 
     pub(crate) async fn read(
         &self,
+        conn: &mut PgConnection,
         scope: &Scope,
         key: &IdempotencyKey,
     ) -> Result<Option<Record>, sqlx::Error> {
         let row = sqlx::query(self.sql.select_any.clone())
             .bind(scope.as_str())
             .bind(key.as_str())
-            .fetch_optional(&self.pool)
+            .fetch_optional(conn)
             .await?;
         Ok(match row {
             Some(row) => Some(record_from_row(&row).map_err(|e| sqlx::Error::Decode(e.into()))?),
@@ -72,8 +73,12 @@ impl PostgresStore {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<Option<ClaimAnswer>, sqlx::Error> {
+        // The round's statements share one pooled connection: one wait for the pool, as a
+        // single statement would have (each statement still commits on its own).
+        let mut conn = self.pool.acquire().await?;
+        let conn: &mut PgConnection = &mut conn;
         // Read first: a replay (and an in-flight or mismatched request) is this one read.
-        let found = match self.read(req.scope, req.key).await? {
+        let found = match self.read(conn, req.scope, req.key).await? {
             Some(found) => found,
             None => {
                 let fresh = machine::claim(None, req, now, policy);
@@ -81,7 +86,7 @@ impl PostgresStore {
                     return Ok(Some(fresh.answer));
                 };
                 let inserted = bind_record(sqlx::query(self.sql.insert.clone()), record)
-                    .execute(&self.pool)
+                    .execute(&mut *conn)
                     .await?
                     .rows_affected();
                 if inserted == 1 {
@@ -90,7 +95,7 @@ impl PostgresStore {
                 // A concurrent claim inserted the key since our read (the insert waited for it
                 // to commit). A new statement takes a new snapshot and sees its row
                 // (idem_core::contract §7).
-                match self.read(req.scope, req.key).await? {
+                match self.read(conn, req.scope, req.key).await? {
                     Some(found) => found,
                     None => return Ok(None), // purged meanwhile: start again
                 }
@@ -106,7 +111,7 @@ impl PostgresStore {
             .bind(found.state.as_str())
             .bind(ts(found.lease_until))
             .bind(ts(found.expires_at))
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?
             .rows_affected();
         Ok((replaced == 1).then_some(decided.answer))

@@ -1,4 +1,5 @@
-//! [`KeyStore`] for [`PostgresStore`]: each operation is one statement (a claim, a few rounds),
+//! [`KeyStore`] for [`PostgresStore`]: each operation is one statement (a claim: a read, and an
+//! insert or a compare-and-set when the rules write),
 //! deciding with the rules of [`idem_core::machine`].
 
 use std::time::Duration;
