@@ -32,10 +32,10 @@ use schema::{MIGRATIONS, Statements};
 
 /// A [`KeyStore`](idem_core::KeyStore) keeping records in one PostgreSQL table.
 ///
-/// - A claim is one round trip in the common cases: one statement inserts the record if the key is
-///   new (`INSERT … ON CONFLICT DO NOTHING`, writing nothing on conflict) and reads the record that
-///   was there. When that statement's snapshot predates a conflicting row (it waited on a
-///   concurrent inserter that then committed, [contract §7](idem_core::contract#traps)), a separate `SELECT` reads it. The rules of
+/// - A claim reads the record first (one primary-key `SELECT`: a replay is that read alone). A
+///   key found absent is inserted (`INSERT … ON CONFLICT DO NOTHING`); when a concurrent claim
+///   inserted it first, a separate `SELECT` reads it (a new snapshot, which sees that row:
+///   [contract §7](idem_core::contract#traps)). The rules of
 ///   [`idem_core::machine`] decide; a write they call for (expired record, retry, takeover) is a
 ///   compare-and-set `UPDATE` that re-reads and retries if the record changed meanwhile. Replays
 ///   only read.

@@ -5,7 +5,7 @@ use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer};
 use idem_core::{
     IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp, Token,
 };
-use sqlx::{Postgres, Row, SqlStr};
+use sqlx::{PgConnection, Postgres, SqlStr};
 
 use crate::PostgresStore;
 use crate::conflict::retry_conflicts;
@@ -50,13 +50,14 @@ impl PostgresStore {
 
     pub(crate) async fn read(
         &self,
+        conn: &mut PgConnection,
         scope: &Scope,
         key: &IdempotencyKey,
     ) -> Result<Option<Record>, sqlx::Error> {
         let row = sqlx::query(self.sql.select_any.clone())
             .bind(scope.as_str())
             .bind(key.as_str())
-            .fetch_optional(&self.pool)
+            .fetch_optional(conn)
             .await?;
         Ok(match row {
             Some(row) => Some(record_from_row(&row).map_err(|e| sqlx::Error::Decode(e.into()))?),
@@ -72,28 +73,33 @@ impl PostgresStore {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<Option<ClaimAnswer>, sqlx::Error> {
-        // Assume the key is new: a first execution costs this one statement, and so does a
-        // replay (it reads the existing record in the same statement, writing nothing).
-        let fresh = machine::claim(None, req, now, policy);
-        let Some(record) = &fresh.write else {
-            return Ok(Some(fresh.answer));
-        };
-        let row = bind_record(sqlx::query(self.sql.insert.clone()), record)
-            .fetch_one(&self.pool)
-            .await?;
-        if row.try_get::<i64, _>("inserted")? == 1 {
-            return Ok(Some(fresh.answer));
-        }
-        let found = if row.try_get::<Option<String>, _>("scope")?.is_some() {
-            Some(record_from_row(&row).map_err(|e| sqlx::Error::Decode(e.into()))?)
-        } else {
-            // A conflict, yet no row in the statement's snapshot: the insert waited on a
-            // concurrent inserter that committed after the snapshot was taken. A separate
-            // statement takes a new snapshot and sees the row (idem_core::contract §7).
-            self.read(req.scope, req.key).await?
-        };
-        let Some(found) = found else {
-            return Ok(None); // purged meanwhile: insert again
+        // The round's statements share one pooled connection: one wait for the pool, as a
+        // single statement would have (each statement still commits on its own).
+        let mut conn = self.pool.acquire().await?;
+        let conn: &mut PgConnection = &mut conn;
+        // Read first: a replay (and an in-flight or mismatched request) is this one read.
+        let found = match self.read(conn, req.scope, req.key).await? {
+            Some(found) => found,
+            None => {
+                let fresh = machine::claim(None, req, now, policy);
+                let Some(record) = &fresh.write else {
+                    return Ok(Some(fresh.answer));
+                };
+                let inserted = bind_record(sqlx::query(self.sql.insert.clone()), record)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected();
+                if inserted == 1 {
+                    return Ok(Some(fresh.answer));
+                }
+                // A concurrent claim inserted the key since our read (the insert waited for it
+                // to commit). A new statement takes a new snapshot and sees its row
+                // (idem_core::contract §7).
+                match self.read(conn, req.scope, req.key).await? {
+                    Some(found) => found,
+                    None => return Ok(None), // purged meanwhile: start again
+                }
+            }
         };
         let decided = machine::claim(Some(&found), req, now, policy);
         let Some(write) = decided.write else {
@@ -105,7 +111,7 @@ impl PostgresStore {
             .bind(found.state.as_str())
             .bind(ts(found.lease_until))
             .bind(ts(found.expires_at))
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?
             .rows_affected();
         Ok((replaced == 1).then_some(decided.answer))

@@ -11,8 +11,9 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token_seq, token_id, attempt, \
      lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at";
 
-/// One versioned migration. `{table}` is replaced by the quoted, schema-qualified table name and
-/// `{name}` by the bare table name (for index and constraint names).
+/// One versioned migration. `{table}` is replaced by the quoted, schema-qualified table name,
+/// `{schema}` by the quoted schema name and `{name}` by the bare table name (for index and
+/// constraint names).
 pub(crate) struct Migration {
     pub(crate) version: i32,
     pub(crate) description: &'static str,
@@ -57,6 +58,16 @@ CREATE INDEX IF NOT EXISTS {name}_state_updated_idx ON {table} (state, updated_a
 CREATE INDEX IF NOT EXISTS {name}_updated_idx ON {table} (updated_at);
 "#,
     },
+    Migration {
+        version: 3,
+        description: "list without a state filter reads (state, updated_at) per state; drop (updated_at)",
+        // Every claim and every completion wrote an entry into each index; `list` without a
+        // state filter now reads `(state, updated_at)` once per state and merges (see
+        // `PostgresStore::list`), in the same order, so `(updated_at)` is written for nothing.
+        sql: r#"
+DROP INDEX IF EXISTS {schema}.{name}_updated_idx;
+"#,
+    },
 ];
 
 /// The SQL of one store, built once from its (checked) schema and table names.
@@ -87,22 +98,16 @@ impl Statements {
     /// Both names must have passed `check_identifier`: they are quoted, never escaped.
     pub(crate) fn new(schema: &str, table: &str) -> Self {
         let t = format!("\"{schema}\".\"{table}\"");
-        // Every claim starts here, one round trip: insert as if the key were new (writing nothing
-        // on conflict), and in the same statement read the record that was already there. Always
-        // one row: `inserted` = 1 when the insert won. The read uses the statement's snapshot, so
-        // when the insert waited on a concurrent inserter that then committed, it sees no record
-        // (idem_core::contract §7); the caller then reads again with a separate statement.
-        let r_columns = COLUMNS
-            .split(", ")
-            .map(|c| format!("r.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        // A claim reads first (`select_any`): a replay, an in-flight or a mismatched request is
+        // that one read, as cheap as any primary-key lookup (an `INSERT … ON CONFLICT DO
+        // NOTHING` that conflicts costs a write statement's set-up on every replay). A key found
+        // absent is inserted here, writing nothing if a concurrent claim inserted it first; the
+        // claim then reads again with a new statement, whose snapshot sees that row
+        // (idem_core::contract §7).
         let insert = format!(
-            "WITH ins AS (INSERT INTO {t} ({COLUMNS}) \
+            "INSERT INTO {t} ({COLUMNS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
-             ON CONFLICT (scope, key) DO NOTHING RETURNING 1) \
-             SELECT (SELECT count(*) FROM ins) AS inserted, {r_columns} \
-             FROM (VALUES (1)) AS one (x) LEFT JOIN {t} AS r ON r.scope = $1 AND r.key = $2"
+             ON CONFLICT (scope, key) DO NOTHING"
         );
         let select_any = format!("SELECT {COLUMNS} FROM {t} WHERE scope = $1 AND key = $2");
         // Compare-and-set: the write the machine decided, only if the record is still the one it
@@ -169,6 +174,7 @@ impl Statements {
     pub(crate) fn migration_sql(&self, m: &Migration) -> String {
         m.sql
             .replace("{table}", &self.qualified)
+            .replace("{schema}", &self.schema_ident)
             .replace("{name}", &self.table)
     }
 }

@@ -332,7 +332,11 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!(versions, 2, "each migration recorded once");
+    assert_eq!(
+        versions,
+        i64::from(idem_store_postgres::SCHEMA_VERSION),
+        "each migration recorded once"
+    );
     assert_eq!(
         store.schema_version().await.unwrap(),
         idem_store_postgres::SCHEMA_VERSION
@@ -341,6 +345,225 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
         "DROP TABLE idem_test.\"{table}\"; DROP TABLE idem_test.\"{table}_migrations\""
     )))
     .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+/// The indexes of `schema.table`, by name, with their definitions.
+async fn indexes(pool: &sqlx::PgPool, schema: &str, table: &str) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 \
+         ORDER BY indexname",
+    )
+    .bind(schema)
+    .bind(table)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A table made by the previous release (schema version 2, with its `(updated_at)` index) and
+/// holding records upgrades in place: `migrate` drops that index only, concurrently safe and
+/// idempotent, and every record reads, replays, completes and lists as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_table_upgrades_in_place() {
+    let Some(url) = common::url() else { return };
+    let pool = common::pool(&url, "idem-test-upgrade", 4).await;
+    let table = common::unique("up").replace('-', "_");
+    let store = PostgresStore::with_table(pool.clone(), "idem_test", &table).unwrap();
+    // Version 2 exactly as the previous release's migrations 1 and 2 made it.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        r#"CREATE SCHEMA IF NOT EXISTS idem_test;
+        CREATE TABLE idem_test."{table}_migrations" (version INTEGER PRIMARY KEY,
+            description TEXT NOT NULL, applied_at_ms BIGINT NOT NULL);
+        INSERT INTO idem_test."{table}_migrations" VALUES (1, 'v1', 0), (2, 'v2', 0);
+        CREATE TABLE idem_test."{table}" (
+            scope TEXT COLLATE "C" NOT NULL, key TEXT COLLATE "C" NOT NULL,
+            fingerprint TEXT NOT NULL, state TEXT NOT NULL, token_seq BIGINT NOT NULL,
+            token_id TEXT NOT NULL, attempt BIGINT NOT NULL, lease_until BIGINT NOT NULL,
+            outcome_status INTEGER, outcome_body TEXT, outcome_class TEXT,
+            created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, expires_at BIGINT NOT NULL,
+            CONSTRAINT {table}_pkey PRIMARY KEY (scope, key),
+            CONSTRAINT {table}_state_check
+                CHECK (state IN ('processing', 'completed', 'failed_retryable')));
+        CREATE INDEX {table}_in_flight_idx ON idem_test."{table}" (lease_until, scope, key)
+            WHERE state = 'processing';
+        CREATE INDEX {table}_expires_idx ON idem_test."{table}" (expires_at);
+        CREATE INDEX {table}_state_updated_idx ON idem_test."{table}" (state, updated_at);
+        CREATE INDEX {table}_updated_idx ON idem_test."{table}" (updated_at);"#
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), 2);
+    let (scope, _, fp) = names("upgrade");
+    let (done, held) = (
+        IdempotencyKey::new("done").unwrap(),
+        IdempotencyKey::new("held").unwrap(),
+    );
+    let policy = Policy::default();
+    let now = t0();
+    let ClaimAnswer::Claimed { token, .. } =
+        store.claim(&scope, &done, &fp, &policy, now).await.unwrap()
+    else {
+        panic!()
+    };
+    let outcome = Outcome::definitive(201, &serde_json::json!({"ticket": 7})).unwrap();
+    store
+        .complete(&scope, &done, token, &outcome, &policy, now)
+        .await
+        .unwrap();
+    let ClaimAnswer::Claimed {
+        token: held_token, ..
+    } = store.claim(&scope, &held, &fp, &policy, now).await.unwrap()
+    else {
+        panic!()
+    };
+    let before = store.get(&scope, &done, now).await.unwrap().unwrap();
+
+    let runs = (0..3).map(|_| {
+        let store = store.clone();
+        tokio::spawn(async move { store.migrate().await })
+    });
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+    store.migrate().await.unwrap();
+    assert_eq!(
+        store.schema_version().await.unwrap(),
+        idem_store_postgres::SCHEMA_VERSION
+    );
+    let names: Vec<String> = indexes(&pool, "idem_test", &table)
+        .await
+        .into_iter()
+        .map(|(name, _)| name.trim_start_matches(table.as_str()).to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "_expires_idx",
+            "_in_flight_idx",
+            "_pkey",
+            "_state_updated_idx"
+        ]
+    );
+
+    assert_eq!(store.get(&scope, &done, now).await.unwrap(), Some(before));
+    assert_eq!(
+        store.claim(&scope, &done, &fp, &policy, now).await.unwrap(),
+        ClaimAnswer::Replay(outcome.clone())
+    );
+    let later = now + policy.lease();
+    let stale = store.list_in_flight(later, 10).await.unwrap();
+    assert_eq!(stale.len(), 1);
+    assert_eq!(stale[0].key, held);
+    assert_eq!(
+        store
+            .complete(&scope, &held, held_token, &outcome, &policy, later)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    let listed = store
+        .list(&idem_core::ListFilter::default(), later, 10)
+        .await
+        .unwrap();
+    let keys: Vec<&str> = listed.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["done", "held"], "least recently written first");
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP TABLE idem_test.\"{table}\"; DROP TABLE idem_test.\"{table}_migrations\""
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+}
+
+/// Every operation an operator or the reconciler runs is served by an index on a table of
+/// 100 000 records with fresh statistics: no plan reads the table sequentially, and the list
+/// without a state filter merges the per-state reads of `(state, updated_at)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listed_operations_are_index_served() {
+    let Some(url) = common::url() else { return };
+    let pool = common::pool(&url, "idem-test-plans", 2).await;
+    let table = common::unique("plan").replace('-', "_");
+    let store = PostgresStore::with_table(pool.clone(), "idem_test", &table).unwrap();
+    store.migrate().await.unwrap();
+    let t = format!("idem_test.\"{table}\"");
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {t} SELECT 's' || (i % 50), 'k' || i, 'f', \
+         CASE i % 20 WHEN 0 THEN 'processing' WHEN 1 THEN 'failed_retryable' ELSE 'completed' END, \
+         1, md5(i::text), 1, i, 200, '{{}}', 'definitive', i, i, i + 1000 \
+         FROM generate_series(1, 100000) AS i; ANALYZE {t};"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let cols = "scope, key, fingerprint, state, token_seq, token_id, attempt, lease_until, \
+                outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at";
+    let per_state = |extra: &str| {
+        ["processing", "completed", "failed_retryable"]
+            .iter()
+            .map(|s| {
+                format!(
+                    "(SELECT {cols} FROM {t} WHERE state = '{s}' AND expires_at > 5000{extra} \
+                     ORDER BY updated_at, scope, key LIMIT 10)"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ")
+    };
+    let queries = [
+        // list: no filter; older than; state; scope; all three.
+        format!(
+            "SELECT * FROM ({}) AS u ORDER BY updated_at, scope, key LIMIT 10",
+            per_state("")
+        ),
+        format!(
+            "SELECT * FROM ({}) AS u ORDER BY updated_at, scope, key LIMIT 10",
+            per_state(" AND updated_at <= 90000")
+        ),
+        format!(
+            "SELECT {cols} FROM {t} WHERE expires_at > 5000 AND state = 'completed' \
+             ORDER BY updated_at, scope, key LIMIT 10"
+        ),
+        format!(
+            "SELECT {cols} FROM {t} WHERE expires_at > 5000 AND scope = 's7' \
+             ORDER BY updated_at, scope, key LIMIT 10"
+        ),
+        format!(
+            "SELECT {cols} FROM {t} WHERE expires_at > 5000 AND state = 'processing' \
+             AND scope = 's7' AND updated_at <= 90000 ORDER BY updated_at, scope, key LIMIT 10"
+        ),
+        // list_in_flight, purge's batch, a claim's read, a completion.
+        format!(
+            "SELECT {cols} FROM {t} WHERE state = 'processing' AND lease_until <= 90000 \
+             AND expires_at > 90000 ORDER BY lease_until, scope, key LIMIT 10"
+        ),
+        format!(
+            "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} WHERE expires_at <= 5000 \
+             ORDER BY expires_at LIMIT 10)) AND expires_at <= 5000"
+        ),
+        format!("SELECT {cols} FROM {t} WHERE scope = 's7' AND key = 'k7'"),
+        format!(
+            "UPDATE {t} SET state = 'completed', updated_at = 9 WHERE scope = 's7' AND key = 'k7' \
+             AND state = 'processing' AND token_seq = 1 AND token_id = 'x' AND expires_at > 9"
+        ),
+    ];
+    for query in &queries {
+        let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN {query}")))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("Seq Scan"), "{query}\n{plan}");
+        if query.contains("UNION ALL") {
+            assert!(plan.contains("Merge Append"), "{query}\n{plan}");
+        }
+    }
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP TABLE {t}; DROP TABLE idem_test.\"{table}_migrations\""
+    )))
+    .execute(&pool)
     .await
     .unwrap();
 }

@@ -146,17 +146,15 @@ impl SqliteStore {
                 message: "sqlite: complete_in needs an open transaction on the connection".into(),
             });
         }
-        let answer = self
-            .inner
-            .apply(conn, attempt.scope(), attempt.key(), |found| {
-                Ok(machine::complete(
-                    found,
-                    attempt.token(),
-                    outcome,
-                    now,
-                    policy,
-                )?)
-            })?;
-        Ok(answer)
+        row::complete(
+            conn,
+            &self.inner.sql,
+            attempt.scope(),
+            attempt.key(),
+            attempt.token(),
+            outcome,
+            policy,
+            now,
+        )
     }
 }

@@ -1,7 +1,10 @@
 //! A record as a row: reading (strictly, anything odd is `Corrupt`) and writing.
 
-use idem_core::record::{RawRecord, timestamp_to_column};
-use idem_core::{IdempotencyKey, Record, Scope, StoreError, Timestamp};
+use idem_core::machine::{self, CompleteAnswer};
+use idem_core::record::{RawRecord, timestamp_to_column, to_column};
+use idem_core::{
+    IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp, Token,
+};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::at;
@@ -116,4 +119,74 @@ pub(crate) fn write(
         });
     }
     Ok(())
+}
+
+/// Inserts `record`, a claim of a key that was absent when read, unless a record for its key
+/// exists by now: whether it was inserted. Must run inside a write transaction.
+pub(crate) fn insert_new(
+    conn: &Connection,
+    sql: &Sql,
+    record: &Record,
+) -> Result<bool, StoreError> {
+    let r = RawRecord::from_record(record);
+    let inserted = conn
+        .prepare_cached(&sql.insert_new)
+        .map_err(at("claim: prepare"))?
+        .execute(params![
+            r.scope,
+            r.key,
+            r.fingerprint,
+            r.state,
+            r.token_seq,
+            r.token_id,
+            r.attempt,
+            r.lease_until,
+            r.outcome_status,
+            r.outcome_body,
+            r.outcome_class,
+            r.created_at,
+            r.updated_at,
+            r.expires_at,
+        ])
+        .map_err(at("claim: insert"))?;
+    Ok(inserted == 1)
+}
+
+/// [`machine::complete`] as one fenced `UPDATE` (a live `processing` record held by `token`
+/// takes the outcome; anything else is `Fenced` and nothing is written), on `conn`: the store's
+/// write transaction or the caller's (`complete_in`).
+#[allow(clippy::too_many_arguments)] // the address, the token, the outcome under its policy, now
+pub(crate) fn complete(
+    conn: &Connection,
+    sql: &Sql,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    token: Token,
+    outcome: &Outcome,
+    policy: &Policy,
+    now: Timestamp,
+) -> Result<CompleteAnswer, StoreError> {
+    machine::check_outcome_size(outcome, policy)?;
+    let state = machine::completed_state(outcome, policy);
+    let updated = conn
+        .prepare_cached(&sql.complete)
+        .map_err(at("complete: prepare"))?
+        .execute(params![
+            scope.as_str(),
+            key.as_str(),
+            to_column(token.seq),
+            token.id_hex(),
+            ts_to_sql(now),
+            state.as_str(),
+            i64::from(outcome.status()),
+            outcome.body(),
+            outcome.class().as_str(),
+            ts_to_sql(now + policy.ttl()),
+        ])
+        .map_err(at("complete"))?;
+    Ok(match (updated, state) {
+        (0, _) => CompleteAnswer::Fenced,
+        (_, RecordState::Completed) => CompleteAnswer::Completed,
+        _ => CompleteAnswer::MarkedRetryable,
+    })
 }

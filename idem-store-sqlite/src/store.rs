@@ -36,8 +36,15 @@ impl KeyStore for SqliteStore {
             if first.write.is_none() {
                 return Ok(first.answer);
             }
-            // A claim that writes reads and decides again under the write lock.
+            // A claim that writes decides again under the write lock. A key that was absent is
+            // inserted unless a record appeared meanwhile (one statement, no second read); any
+            // other record is read again and decided on.
             inner.write_tx(conn, |tx| {
+                if let (None, Some(record)) = (&found, &first.write)
+                    && row::insert_new(tx, &inner.sql, record)?
+                {
+                    return Ok(first.answer);
+                }
                 inner.apply(tx, &scope, &key, |found| {
                     Ok(machine::claim(found, req, now, &policy))
                 })
@@ -59,9 +66,7 @@ impl KeyStore for SqliteStore {
         let (scope, key, outcome, policy) = (scope.clone(), key.clone(), outcome.clone(), *policy);
         self.run(move |inner, conn| {
             inner.write_tx(conn, |tx| {
-                inner.apply(tx, &scope, &key, |found| {
-                    Ok(machine::complete(found, token, &outcome, now, &policy)?)
-                })
+                row::complete(tx, &inner.sql, &scope, &key, token, &outcome, &policy, now)
             })
         })
         .await

@@ -300,6 +300,121 @@ fn migrate_is_idempotent_and_versioned() {
     assert!(plan.contains("idem_records_in_flight"), "{plan}");
 }
 
+/// A file made by the previous release (schema version 2: in-flight index on every record,
+/// `(updated_at)` index), with records in every state, upgrades in place: the records read back
+/// as they were, replay, complete and list as before, on the indexes of version 3.
+#[tokio::test]
+async fn a_version_2_file_upgrades_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2.db");
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE idem_records (
+                scope TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+                state TEXT NOT NULL, token_seq INTEGER NOT NULL, token_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL, lease_until INTEGER NOT NULL, outcome_status INTEGER,
+                outcome_body TEXT, outcome_class TEXT, created_at INTEGER NOT NULL,
+                updated_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+                PRIMARY KEY (scope, key));
+             CREATE INDEX \"idem_records_in_flight\" ON idem_records (state, lease_until);
+             CREATE INDEX \"idem_records_expires_at\" ON idem_records (expires_at);
+             CREATE INDEX \"idem_records_state_updated\" ON idem_records (state, updated_at);
+             CREATE INDEX \"idem_records_updated\" ON idem_records (updated_at);
+             CREATE TABLE {SCHEMA_TABLE} (table_name TEXT PRIMARY KEY, version INTEGER NOT NULL);
+             INSERT INTO {SCHEMA_TABLE} VALUES ('idem_records', 2);"
+        ))
+        .unwrap();
+    }
+    // Records written by this crate's own operations, then the file taken back to version 2's
+    // indexes: what an existing user's file holds.
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.schema_version().unwrap(), 2);
+    let p = policy();
+    let (done, _) = claimed(
+        store
+            .claim(&scope(), &key("done"), &fp(), &p, NOW)
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(&scope(), &key("done"), done, &ticket("T-1"), &p, NOW)
+        .await
+        .unwrap();
+    let (held, _) = claimed(
+        store
+            .claim(&scope(), &key("held"), &fp(), &p, NOW)
+            .await
+            .unwrap(),
+    );
+    let before = store
+        .get(&scope(), &key("done"), NOW)
+        .await
+        .unwrap()
+        .unwrap();
+
+    store.migrate().unwrap();
+    SqliteStore::open(&path).unwrap().migrate().unwrap(); // idempotent
+    assert_eq!(
+        store.schema_version().unwrap(),
+        idem_store_sqlite::SCHEMA_VERSION
+    );
+    let conn = Connection::open(&path).unwrap();
+    let indexes: Vec<String> = conn
+        .prepare(
+            "SELECT name || ': ' || sql FROM sqlite_master WHERE type = 'index' \
+             AND tbl_name = 'idem_records' AND sql IS NOT NULL ORDER BY name",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(indexes.len(), 3, "{indexes:?}");
+    assert!(
+        indexes[1].starts_with("idem_records_in_flight")
+            && indexes[1].contains("WHERE state = 'processing'"),
+        "{indexes:?}"
+    );
+    assert!(
+        !indexes
+            .iter()
+            .any(|i| i.starts_with("idem_records_updated:"))
+    );
+
+    assert_eq!(
+        store
+            .get(&scope(), &key("done"), NOW)
+            .await
+            .unwrap()
+            .as_ref(),
+        Some(&before)
+    );
+    assert!(matches!(
+        store.claim(&scope(), &key("done"), &fp(), &p, NOW).await.unwrap(),
+        ClaimAnswer::Replay(o) if o == ticket("T-1")
+    ));
+    let later = NOW + Duration::from_secs(60);
+    let stale = store.list_in_flight(later, 10).await.unwrap();
+    assert_eq!(stale.len(), 1);
+    assert_eq!(stale[0].key, key("held"));
+    assert_eq!(
+        store
+            .complete(&scope(), &key("held"), held, &ticket("T-2"), &p, later)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    assert!(store.list_in_flight(later, 10).await.unwrap().is_empty());
+    let all = store
+        .list(&idem_core::ListFilter::default(), later, 10)
+        .await
+        .unwrap();
+    let keys: Vec<&str> = all.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["done", "held"], "least recently written first");
+}
+
 #[test]
 fn schema_version_reads_without_creating_anything() {
     let dir = tempfile::tempdir().unwrap();
