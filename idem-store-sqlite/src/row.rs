@@ -66,6 +66,26 @@ pub(crate) fn read_all(
     rows.into_iter().map(RawRecord::into_record).collect()
 }
 
+/// The record's columns in the schema's order, as the insert and update statements bind them.
+fn columns(r: &RawRecord) -> [&dyn rusqlite::ToSql; 14] {
+    [
+        &r.scope,
+        &r.key,
+        &r.fingerprint,
+        &r.state,
+        &r.token_seq,
+        &r.token_id,
+        &r.attempt,
+        &r.lease_until,
+        &r.outcome_status,
+        &r.outcome_body,
+        &r.outcome_class,
+        &r.created_at,
+        &r.updated_at,
+        &r.expires_at,
+    ]
+}
+
 /// Writes `record` in place of `found`: an INSERT when there was no row, else an UPDATE fenced by
 /// the token that was read. Must run inside the transaction that read `found`.
 pub(crate) fn write(
@@ -75,27 +95,12 @@ pub(crate) fn write(
     found: Option<&Record>,
 ) -> Result<(), StoreError> {
     let r = RawRecord::from_record(record);
-    let columns = params![
-        r.scope,
-        r.key,
-        r.fingerprint,
-        r.state,
-        r.token_seq,
-        r.token_id,
-        r.attempt,
-        r.lease_until,
-        r.outcome_status,
-        r.outcome_body,
-        r.outcome_class,
-        r.created_at,
-        r.updated_at,
-        r.expires_at,
-    ];
+    let columns = columns(&r);
     let changed = match found {
         None => conn
             .prepare_cached(&sql.insert)
             .map_err(at("write: prepare"))?
-            .execute(columns)
+            .execute(columns.as_slice())
             .map_err(at("write: insert"))?,
         Some(old) => {
             let old_seq = idem_core::record::to_column(old.token.seq);
@@ -132,22 +137,7 @@ pub(crate) fn insert_new(
     let inserted = conn
         .prepare_cached(&sql.insert_new)
         .map_err(at("claim: prepare"))?
-        .execute(params![
-            r.scope,
-            r.key,
-            r.fingerprint,
-            r.state,
-            r.token_seq,
-            r.token_id,
-            r.attempt,
-            r.lease_until,
-            r.outcome_status,
-            r.outcome_body,
-            r.outcome_class,
-            r.created_at,
-            r.updated_at,
-            r.expires_at,
-        ])
+        .execute(columns(&r).as_slice())
         .map_err(at("claim: insert"))?;
     Ok(inserted == 1)
 }
