@@ -154,6 +154,9 @@ pub(crate) enum Command {
         /// Earlier `--json` reports (other stores or concurrencies) to draw in the same plot.
         #[arg(long, value_name = "REPORT.json", requires = "plot")]
         plot_with: Vec<PathBuf>,
+        /// Measure nothing: only draw the `--plot-with` reports into the `--plot` file.
+        #[arg(long, requires = "plot")]
+        plot_only: bool,
     },
     /// Run the public conformance suite against a live store (in scopes of its own) and print
     /// pass/fail per case as each finishes: does this PostgreSQL or Redis setup really give the

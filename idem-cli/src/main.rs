@@ -117,7 +117,25 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             save,
             plot,
             plot_with,
+            plot_only,
         } => {
+            let reports_with = || -> Result<Vec<bench::BenchReport>, Failure> {
+                let mut reports = Vec::new();
+                for path in &plot_with {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+                    let value = serde_json::from_str(&text)
+                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+                    reports.push(
+                        bench::BenchReport::from_json(&value)
+                            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?,
+                    );
+                }
+                Ok(reports)
+            };
+            if let (true, Some(plot)) = (plot_only, &plot) {
+                return bench::plot(plot, &reports_with()?).map_err(Failure::other);
+            }
             let store = store_or_default();
             let opts = bench::BenchOptions {
                 operations,
@@ -141,17 +159,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 print!("{report}");
             }
             if let Some(plot) = plot {
-                let mut reports = Vec::new();
-                for path in &plot_with {
-                    let text = std::fs::read_to_string(path)
-                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-                    let value = serde_json::from_str(&text)
-                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-                    reports.push(
-                        bench::BenchReport::from_json(&value)
-                            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?,
-                    );
-                }
+                let mut reports = reports_with()?;
                 reports.push(report);
                 bench::plot(&plot, &reports).map_err(Failure::other)?;
             }

@@ -194,6 +194,35 @@ fn bench_and_conformance_use_idem_store() {
         )
         .unwrap();
     assert_eq!(bench_records, 5, "the bench wrote into the IDEM_STORE file");
+
+    // A saved report drawn again with --plot-only: a plot, and no new measurement in the file.
+    let saved = dir.0.path().join("report.json");
+    std::fs::write(&saved, &out.stdout).unwrap();
+    let svg = dir.0.path().join("plot.svg");
+    let out = run(&[
+        "bench",
+        "--store",
+        &url,
+        "--plot",
+        svg.to_str().unwrap(),
+        "--plot-only",
+        "--plot-with",
+        saved.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        std::fs::read_to_string(&svg)
+            .unwrap()
+            .contains("sqlite ×1 idem p50")
+    );
+    let after: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM idem_records WHERE scope LIKE 'idem-bench/%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(after, 5, "--plot-only measured nothing");
 }
 
 /// A store that breaks the contract: deletes of records are silently ignored, so purge reports

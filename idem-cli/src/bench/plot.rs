@@ -20,11 +20,9 @@ pub fn plot(path: &Path, reports: &[BenchReport]) -> Result<(), String> {
         ("replay (claim of a completed key)", |p| p.replay),
     ];
     let records = |p: &Point| p.records.max(1) as f64;
-    let x_max = reports
-        .iter()
-        .flat_map(|r| r.points.iter().map(records))
-        .fold(10.0, f64::max)
-        * 2.0;
+    let all_records = || reports.iter().flat_map(|r| r.points.iter().map(records));
+    let x_max = all_records().fold(10.0, f64::max) * 2.0;
+    let x_min = all_records().fold(x_max, f64::min) / 2.0;
     for (panel, (title, pick)) in panels.iter().zip(kinds) {
         // Logarithmic latency: p50 and p99 differ by an order of magnitude or more, and a linear
         // axis squashes the p50 lines.
@@ -42,7 +40,7 @@ pub fn plot(path: &Path, reports: &[BenchReport]) -> Result<(), String> {
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(56)
-            .build_cartesian_2d((0.5..x_max).log_scale(), (y_min..y_max).log_scale())
+            .build_cartesian_2d((x_min..x_max).log_scale(), (y_min..y_max).log_scale())
             .map_err(|e| err(&e))?;
         chart
             .configure_mesh()
