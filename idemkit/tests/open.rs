@@ -49,7 +49,7 @@ async fn sqlite_opens_read_only_until_migrated() {
             err,
             OpenError::SchemaMissing {
                 found: 0,
-                expected: 2,
+                expected: idemkit::sqlite::SCHEMA_VERSION,
                 ..
             }
         ),
