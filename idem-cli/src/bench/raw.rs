@@ -251,14 +251,7 @@ impl Raw {
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;
-                // Fresh statistics, as a long-lived table would have: the planner picks the
-                // primary key either way, but the ANALYZE keeps the comparison honest.
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "ANALYZE {}",
-                    s.qualified_table()
-                )))
-                .execute(s.pool())
-                .await?;
+                // Fresh statistics come from `settle`, after the whole fill.
             }
             Raw::Redis(_) => return Ok(false),
         }
