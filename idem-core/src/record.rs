@@ -19,6 +19,14 @@ pub enum RecordState {
 }
 
 impl RecordState {
+    /// Every state, in the order of the contract's table (for a store that reads an index once
+    /// per state, e.g. `list` without a state filter).
+    pub const ALL: [RecordState; 3] = [
+        RecordState::Processing,
+        RecordState::Completed,
+        RecordState::FailedRetryable,
+    ];
+
     /// `"processing"`, `"completed"` or `"failed_retryable"`.
     pub fn as_str(self) -> &'static str {
         match self {

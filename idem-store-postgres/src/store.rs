@@ -170,12 +170,8 @@ impl KeyStore for PostgresStore {
         let sql = if filter.state.is_some() || filter.scope.is_some() {
             format!("SELECT {columns} FROM {table} WHERE {conditions} {order}")
         } else {
-            let per_state: Vec<String> = [
-                RecordState::Processing,
-                RecordState::Completed,
-                RecordState::FailedRetryable,
-            ]
-            .iter()
+            let per_state: Vec<String> = RecordState::ALL
+                .iter()
             .map(|state| {
                 format!(
                     "(SELECT {columns} FROM {table} WHERE state = '{}' AND {conditions} {order})",

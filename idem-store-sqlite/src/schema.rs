@@ -242,21 +242,17 @@ impl Sql {
                 )
             }
             None => {
-                let per_state: Vec<String> = [
-                    RecordState::Processing,
-                    RecordState::Completed,
-                    RecordState::FailedRetryable,
-                ]
-                .iter()
-                .map(|state| {
-                    format!(
-                        "SELECT * FROM (SELECT {COLUMNS} FROM {} WHERE state = '{}' \
+                let per_state: Vec<String> = RecordState::ALL
+                    .iter()
+                    .map(|state| {
+                        format!(
+                            "SELECT * FROM (SELECT {COLUMNS} FROM {} WHERE state = '{}' \
                          AND {conditions} {order})",
-                        self.table,
-                        state.as_str()
-                    )
-                })
-                .collect();
+                            self.table,
+                            state.as_str()
+                        )
+                    })
+                    .collect();
                 format!(
                     "SELECT {COLUMNS} FROM ({}) {order}",
                     per_state.join(" UNION ALL ")
