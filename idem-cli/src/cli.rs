@@ -108,8 +108,13 @@ pub(crate) enum Command {
     #[command(after_help = EXIT_CODES)]
     Purge {
         /// Records per batch.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = PURGE_BATCH)]
         batch: usize,
+        /// The share of the time the purge may spend deleting (0 to 1): after each batch it
+        /// rests in proportion, leaving the store to the claims that run meanwhile. 1 runs flat
+        /// out.
+        #[arg(long, default_value_t = PURGE_DUTY, value_parser = parse_duty)]
+        duty: f64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -140,8 +145,12 @@ pub(crate) enum Command {
         #[arg(long, value_name = "N")]
         purge: Option<u64>,
         /// Records per `purge_expired` call with `--purge`.
-        #[arg(long, default_value_t = 1000, requires = "purge")]
+        #[arg(long, default_value_t = PURGE_BATCH, requires = "purge")]
         purge_batch: usize,
+        /// The purge's duty cycle with `--purge` (0 to 1; 1 runs flat out), as `idem purge
+        /// --duty`.
+        #[arg(long, default_value_t = PURGE_DUTY, value_parser = parse_duty, requires = "purge")]
+        purge_duty: f64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -237,6 +246,21 @@ pub(crate) enum KeysCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `idem purge`'s batch size (and the bench's purge): records per `purge_expired` call.
+pub const PURGE_BATCH: usize = 1000;
+/// `idem purge`'s duty cycle (and the bench's purge).
+pub const PURGE_DUTY: f64 = 0.5;
+
+fn parse_duty(s: &str) -> Result<f64, String> {
+    let duty: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    idem_core::PurgePace::new(1)
+        .duty(duty)
+        .map(|pace| pace.duty_cycle())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_state(s: &str) -> Result<idem_core::RecordState, String> {

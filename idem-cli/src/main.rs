@@ -88,10 +88,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Keys { command } => keys(store_or_default(), command).await,
-        Command::Purge { batch, json } => {
+        Command::Purge { batch, duty, json } => {
             let store = store_or_default();
             let s = ops::open_store(&store).await?;
-            let report = ops::purge(&*s, batch, !json).await?;
+            let pace = idem_core::PurgePace::new(batch)
+                .duty(duty)
+                .map_err(|e| Failure::usage(e.to_string()))?;
+            let report = ops::purge(&*s, pace, !json).await?;
             if json {
                 println!(
                     "{}",
@@ -113,6 +116,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             duration,
             purge,
             purge_batch,
+            purge_duty,
             json,
             save,
             plot,
@@ -144,6 +148,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 duration,
                 purge,
                 purge_batch,
+                purge_duty,
             };
             let report = bench::bench(&store, &opts)
                 .await

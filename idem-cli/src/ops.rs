@@ -9,8 +9,8 @@ use std::time::Duration;
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
 use idem_core::metrics::timed;
 use idem_core::{
-    Clock, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Record, RecordState, Scope,
-    StalePolicy, SystemClock, Timestamp, purge_expired_all,
+    Clock, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, PurgePace, Record, RecordState,
+    Scope, StalePolicy, SystemClock, Timestamp, purge_expired_paced,
 };
 use idemkit::postgres::PostgresStore;
 use idemkit::redis::RedisStore;
@@ -315,11 +315,11 @@ pub struct PurgeReport {
     pub batches: u64,
 }
 
-/// `idem purge`: deletes expired records in batches of `batch`, showing a progress spinner on
-/// stderr only when stderr is a terminal (`progress`).
+/// `idem purge`: deletes expired records at `pace` (batch size and duty cycle), showing a
+/// progress spinner on stderr only when stderr is a terminal (`progress`).
 pub async fn purge(
     store: &dyn KeyStore,
-    batch: usize,
+    pace: PurgePace,
     progress: bool,
 ) -> Result<PurgeReport, Failure> {
     use std::io::IsTerminal;
@@ -330,7 +330,7 @@ pub async fn purge(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let report = purge_expired_all(store, &SystemClock, batch, None, |r| {
+    let report = purge_expired_paced(store, &SystemClock, pace, tokio::time::sleep, |r| {
         bar.set_message(format!(
             "purged {} records in {} batches",
             r.deleted, r.batches

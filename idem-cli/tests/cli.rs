@@ -594,7 +594,20 @@ async fn purge_reports_json_and_writes_no_carriage_return_into_a_pipe() {
             .await
             .unwrap();
     }
-    let out = run(&["purge", "--batch", "2", "--store", &url]);
+    let count = || -> i64 {
+        Connection::open(dir.0.path().join("purge.db"))
+            .unwrap()
+            .query_row("SELECT count(*) FROM idem_records", [], |r| r.get(0))
+            .unwrap()
+    };
+    let before = count();
+    for bad in ["0", "-1", "1.5", "NaN", "half"] {
+        let out = run(&["purge", &format!("--duty={bad}"), "--store", &url]);
+        assert_eq!(code(&out), USAGE, "--duty {bad}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--duty"), "{}", stderr(&out));
+        assert_eq!(count(), before, "--duty {bad} deleted nothing");
+    }
+    let out = run(&["purge", "--batch", "2", "--duty", "0.25", "--store", &url]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(!stderr(&out).contains('\r') && !stdout(&out).contains('\r'));
     assert!(
@@ -619,9 +632,5 @@ async fn purge_reports_json_and_writes_no_carriage_return_into_a_pipe() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["deleted"], 5);
     assert_eq!(v["batches"], 3);
-    let left: i64 = Connection::open(dir.0.path().join("purge.db"))
-        .unwrap()
-        .query_row("SELECT count(*) FROM idem_records", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(left, 2, "only the live records are left");
+    assert_eq!(count(), 2, "only the live records are left");
 }

@@ -44,7 +44,8 @@ pub use memory::MemoryStore;
 pub use outcome::{OUTCOME_NOT_KEPT, Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};
 pub use reconcile::{
-    Finding, Probe, PurgeReport, ReconcileFailure, ReconcileReport, Reconciler, purge_expired_all,
+    Finding, InvalidDuty, Probe, PurgePace, PurgeReport, ReconcileFailure, ReconcileReport,
+    Reconciler, purge_expired_all, purge_expired_paced,
 };
 pub use record::{Record, RecordState};
 pub use refusal::{ErrorAnswer, Ran, Refusal};

@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_conformance::kit::{FaultStore, Op};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
     Clock, Executor, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
-    Outcome, Policy, Probe, Reconciler, Record, RecordState, Scope, StalePolicy, Timestamp,
-    async_trait, downstream_key, purge_expired_all,
+    Outcome, Policy, Probe, PurgePace, Reconciler, Record, RecordState, Scope, StalePolicy,
+    Timestamp, async_trait, downstream_key, purge_expired_all, purge_expired_paced,
 };
 use serde_json::json;
 
@@ -274,4 +275,97 @@ async fn purge_runs_batches_until_none_are_left_and_keeps_live_records() {
         .unwrap();
     assert!(stopped.stopped_at_deadline);
     assert_eq!(stopped.deleted, 0);
+}
+
+/// `n` records claimed under a one-minute ttl, then the clock moved past it.
+async fn expired_records(w: &World, store: &dyn KeyStore, n: usize) {
+    let short = Policy::builder()
+        .lease(Duration::from_secs(1))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    for i in 0..n {
+        let key = IdempotencyKey::new(format!("old-{i}")).unwrap();
+        store
+            .claim(&w.scope, &key, &w.fp, &short, w.clock.now())
+            .await
+            .unwrap();
+    }
+    w.clock.advance(Duration::from_secs(61));
+}
+
+#[tokio::test]
+async fn a_paced_purge_rests_after_each_full_batch_at_least_as_long_as_the_duty_cycle_asks() {
+    let w = world();
+    // Each batch takes at least 5 ms in the store.
+    let store = FaultStore::new(w.store.clone());
+    store.before(Op::PurgeExpired, |_| async {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Ok(())
+    });
+    expired_records(&w, &store, 7).await;
+    let rests = Mutex::new(Vec::new());
+    let sleep = |d: Duration| {
+        rests.lock().unwrap().push(d);
+        std::future::ready(())
+    };
+    // Duty 1/3: rest twice as long as each batch took.
+    let pace = PurgePace::new(3).duty(1.0 / 3.0).unwrap();
+    let report = purge_expired_paced(&store, &w.clock, pace, sleep, |_| {})
+        .await
+        .unwrap();
+    assert_eq!((report.deleted, report.batches), (7, 3));
+    assert_eq!(w.store.len(), 0, "every expired record is gone");
+    let rests = rests.into_inner().unwrap();
+    assert_eq!(
+        rests.len(),
+        2,
+        "a rest after each full batch, none after the short last one"
+    );
+    for rest in rests {
+        assert!(
+            rest >= Duration::from_millis(10),
+            "rest {rest:?} < 2 × 5 ms"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_unpaced_purge_never_sleeps_and_a_deadline_stops_a_paced_one_before_a_batch() {
+    let w = world();
+    expired_records(&w, &w.store, 4).await;
+    let slept = Mutex::new(0);
+    let sleep = |_| {
+        *slept.lock().unwrap() += 1;
+        std::future::ready(())
+    };
+    let stopped = purge_expired_paced(
+        &w.store,
+        &w.clock,
+        PurgePace::new(2).duty(0.5).unwrap().deadline(w.clock.now()),
+        sleep,
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert!(stopped.stopped_at_deadline);
+    assert_eq!((stopped.deleted, w.store.len()), (0, 4), "nothing deleted");
+    let report = purge_expired_paced(&w.store, &w.clock, PurgePace::new(2), sleep, |_| {})
+        .await
+        .unwrap();
+    assert_eq!((report.deleted, report.batches), (4, 3));
+    assert_eq!(*slept.lock().unwrap(), 0, "duty cycle 1 runs flat out");
+}
+
+#[test]
+fn a_duty_cycle_outside_zero_to_one_is_refused() {
+    for bad in [0.0, -0.5, 1.5, f64::NAN, f64::INFINITY] {
+        let error = PurgePace::new(10).duty(bad).unwrap_err();
+        assert!(
+            error.to_string().contains("greater than 0 and at most 1"),
+            "{error}"
+        );
+    }
+    let pace = PurgePace::new(0).duty(1.0).unwrap();
+    assert_eq!((pace.batch_size(), pace.duty_cycle()), (1, 1.0));
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    ClaimAnswer, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock,
-    Timestamp,
+    ClaimAnswer, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, PurgePace, Scope,
+    SystemClock, Timestamp, purge_expired_paced,
 };
 use serde_json::json;
 use tokio::task::JoinSet;
@@ -42,6 +42,8 @@ pub struct BenchOptions {
     pub purge: Option<u64>,
     /// Records per `purge_expired` call in the purge measurement.
     pub purge_batch: usize,
+    /// The purge's pace: the share of the time it may spend in `purge_expired` (1: flat out).
+    pub purge_duty: f64,
 }
 
 /// `idem bench --store URL`: for each `records` value in turn, prefills the store up to that
@@ -233,14 +235,16 @@ async fn purge_under_load(
     let rss_before = resident_kib();
     let purging = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let purge = {
-        let (store, purging, batch) = (setup.store.clone(), purging.clone(), opts.purge_batch);
+        let pace = PurgePace::new(opts.purge_batch).duty(opts.purge_duty)?;
+        let (store, purging) = (setup.store.clone(), purging.clone());
         tokio::spawn(async move {
             let t = Instant::now();
             let mut peak_rss = 0;
-            let report = idem_core::purge_expired_all(&*store, &SystemClock, batch, None, |_| {
-                peak_rss = peak_rss.max(resident_kib().unwrap_or(0));
-            })
-            .await;
+            let report =
+                purge_expired_paced(&*store, &SystemClock, pace, tokio::time::sleep, |_| {
+                    peak_rss = peak_rss.max(resident_kib().unwrap_or(0));
+                })
+                .await;
             purging.store(false, std::sync::atomic::Ordering::Release);
             report.map(|r| (r, t.elapsed(), peak_rss))
         })
@@ -253,6 +257,7 @@ async fn purge_under_load(
         deleted: report.deleted,
         batches: report.batches,
         batch: opts.purge_batch,
+        duty: opts.purge_duty,
         seconds: took.as_secs_f64(),
         idle_claim: Stats::of(&mut idle.claim.clone()),
         busy_claim: Stats::of(&mut during.claim.clone()),
@@ -529,6 +534,7 @@ mod tests {
             duration: None,
             purge: Some(500),
             purge_batch: 64,
+            purge_duty: 0.5,
         };
         let report = bench(&url, &opts).await.unwrap();
         assert_eq!(report.engine, "sqlite");

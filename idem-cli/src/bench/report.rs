@@ -117,6 +117,8 @@ pub struct PurgePoint {
     pub batches: usize,
     /// Records per call asked for.
     pub batch: usize,
+    /// The purge's duty cycle: the share of the time it spent in `purge_expired` (1: flat out).
+    pub duty: f64,
     /// How long the purge took, seconds.
     pub seconds: f64,
     /// A claim of a new key with nothing else running.
@@ -140,6 +142,7 @@ impl PurgePoint {
             "deleted": self.deleted,
             "batches": self.batches,
             "batch": self.batch,
+            "duty": self.duty,
             "seconds": self.seconds,
             "records_per_second": self.deleted as f64 / self.seconds,
             "claim": {
@@ -168,11 +171,12 @@ impl fmt::Display for PurgePoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "\npurge: {} expired records filled; purge_expired deleted {} in {} batches of {} in {:.1} s ({:.0}/s)",
+            "\npurge: {} expired records filled; purge_expired deleted {} in {} batches of {} at duty cycle {} in {:.1} s ({:.0}/s)",
             self.expired,
             self.deleted,
             self.batches,
             self.batch,
+            self.duty,
             self.seconds,
             self.deleted as f64 / self.seconds
         )?;
