@@ -140,8 +140,9 @@ pub(crate) enum Command {
         /// replay as many.
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<Duration>,
-        /// Then fill this many expired records and measure claims idle and while
-        /// `purge_expired` deletes them.
+        /// Then fill this many expired records and measure claims while the purge alternates
+        /// half-second windows of deleting them and of resting: the claims of the idle windows
+        /// against those of the purge windows.
         #[arg(long, value_name = "N")]
         purge: Option<u64>,
         /// Records per `purge_expired` call with `--purge`.

@@ -405,6 +405,9 @@ async fn bench_prints_ratios(url: &str) {
         "40",
         "--purge-batch",
         "16",
+        // Long rests between batches: claims run beside even a purge this small.
+        "--purge-duty",
+        "0.02",
         "--save",
         saved.to_str().unwrap(),
     ]);

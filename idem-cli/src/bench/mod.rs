@@ -7,11 +7,12 @@ mod raw;
 mod report;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    ClaimAnswer, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, PurgePace, Scope,
-    SystemClock, Timestamp, purge_expired_paced,
+    ClaimAnswer, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, PurgePace,
+    PurgeReport, Scope, SystemClock, Timestamp, purge_expired_paced,
 };
 use serde_json::json;
 use tokio::task::JoinSet;
@@ -37,8 +38,9 @@ pub struct BenchOptions {
     pub records: Vec<u64>,
     /// Measure first executions for this long (then replay as many), instead of `operations`.
     pub duration: Option<Duration>,
-    /// After the measurements: fill this many expired records, then measure claims idle and
-    /// while `purge_expired` deletes them in batches of [`BenchOptions::purge_batch`].
+    /// After the measurements: fill this many expired records, then measure claims while the
+    /// purge alternates windows of deleting them (in batches of [`BenchOptions::purge_batch`])
+    /// and resting: the claims of the idle windows against those of the purge windows.
     pub purge: Option<u64>,
     /// Records per `purge_expired` call in the purge measurement.
     pub purge_batch: usize,
@@ -216,9 +218,20 @@ async fn prefill(
     Ok(())
 }
 
-/// Fills `expired` records that expired an hour ago, measures first executions of new keys
-/// with nothing else running (idle), then again while `purge_expired_all` deletes the expired
-/// records in batches, until it is done.
+/// How long each purge window and each idle window of [`purge_under_load`] lasts.
+const PURGE_WINDOW: Duration = Duration::from_millis(500);
+
+/// The phase [`purge_under_load`]'s callers see: which window a claim ran in.
+const IDLE: u8 = 0;
+const PURGING: u8 = 1;
+const DONE: u8 = 2;
+
+/// Fills `expired` records that expired an hour ago, then measures first executions of new keys
+/// while the purge alternates windows of [`PURGE_WINDOW`]: deleting (paced by
+/// `purge_batch`/`purge_duty`, with a deadline at the window's end) and resting, until the
+/// expired records are gone, then one more idle window. A first execution counts as idle or as
+/// purging by the window it began and ended in (one that straddles two is dropped): the two sets
+/// span the same stretch of time, so a shared machine's drift hits both alike.
 async fn purge_under_load(
     setup: &Arc<Setup>,
     scope: &str,
@@ -230,27 +243,47 @@ async fn purge_under_load(
     prefill(setup, scope, (0, expired), written).await?;
     setup.raw.settle().await?;
     let after_fill = setup.raw.store_bytes().await?;
-    let callers = opts.concurrency.max(1);
-    let idle = claims(setup, "claims-idle", callers, Until::Count(opts.operations)).await?;
+    let pace = PurgePace::new(opts.purge_batch).duty(opts.purge_duty)?;
+    let phase = Arc::new(AtomicU8::new(IDLE));
     let rss_before = resident_kib();
-    let purging = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let purge = {
-        let pace = PurgePace::new(opts.purge_batch).duty(opts.purge_duty)?;
-        let (store, purging) = (setup.store.clone(), purging.clone());
+        let (store, phase) = (setup.store.clone(), phase.clone());
         tokio::spawn(async move {
-            let t = Instant::now();
-            let mut peak_rss = 0;
-            let report =
-                purge_expired_paced(&*store, &SystemClock, pace, tokio::time::sleep, |_| {
-                    peak_rss = peak_rss.max(resident_kib().unwrap_or(0));
-                })
-                .await;
-            purging.store(false, std::sync::atomic::Ordering::Release);
-            report.map(|r| (r, t.elapsed(), peak_rss))
+            let (mut total, mut purging, mut peak_rss) =
+                (PurgeReport::default(), Duration::ZERO, 0);
+            let result = async {
+                loop {
+                    tokio::time::sleep(PURGE_WINDOW).await;
+                    phase.store(PURGING, Ordering::Release);
+                    let t = Instant::now();
+                    let window = pace.deadline(Timestamp::now() + PURGE_WINDOW);
+                    let report = purge_expired_paced(
+                        &*store,
+                        &SystemClock,
+                        window,
+                        tokio::time::sleep,
+                        |_| peak_rss = peak_rss.max(resident_kib().unwrap_or(0)),
+                    )
+                    .await;
+                    phase.store(IDLE, Ordering::Release);
+                    purging += t.elapsed();
+                    let report = report?;
+                    total.deleted += report.deleted;
+                    total.batches += report.batches;
+                    if !report.stopped_at_deadline {
+                        tokio::time::sleep(PURGE_WINDOW).await;
+                        return Ok::<_, idem_core::StoreError>(());
+                    }
+                }
+            }
+            .await;
+            phase.store(DONE, Ordering::Release);
+            result.map(|()| (total, purging, peak_rss))
         })
     };
-    let during = claims(setup, "claims-purging", callers, Until::Cleared(purging)).await?;
+    let measured = claims(setup, "claims-purge", opts.concurrency.max(1), phase).await;
     let (report, took, peak_rss) = purge.await??;
+    let [idle, during] = measured?;
     let after_purge = setup.raw.store_bytes().await?;
     Ok(PurgePoint {
         expired,
@@ -268,15 +301,6 @@ async fn purge_under_load(
     })
 }
 
-/// How long [`claims`] goes on.
-#[derive(Clone)]
-enum Until {
-    /// This many first executions in all, shared as in [`measure`].
-    Count(usize),
-    /// Until the flag is cleared (at least one per caller).
-    Cleared(Arc<std::sync::atomic::AtomicBool>),
-}
-
 /// Latencies of first executions of new keys and of their claims.
 #[derive(Default)]
 struct Claims {
@@ -284,45 +308,42 @@ struct Claims {
     claim: Vec<Duration>,
 }
 
-/// `callers` callers making first executions (claim + complete) of new keys of their own.
+/// `callers` callers making first executions (claim + complete) of new keys of their own until
+/// `phase` says [`DONE`]: the ones in an idle window, and the ones in a purge window.
 async fn claims(
     setup: &Arc<Setup>,
     tag: &str,
     callers: usize,
-    until: Until,
-) -> Result<Claims, BoxError> {
+    phase: Arc<AtomicU8>,
+) -> Result<[Claims; 2], BoxError> {
     let mut tasks = JoinSet::new();
     for c in 0..callers {
-        let (setup, until) = (setup.clone(), until.clone());
+        let (setup, phase) = (setup.clone(), phase.clone());
         let scope = Scope::new(format!("idem-bench/{}/{tag}", setup.run))?;
         tasks.spawn(async move {
-            let mut out = Claims::default();
+            let mut out = [Claims::default(), Claims::default()];
             for i in 0.. {
-                let more = match &until {
-                    Until::Count(total) => {
-                        let per_caller = total.div_ceil(callers).max(1);
-                        i < per_caller.min(total.saturating_sub(c * per_caller))
-                    }
-                    Until::Cleared(flag) => {
-                        i == 0 || flag.load(std::sync::atomic::Ordering::Acquire)
-                    }
-                };
-                if !more {
+                let before = phase.load(Ordering::Acquire);
+                if before == DONE {
                     break;
                 }
                 let key = IdempotencyKey::new(format!("c{c}-{i}"))?;
                 let (claim, all) = first_execution(&setup, &scope, &key).await?;
-                out.claim.push(claim);
-                out.first.push(all);
+                if phase.load(Ordering::Acquire) == before {
+                    let into = &mut out[usize::from(before == PURGING)];
+                    into.claim.push(claim);
+                    into.first.push(all);
+                }
             }
             Ok::<_, BoxError>(out)
         });
     }
-    let mut all = Claims::default();
+    let mut all = [Claims::default(), Claims::default()];
     while let Some(done) = tasks.join_next().await {
-        let done = done??;
-        all.first.extend(done.first);
-        all.claim.extend(done.claim);
+        for (all, done) in all.iter_mut().zip(done??) {
+            all.first.extend(done.first);
+            all.claim.extend(done.claim);
+        }
     }
     Ok(all)
 }
@@ -534,7 +555,8 @@ mod tests {
             duration: None,
             purge: Some(500),
             purge_batch: 64,
-            purge_duty: 0.5,
+            // Rests long enough between batches that claims run beside the purge.
+            purge_duty: 0.05,
         };
         let report = bench(&url, &opts).await.unwrap();
         assert_eq!(report.engine, "sqlite");
@@ -559,16 +581,16 @@ mod tests {
             "20 measured records stay, the 300 prefilled are gone"
         );
         // The purge deleted exactly the 500 expired records (nothing else had expired), in
-        // batches of 64, while claims ran; the claims it measured are in the file.
+        // batches of 64, in windows between which it rested, while claims ran; each claim it
+        // measured (idle or purging, by its window) is a record in the file.
         let purge = report.purge.as_ref().unwrap();
         assert_eq!((purge.expired, purge.deleted, purge.batches), (500, 500, 8));
+        assert_eq!(purge.duty, 0.05);
+        assert!(purge.idle_claim.n >= 1, "claims in the idle windows");
+        assert!(purge.busy_claim.n >= 1, "claims while purging");
         assert_eq!(
-            purge.idle_claim.n, 10,
-            "operations split over 3 callers: 4 + 4 + 2"
-        );
-        assert!(
-            purge.busy_claim.n >= 3,
-            "at least one claim per caller while purging"
+            (purge.idle_first.n, purge.busy_first.n),
+            (purge.idle_claim.n, purge.busy_claim.n)
         );
         assert!(purge.store_bytes[1] > purge.store_bytes[0]);
         let claims = |pattern: &str| {
@@ -581,12 +603,12 @@ mod tests {
             )
             .unwrap()
         };
-        assert_eq!(
-            claims("idem-bench/%/claims-idle") as usize,
-            purge.idle_claim.n
-        );
-        assert_eq!(
-            claims("idem-bench/%/claims-purging") as usize,
+        // A claim that straddled two windows is a record but no sample.
+        let made = claims("idem-bench/%/claims-purge") as usize;
+        assert!(
+            made >= purge.idle_claim.n + purge.busy_claim.n,
+            "{made} records for {} + {} samples",
+            purge.idle_claim.n,
             purge.busy_claim.n
         );
         assert_eq!(claims("idem-bench/%/expired"), 0);

@@ -119,15 +119,16 @@ pub struct PurgePoint {
     pub batch: usize,
     /// The purge's duty cycle: the share of the time it spent in `purge_expired` (1: flat out).
     pub duty: f64,
-    /// How long the purge took, seconds.
+    /// How long the purge's windows took in all, seconds (its rests between batches included,
+    /// the idle windows not).
     pub seconds: f64,
-    /// A claim of a new key with nothing else running.
+    /// A claim of a new key in an idle window (the purge resting between its windows).
     pub idle_claim: Stats,
-    /// A claim of a new key while the purge runs.
+    /// A claim of a new key in a purge window.
     pub busy_claim: Stats,
-    /// A whole first execution (claim + complete), idle.
+    /// A whole first execution (claim + complete), in an idle window.
     pub idle_first: Stats,
-    /// A whole first execution, while the purge runs.
+    /// A whole first execution, in a purge window.
     pub busy_first: Stats,
     /// `store_bytes` before the fill, after it, and after the purge.
     pub store_bytes: [u64; 3],
