@@ -250,9 +250,9 @@ pub(crate) enum KeysCommand {
 }
 
 /// `idem purge`'s batch size (and the bench's purge): records per `purge_expired` call.
-pub const PURGE_BATCH: usize = 1000;
+pub const PURGE_BATCH: usize = 250;
 /// `idem purge`'s duty cycle (and the bench's purge).
-pub const PURGE_DUTY: f64 = 0.5;
+pub const PURGE_DUTY: f64 = 0.25;
 
 fn parse_duty(s: &str) -> Result<f64, String> {
     let duty: f64 = s
