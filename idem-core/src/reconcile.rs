@@ -450,6 +450,22 @@ impl PurgePace {
 /// milliseconds are too coarse for batches of a few records); `clock` gives `now` and the
 /// deadline. `on_batch` sees the running total after each batch. A short batch ends it without a
 /// rest.
+///
+/// ```
+/// use idem_core::{KeyStore, PurgePace, StoreError, SystemClock, purge_expired_paced};
+///
+/// /// What `idem purge` does: 250 records a batch, deleting at most a quarter of the time.
+/// async fn purge(store: &dyn KeyStore) -> Result<usize, StoreError> {
+///     let pace = PurgePace::new(250).duty(0.25).expect("a duty cycle in (0, 1]");
+///     let report =
+///         purge_expired_paced(store, &SystemClock, pace, tokio::time::sleep, |_| {}).await?;
+///     Ok(report.deleted)
+/// }
+/// # let store = idem_core::MemoryStore::new();
+/// # let deleted = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap()
+/// #     .block_on(purge(&store)).unwrap();
+/// # assert_eq!(deleted, 0);
+/// ```
 pub async fn purge_expired_paced<S, F>(
     store: &dyn KeyStore,
     clock: &dyn Clock,
