@@ -25,9 +25,11 @@ pub(crate) struct Inner {
     pub(crate) writer: Arc<Mutex<()>>,
 }
 
-/// The process-wide write lock of a database file. Within one process, writers queue on it
-/// (first come, first served, no timeout), so SQLite's busy handler (which polls with sleeps and
-/// gives up after the busy timeout) only arbitrates between processes.
+/// The process-wide write lock of a database file. Within one process, writers wait on it with
+/// no timeout (std's mutex: no order is promised among waiters, and a thread that releases it
+/// may take it straight back, which is why a purge paces itself between batches), so SQLite's
+/// busy handler (which polls with sleeps and gives up after the busy timeout) only arbitrates
+/// between processes.
 pub(crate) fn file_write_lock(path: PathBuf) -> Arc<Mutex<()>> {
     static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Weak<Mutex<()>>>>> = OnceLock::new();
     let mut locks = LOCKS
