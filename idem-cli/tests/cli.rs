@@ -186,14 +186,19 @@ fn bench_and_conformance_use_idem_store() {
         "{report}"
     );
     let conn = Connection::open(&path).unwrap();
-    let bench_records: i64 = conn
-        .query_row(
+    let bench_records = || -> i64 {
+        conn.query_row(
             "SELECT count(*) FROM idem_records WHERE scope LIKE 'idem-bench/%'",
             [],
             |r| r.get(0),
         )
-        .unwrap();
-    assert_eq!(bench_records, 5, "the bench wrote into the IDEM_STORE file");
+        .unwrap()
+    };
+    assert_eq!(
+        bench_records(),
+        5,
+        "the bench wrote into the IDEM_STORE file"
+    );
 
     // A saved report drawn again with --plot-only: a plot, and no new measurement in the file.
     let saved = dir.0.path().join("report.json");
@@ -215,14 +220,7 @@ fn bench_and_conformance_use_idem_store() {
             .unwrap()
             .contains("sqlite ×1 idem p50")
     );
-    let after: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM idem_records WHERE scope LIKE 'idem-bench/%'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(after, 5, "--plot-only measured nothing");
+    assert_eq!(bench_records(), 5, "--plot-only measured nothing");
 }
 
 /// A store that breaks the contract: deletes of records are silently ignored, so purge reports
