@@ -1,17 +1,38 @@
 //! Where records live: key names, buckets and hash tags.
 //!
 //! A record for (scope, key) is the hash `<prefix>:{b<NN>}:r:<hex scope>:<hex key>`, where `NN`
-//! is its bucket, `hash(scope, key) % BUCKETS`. Each bucket has two sorted-set indexes under the
-//! same hash tag, `<prefix>:{b<NN>}:exp` (every record, scored by `expires_at`) and
-//! `<prefix>:{b<NN>}:lease` (the `processing` records, scored by `lease_until`), so a script that
-//! writes a record and its index entries touches one cluster slot. Hex keeps the name injective:
-//! no `{`, `}` or `:` of a scope or key can reach the name's structure.
+//! is its bucket, `hash(scope, key) % BUCKETS`. Each bucket keeps its indexes under the same hash
+//! tag, so a script that writes a record and its index entries touches one cluster slot:
+//!
+//! - the expiry index: one list per time slice of [`SLICE_MS`], `<prefix>:{b<NN>}:x:<slice>`
+//!   (`slice = expires_at / SLICE_MS`), holding the members of the records that expire in it (an
+//!   append is O(1) and does not grow with the index, where a sorted-set insert is O(log n) with
+//!   a cache miss per level), and the sorted set `<prefix>:{b<NN>}:xs` of the slices that exist,
+//!   scored by slice number;
+//! - `<prefix>:{b<NN>}:lease`, the `processing` records scored by `lease_until` (a small set:
+//!   only the claims in flight);
+//! - `<prefix>:{b<NN>}:exp`, the expiry index of earlier versions (a sorted set scored by
+//!   `expires_at`), no longer written, read by purge and list until it drains.
+//!
+//! Hex keeps the names injective: no `{`, `}` or `:` of a scope or key can reach the name's
+//! structure.
 
 use idem_core::{IdempotencyKey, Scope};
 
 /// How many buckets records are spread over. Part of the stored format: every handle on the same
 /// data must agree, so it is a constant, not a setting.
 pub const BUCKETS: u16 = 64;
+
+/// The width of one expiry slice, in milliseconds (2^16, about 65 s). Part of the stored format,
+/// like [`BUCKETS`]. A purge visits every slice that has begun, so a slice's records that are
+/// still live are looked at again by each purge until their slice has passed: narrow slices keep
+/// that rework small, wide ones keep the lists few.
+pub const SLICE_MS: u64 = 1 << 16;
+
+/// The expiry slice of a record expiring at `expires_at` (ms).
+pub(crate) fn slice_of(expires_at: u64) -> u64 {
+    expires_at / SLICE_MS
+}
 
 /// FNV-1a, 64 bits: small, stable across versions and platforms (the bucket is part of the
 /// stored format, so it must never change).
@@ -66,8 +87,12 @@ pub(crate) struct RecordKeys {
     /// `<bucket base>:r:<member>`: the scripts take the member (the record's index entry) from
     /// here, `record[expiry_index.len() - 1..]` (`:exp` is one byte longer than `:r:`).
     pub record: String,
+    /// The earlier versions' expiry index (`<bucket base>:exp`); the scripts also take the
+    /// length of the bucket base from it.
     pub expiry_index: String,
     pub lease_index: String,
+    /// The registry of the bucket's expiry slices (`<bucket base>:xs`).
+    pub slices: String,
 }
 
 /// The bucket of (scope, key).
@@ -83,9 +108,14 @@ fn bucket_of_bytes(scope: &[u8], key: &[u8]) -> u16 {
 /// The names of bucket `bucket`'s indexes and its record prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BucketKeys {
+    /// The earlier versions' expiry index, drained by purge.
     pub expiry_index: String,
     pub lease_index: String,
-    record_prefix: String,
+    pub slices: String,
+    /// `<bucket base>:r:`, what a member is appended to for its record's name.
+    pub record_prefix: String,
+    /// `<bucket base>:x:`, what a slice number is appended to for its list's name.
+    pub slice_prefix: String,
 }
 
 impl BucketKeys {
@@ -94,13 +124,20 @@ impl BucketKeys {
         Self {
             expiry_index: format!("{base}:exp"),
             lease_index: format!("{base}:lease"),
+            slices: format!("{base}:xs"),
             record_prefix: format!("{base}:r:"),
+            slice_prefix: format!("{base}:x:"),
         }
     }
 
     /// The record key of an index member.
     pub(crate) fn record(&self, member: &str) -> String {
         format!("{}{member}", self.record_prefix)
+    }
+
+    /// The list of expiry slice `slice`.
+    pub(crate) fn slice(&self, slice: u64) -> String {
+        format!("{}{slice}", self.slice_prefix)
     }
 }
 
@@ -120,12 +157,22 @@ impl RecordKeys {
         let mut expiry_index = String::with_capacity(base.len() + 4);
         expiry_index.push_str(&base);
         expiry_index.push_str(":exp");
+        let mut slices = String::with_capacity(base.len() + 3);
+        slices.push_str(&base);
+        slices.push_str(":xs");
         base.push_str(":lease");
         Self {
             record,
             expiry_index,
             lease_index: base,
+            slices,
         }
+    }
+
+    /// The list of the expiry slice of `expires_at` (ms).
+    pub(crate) fn slice(&self, expires_at: u64) -> String {
+        let base = &self.expiry_index[..self.expiry_index.len() - 4];
+        format!("{base}:x:{}", slice_of(expires_at))
     }
 
     /// The record's entry in its bucket's indexes, as the scripts derive it.
@@ -190,6 +237,11 @@ mod tests {
         assert_eq!(bucket.record(k.member()), k.record);
         assert_eq!(bucket.expiry_index, k.expiry_index);
         assert_eq!(bucket.lease_index, k.lease_index);
+        assert_eq!(bucket.slices, k.slices);
+        let ea = 1_800_000_000_000;
+        assert_eq!(bucket.slice(slice_of(ea)), k.slice(ea));
+        assert_eq!(tag(&k.slice(ea)), tag(&k.record));
+        assert_eq!(tag(&k.slices), tag(&k.record));
         assert_eq!(
             names_of_member(k.member()),
             Some(("tenant-1/tool".to_owned(), "wf-1:step-1".to_owned()))

@@ -20,7 +20,7 @@ use idem_core::StoreError;
 
 pub use config::{ConfigReport, ConfigWarning, NodeConfig};
 pub use durability::{InvalidWait, WaitForReplicas};
-pub use keys::{BUCKETS, InvalidPrefix};
+pub use keys::{BUCKETS, InvalidPrefix, SLICE_MS};
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use redis;
 

@@ -1,6 +1,8 @@
 //! Listing by walking the per-bucket indexes: the lease index for `processing` records, the
 //! expiry index for the others; the records read back decide.
 
+use std::collections::HashSet;
+
 use idem_core::{ListFilter, Record, StoreError, Timestamp};
 
 use crate::RedisStore;
@@ -98,63 +100,124 @@ impl RedisStore {
         }
         // A member is `<hex scope>:<hex key>`, so a scope filters members before any record is
         // read. `processing` records are read from the lease index, the others from the expiry
-        // index (all of it: an entry's score is at most its record's expiry, which a completion
-        // moves later without rewriting the entry; expired records are skipped once read).
+        // index (all of it: an entry is filed at most at its record's expiry, which a completion
+        // moves later without moving the entry; expired records are skipped once read). A
+        // record can have more than one entry (the slices and the earlier sorted index): each
+        // is read once.
         let scope_prefix = filter
             .scope
             .as_ref()
             .map(|s| format!("{}:", keys::hex(s.as_str().as_bytes())));
+        let mut page = Page {
+            filter,
+            now,
+            scope_prefix: scope_prefix.as_deref(),
+            seen: HashSet::new(),
+            found: Vec::new(),
+        };
         for bucket in 0..BUCKETS {
             let bucket_keys = BucketKeys::new(&self.prefix, bucket);
-            let (index, min) = match filter.state {
-                Some(idem_core::RecordState::Processing) => {
-                    (&bucket_keys.lease_index, "-inf".to_owned())
-                }
-                // From the start: an entry's score may lag behind its record's later expiry.
-                _ => (&bucket_keys.expiry_index, "-inf".to_owned()),
+            page.seen.clear();
+            let processing = filter.state == Some(idem_core::RecordState::Processing);
+            let sorted = if processing {
+                &bucket_keys.lease_index
+            } else {
+                &bucket_keys.expiry_index
             };
             let mut offset = 0usize;
             loop {
-                let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                    .arg(index)
-                    .arg(&min)
-                    .arg("+inf")
-                    .arg("LIMIT")
+                let members: Vec<String> = redis::cmd("ZRANGE")
+                    .arg(sorted)
                     .arg(offset)
-                    .arg(LIST_PAGE)
+                    .arg(offset + LIST_PAGE - 1)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| classify("list", e))?;
-                let wanted: Vec<&String> = members
-                    .iter()
-                    .filter(|m| scope_prefix.as_ref().is_none_or(|p| m.starts_with(p)))
-                    .collect();
-                if !wanted.is_empty() {
-                    let mut pipe = redis::pipe();
-                    for m in &wanted {
-                        pipe.cmd("HGETALL").arg(bucket_keys.record(m));
-                    }
-                    let replies: Vec<Fields> = pipe
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(|e| classify("list", e))?;
-                    for (m, fields) in wanted.iter().zip(replies) {
-                        match record::record(fields, || names(m)) {
-                            Ok(Some(r)) if filter.matches(&r, now) => found.push(r),
-                            Ok(_) => {}
-                            Err(e) => {
-                                tracing::warn!(backend = "redis", error = %e, "list skipped a corrupt record")
-                            }
-                        }
-                    }
-                }
+                page.read(&mut conn, &bucket_keys, &members).await?;
                 if members.len() < LIST_PAGE {
                     break;
                 }
                 offset += members.len();
             }
+            if processing {
+                continue;
+            }
+            let slices: Vec<u64> = redis::cmd("ZRANGE")
+                .arg(&bucket_keys.slices)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| classify("list", e))?;
+            for slice in slices {
+                let list = bucket_keys.slice(slice);
+                let mut offset = 0usize;
+                loop {
+                    let members: Vec<String> = redis::cmd("LRANGE")
+                        .arg(&list)
+                        .arg(offset)
+                        .arg(offset + LIST_PAGE - 1)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| classify("list", e))?;
+                    page.read(&mut conn, &bucket_keys, &members).await?;
+                    if members.len() < LIST_PAGE {
+                        break;
+                    }
+                    offset += members.len();
+                }
+            }
         }
+        found = page.found;
         ListFilter::order_and_truncate(&mut found, limit);
         Ok(found)
+    }
+}
+
+/// What a listing gathers as it reads pages of index entries.
+struct Page<'a> {
+    filter: &'a ListFilter,
+    now: Timestamp,
+    scope_prefix: Option<&'a str>,
+    /// The members of the current bucket read so far.
+    seen: HashSet<String>,
+    found: Vec<Record>,
+}
+
+impl Page<'_> {
+    /// Reads the records of `members` (entries of bucket `keys`) not read yet, keeping those the
+    /// filter selects.
+    async fn read(
+        &mut self,
+        conn: &mut crate::connect::Conn,
+        keys: &BucketKeys,
+        members: &[String],
+    ) -> Result<(), StoreError> {
+        let wanted: Vec<&String> = members
+            .iter()
+            .filter(|m| self.scope_prefix.is_none_or(|p| m.starts_with(p)))
+            .filter(|m| self.seen.insert((*m).clone()))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for m in &wanted {
+            pipe.cmd("HGETALL").arg(keys.record(m));
+        }
+        let replies: Vec<Fields> = pipe
+            .query_async(conn)
+            .await
+            .map_err(|e| classify("list", e))?;
+        for (m, fields) in wanted.iter().zip(replies) {
+            match record::record(fields, || names(m)) {
+                Ok(Some(r)) if self.filter.matches(&r, self.now) => self.found.push(r),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(backend = "redis", error = %e, "list skipped a corrupt record")
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -1,11 +1,12 @@
-//! Purging expired records, bucket by bucket, from the expiry index.
+//! Purging expired records, bucket by bucket, from the expiry index: the slices that have begun,
+//! oldest first, then what is left of the earlier versions' sorted index.
 
 use idem_core::{StoreError, Timestamp};
 
 use crate::RedisStore;
 use crate::error::classify;
-use crate::keys::{BUCKETS, BucketKeys};
-use crate::scripts::PURGE_SCRIPT;
+use crate::keys::{BUCKETS, BucketKeys, slice_of};
+use crate::scripts::{PURGE_SCRIPT, PURGE_SLICE_SCRIPT};
 
 /// How many index entries one `purge_expired` script handles at most. A script blocks the
 /// server while it runs (about 8 µs an entry: a read and three deletes), so this bounds how long
@@ -25,6 +26,7 @@ impl RedisStore {
                 break;
             }
             let keys = BucketKeys::new(&self.prefix, bucket);
+            deleted += self.purge_slices(&keys, now, limit - deleted).await?;
             while deleted < limit {
                 let want = (limit - deleted).min(PURGE_BATCH);
                 let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
@@ -58,6 +60,64 @@ impl RedisStore {
                 if members.len() < want {
                     break;
                 }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Purges bucket `keys`' expiry slices that have begun by `now`, oldest first, deleting at
+    /// most `limit` records.
+    async fn purge_slices(
+        &self,
+        keys: &BucketKeys,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<usize, StoreError> {
+        let mut conn = self.conn();
+        let slices: Vec<u64> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&keys.slices)
+            .arg("-inf")
+            .arg(slice_of(now.as_millis()))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| classify("purge_expired", e))?;
+        let mut deleted = 0usize;
+        for slice in slices {
+            let list = keys.slice(slice);
+            // Live entries go to the tail of their slice, which may be this one: take no more
+            // than the list held, so each entry is looked at once.
+            let mut left: usize = redis::cmd("LLEN")
+                .arg(&list)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| classify("purge_expired", e))?;
+            if left == 0 {
+                // Registered without a list: a purge emptied it between the two (or an
+                // interrupted script); one more call unregisters it.
+                left = 1;
+            }
+            while left > 0 && deleted < limit {
+                let (d, taken): (usize, usize) = PURGE_SLICE_SCRIPT
+                    .key(&list)
+                    .key(&keys.slices)
+                    .key(&keys.lease_index)
+                    .arg(now.as_millis())
+                    .arg(left.min(PURGE_BATCH))
+                    .arg(limit - deleted)
+                    .arg(slice)
+                    .arg(&keys.record_prefix)
+                    .arg(&keys.slice_prefix)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| classify("purge_expired", e))?;
+                deleted += d;
+                if taken == 0 {
+                    break;
+                }
+                left = left.saturating_sub(taken);
+            }
+            if deleted >= limit {
+                break;
             }
         }
         Ok(deleted)

@@ -12,9 +12,12 @@
 //!   client delivers twice (the cluster client resends a command whose connection broke) finds its
 //!   own nonce and answers as the first delivery did, instead of being fenced by its own write.
 //! - Reads and type checks come before the first write, so an error cannot leave half a record.
-//! - The expiry index scores a record at most at its `expires_at` (purge re-scores what it finds
-//!   live), so a write that moves `expires_at` later (a completion, an extension, a reclaim) leaves
-//!   the entry alone; only a new record, or an earlier `expires_at`, writes it.
+//! - The expiry index (see `keys.rs`: a list per time slice, and the bucket's registry of slices)
+//!   files a record at most at its `expires_at` (purge moves what it finds live to the slice of
+//!   its expiry), so a write that moves `expires_at` later (a completion, an extension, a reclaim)
+//!   leaves the entry alone; only a new record, or an earlier `expires_at`, appends one. A slice
+//!   is in the registry exactly while its list exists: the append that creates the list
+//!   registers it, the purge that empties it removes it.
 //! - A record's index entry (its member) is the tail of its key, `KEYS[1]` from `#KEYS[2]` on
 //!   (`<base>:r:<member>` against `<base>:exp`): it is not sent.
 //!
@@ -50,6 +53,10 @@ local function gc(key, ttl)
   if ttl == '' then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, ttl) end
 end
 local function member() return string.sub(KEYS[1], #KEYS[2]) end
+-- Files member mb in the expiry slice list KEYS[4], whose slice number is `slice`.
+local function push(mb, slice)
+  if redis.call('RPUSH', KEYS[4], mb) == 1 then redis.call('ZADD', KEYS[5], slice, slice) end
+end
 -- The record in format 2 (its field m) as a table, or nil and why.
 local function parse(m)
   local seq, att, lu, ca, ea, ua = string.match(m, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$', 131)
@@ -95,11 +102,12 @@ local function meta(st, ck, fp, tid, n, ea, lu, seq, att, ca, ua)
 end
 "#;
 
-/// KEYS: record, expiry index, lease index.
+/// KEYS: record, earlier expiry index (its name's length gives the member), lease index, the
+/// expiry slice list of the new expires_at, the slice registry.
 /// ARGV: token id (the nonce), fingerprint, now, new lease_until, new expires_at, lease ms,
 /// takeover ('1' or '0'), native ttl ms ('' for none), the metadata `m` of a new record
 /// (`pn fp tid tid 1|1|lu|now|ea|now`, built by the client: string building in Lua costs the
-/// server more than sending the string).
+/// server more than sending the string), the slice number of the new expires_at.
 /// Answers the outcome `o` (a bulk string: a replay), the status reply `seq|attempt|kind char`
 /// (claimed), `{'in_flight', ms, stale}`, `{'mismatch'}` or `{'corrupt', why}`: the two hot
 /// answers are one string each (every element of a script's answer costs the server a
@@ -119,7 +127,7 @@ elseif not r[2] and not r[3] then
   -- The client built the new record's metadata (ARGV[9]): no string is built here.
   redis.call('HSET', KEYS[1], 'm', ARGV[9])
   local mb = string.sub(KEYS[1], #KEYS[2])
-  redis.call('ZADD', KEYS[2], ARGV[5], mb)
+  if redis.call('RPUSH', KEYS[4], mb) == 1 then redis.call('ZADD', KEYS[5], ARGV[10], ARGV[10]) end
   redis.call('ZADD', KEYS[3], ARGV[4], mb)
   if ARGV[8] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
   return {ok = '1|1|n'}
@@ -133,7 +141,7 @@ local function write(kind, fp, ca, newseq, att, rec)
   drop_v1(KEYS[1], rec)
   if r[2] then redis.call('HDEL', KEYS[1], 'o') end
   local mb = member()
-  if not rec or tonumber(ARGV[5]) < (tonumber(rec.ea) or 0) then redis.call('ZADD', KEYS[2], ARGV[5], mb) end
+  if not rec or tonumber(ARGV[5]) < (tonumber(rec.ea) or 0) then push(mb, ARGV[10]) end
   redis.call('ZADD', KEYS[3], ARGV[4], mb)
   gc(KEYS[1], ARGV[8])
   return {ok = newseq .. '|' .. att .. '|' .. kind}
@@ -170,9 +178,10 @@ end
 return {'corrupt', 'unknown state'}
 "#;
 
-/// KEYS: record, expiry index, lease index.
+/// KEYS: record, earlier expiry index, lease index, the expiry slice list of the new expires_at,
+/// the slice registry.
 /// ARGV: nonce, now, seq, token id, new state char, outcome (`status|class|body`), new
-/// expires_at, native ttl ms ('' for none).
+/// expires_at, native ttl ms ('' for none), the slice number of the new expires_at.
 const COMPLETE_HOT: &str = r#"
 local now = tonumber(ARGV[2])
 local r = redis.call('HMGET', KEYS[1], 'm', 'st')
@@ -183,7 +192,9 @@ if m and string.sub(m, 1, 1) == 'p' and string.sub(m, 67, 98) == ARGV[4] and str
   if keep and string.sub(keep, 1, #ARGV[3] + 1) == ARGV[3] .. '|' and tonumber(ea) > now then
     redis.call('HSET', KEYS[1], 'm', ARGV[5] .. string.sub(m, 2, 98) .. ARGV[1] .. keep .. '|' .. ARGV[7] .. '|' .. ARGV[2], 'o', ARGV[6])
     local mb = string.sub(KEYS[1], #KEYS[2])
-    if tonumber(ARGV[7]) < tonumber(ea) then redis.call('ZADD', KEYS[2], ARGV[7], mb) end
+    if tonumber(ARGV[7]) < tonumber(ea) and redis.call('RPUSH', KEYS[4], mb) == 1 then
+      redis.call('ZADD', KEYS[5], ARGV[9], ARGV[9])
+    end
     redis.call('ZREM', KEYS[3], mb)
     if ARGV[8] == '' then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
     if ARGV[5] == 'c' then return 'completed' end
@@ -205,14 +216,14 @@ if not (mine and rec.st == 'p' and (tonumber(rec.ea) or 0) > now) then return 'f
 redis.call('HSET', KEYS[1], 'm', meta(ARGV[5], rec.ck, rec.fp, rec.tid, ARGV[1], ARGV[7], rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]), 'o', ARGV[6])
 drop_v1(KEYS[1], rec)
 local mb = member()
-if tonumber(ARGV[7]) < tonumber(rec.ea) then redis.call('ZADD', KEYS[2], ARGV[7], mb) end
+if tonumber(ARGV[7]) < tonumber(rec.ea) then push(mb, ARGV[9]) end
 redis.call('ZREM', KEYS[3], mb)
 gc(KEYS[1], ARGV[8])
 if ARGV[5] == 'c' then return 'completed' end
 return 'marked_retryable'
 "#;
 
-/// KEYS: record, expiry index, lease index. ARGV: nonce, now, seq, token id.
+/// KEYS: record, earlier expiry index, lease index. ARGV: nonce, now, seq, token id.
 const RELEASE: &str = r#"
 local now = tonumber(ARGV[2])
 local r = redis.call('HMGET', KEYS[1], 'm', 'st', 'o')
@@ -229,7 +240,7 @@ if r[3] then redis.call('HDEL', KEYS[1], 'o') end
 return 'released'
 "#;
 
-/// KEYS: record, expiry index, lease index.
+/// KEYS: record, earlier expiry index, lease index.
 /// ARGV: nonce, now, seq, token id, requested lease_until (`now + lease`), gc margin ms.
 /// Returns `{'extended', lease_until stored}` or `{'fenced'}`.
 const EXTEND: &str = r#"
@@ -260,7 +271,17 @@ if ttl >= 9007199254740992 then gc(KEYS[1], '') else gc(KEYS[1], fmt(ttl)) end
 return {'extended', lu_s}
 "#;
 
-/// KEYS: expiry index, lease index, then the candidate records (all in one bucket).
+/// The `expires_at` of the record at `key` (either format) as a string, nil if there is none.
+const EXPIRES_AT: &str = r#"
+local function expires_at(key)
+  local r = redis.call('HMGET', key, 'm', 'ea')
+  if r[1] then return string.match(r[1], '^%d+|%d+|%d+|%d+|(%d+)|', 131) or '0' end
+  return r[2]
+end
+"#;
+
+/// KEYS: the earlier versions' expiry index, lease index, then the candidate records (all in
+/// one bucket).
 /// ARGV: now, then each candidate's index member, in the order of its record in KEYS.
 /// Deletes the candidates expired at `now`, drops index entries whose record is gone (native
 /// garbage collection got there first), and re-scores an entry whose record is live. Returns how
@@ -270,9 +291,7 @@ local now = tonumber(ARGV[1])
 local deleted = 0
 for i = 3, #KEYS do
   local m = ARGV[i - 1]
-  local r = redis.call('HMGET', KEYS[i], 'm', 'ea')
-  local ea = r[2]
-  if r[1] then ea = string.match(r[1], '^%d+|%d+|%d+|%d+|(%d+)|', 131) or '0' end
+  local ea = expires_at(KEYS[i])
   if not ea then
     redis.call('ZREM', KEYS[1], m)
     redis.call('ZREM', KEYS[2], m)
@@ -286,6 +305,40 @@ for i = 3, #KEYS do
   end
 end
 return deleted
+"#;
+
+/// KEYS: an expiry slice list, the slice registry, the lease index.
+/// ARGV: now, at most how many entries to take, at most how many records to delete, the slice
+/// number of KEYS[1], the bucket's record prefix (`<base>:r:`), its slice prefix (`<base>:x:`).
+/// Takes entries from the head of the list: deletes the records expired at `now` (and their
+/// lease entries), drops entries whose record is gone (native garbage collection got there
+/// first), and appends the entry of a live record to the slice of its expiry (the same list, at
+/// its tail, when that is this slice: the caller takes at most the length it read, so an entry
+/// is looked at once per purge). Unregisters the slice once its list is empty. The records and
+/// other slices it names are not in KEYS: they share the bucket's hash tag, so its slot.
+/// Returns `{deleted, taken}`.
+const PURGE_SLICE: &str = r#"
+local now, take, most = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local deleted, taken = 0, 0
+while taken < take and deleted < most do
+  local m = redis.call('LPOP', KEYS[1])
+  if not m then break end
+  taken = taken + 1
+  local key = ARGV[5] .. m
+  local ea = expires_at(key)
+  if not ea then
+    redis.call('ZREM', KEYS[3], m)
+  elseif (tonumber(ea) or 0) <= now then
+    redis.call('ZREM', KEYS[3], m)
+    redis.call('DEL', key)
+    deleted = deleted + 1
+  else
+    local slice = fmt(math.floor(tonumber(ea) / 65536))
+    if redis.call('RPUSH', ARGV[6] .. slice, m) == 1 then redis.call('ZADD', KEYS[2], slice, slice) end
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], ARGV[4]) end
+return {deleted, taken}
 "#;
 
 /// KEYS: record. ARGV: the nonce of the caller's last write.
@@ -321,11 +374,14 @@ pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| hot_script(COMPLETE_HOT, COMPLETE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RELEASE));
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(EXTEND));
-pub(crate) static PURGE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(PURGE));
+pub(crate) static PURGE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| hot_script("", &format!("{EXPIRES_AT}{PURGE}")));
+pub(crate) static PURGE_SLICE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| hot_script("", &format!("{EXPIRES_AT}{PURGE_SLICE}")));
 pub(crate) static CONFIRM_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CONFIRM));
 
 /// Every script, for preloading.
-pub(crate) fn all() -> [&'static Script; 6] {
+pub(crate) fn all() -> [&'static Script; 7] {
     [
         &CONFIRM_SCRIPT,
         &CLAIM_SCRIPT,
@@ -333,5 +389,6 @@ pub(crate) fn all() -> [&'static Script; 6] {
         &RELEASE_SCRIPT,
         &EXTEND_SCRIPT,
         &PURGE_SCRIPT,
+        &PURGE_SLICE_SCRIPT,
     ]
 }

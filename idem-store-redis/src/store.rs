@@ -17,7 +17,7 @@ use redis::{
 
 use crate::connect::Conn;
 use crate::error::classify;
-use crate::keys::RecordKeys;
+use crate::keys::{RecordKeys, slice_of};
 use crate::record::{self, Fields, class_char};
 use crate::scripts::{CLAIM_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
 use crate::{RedisStore, millis};
@@ -79,7 +79,8 @@ impl ToRedisArgs for NewMeta<'_> {
     }
 }
 
-/// `EVALSHA <script> 3 <record> <expiry index> <lease index>`, for the arguments to follow.
+/// `EVALSHA <script> 3 <record> <earlier expiry index> <lease index>`, for the arguments to
+/// follow.
 fn evalsha(script: &Script, keys: &RecordKeys) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash())
@@ -87,6 +88,20 @@ fn evalsha(script: &Script, keys: &RecordKeys) -> Cmd {
         .arg(&keys.record)
         .arg(&keys.expiry_index)
         .arg(&keys.lease_index);
+    cmd
+}
+
+/// [`evalsha`] of a script that may file the record in the expiry index at `expires_at`: two
+/// more keys, that slice's list and the slice registry.
+fn evalsha_filing(script: &Script, keys: &RecordKeys, expires_at: u64) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(5)
+        .arg(&keys.record)
+        .arg(&keys.expiry_index)
+        .arg(&keys.lease_index)
+        .arg(keys.slice(expires_at))
+        .arg(&keys.slices);
     cmd
 }
 
@@ -229,12 +244,13 @@ impl KeyStore for RedisStore {
             StalePolicy::Takeover => "1",
             StalePolicy::Reconcile => "0",
         };
-        let mut cmd = evalsha(&CLAIM_SCRIPT, &keys);
+        let expires_at = (now + policy.ttl()).as_millis();
+        let mut cmd = evalsha_filing(&CLAIM_SCRIPT, &keys, expires_at);
         cmd.arg(token_id)
             .arg(fingerprint.as_str())
             .arg(now.as_millis())
             .arg((now + policy.lease()).as_millis())
-            .arg((now + policy.ttl()).as_millis())
+            .arg(expires_at)
             .arg(millis(policy.lease()).max(1))
             .arg(takeover);
         self.native_ttl_arg(&mut cmd, policy.ttl());
@@ -243,8 +259,9 @@ impl KeyStore for RedisStore {
             token_id,
             lease_until: (now + policy.lease()).as_millis(),
             now: now.as_millis(),
-            expires_at: (now + policy.ttl()).as_millis(),
-        });
+            expires_at,
+        })
+        .arg(slice_of(expires_at));
         let reply: Value = run(&CLAIM_SCRIPT, &cmd, &mut self.conn(), "claim").await?;
         let answer = parse_claim(reply, token_id.0)?;
         if let ClaimAnswer::Claimed { token, .. } = &answer
@@ -275,15 +292,17 @@ impl KeyStore for RedisStore {
             _ => "f",
         };
         let nonce = Hex32::random();
-        let mut cmd = evalsha(&COMPLETE_SCRIPT, &keys);
+        let expires_at = (now + policy.ttl()).as_millis();
+        let mut cmd = evalsha_filing(&COMPLETE_SCRIPT, &keys, expires_at);
         cmd.arg(nonce)
             .arg(now.as_millis())
             .arg(token.seq)
             .arg(Hex32(token.id))
             .arg(state)
             .arg(PackedOutcome(outcome))
-            .arg((now + policy.ttl()).as_millis());
+            .arg(expires_at);
         self.native_ttl_arg(&mut cmd, policy.ttl());
+        cmd.arg(slice_of(expires_at));
         let reply: Value = run(&COMPLETE_SCRIPT, &cmd, &mut self.conn(), "complete").await?;
         let answer = match &reply {
             Value::BulkString(b) if b == b"completed" => CompleteAnswer::Completed,

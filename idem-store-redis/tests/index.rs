@@ -11,7 +11,7 @@ use idem_core::{
     ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, RecordState,
     Scope, Timestamp,
 };
-use idem_store_redis::RedisStore;
+use idem_store_redis::{RedisStore, redis};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_skips_stale_processing_records_which_stay_listed() {
@@ -78,4 +78,166 @@ async fn purge_skips_stale_processing_records_which_stay_listed() {
     let later = t0 + Duration::from_secs(101);
     assert_eq!(store.purge_expired(later, 10_000).await.unwrap(), n);
     assert!(store.list_in_flight(later, 10).await.unwrap().is_empty());
+}
+
+/// The names under `prefix` matching `pattern` (`SCAN`, the whole keyspace).
+async fn names(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .unwrap();
+        found.extend(page);
+        if next == 0 {
+            return found;
+        }
+        cursor = next;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_expiry_index_is_slice_lists_which_purge_drains_and_unregisters() {
+    let Some(url) = common::url() else { return };
+    let prefix = common::unique("idem-slices");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .with_prefix(&prefix)
+        .unwrap();
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let scope = Scope::new("tenant/tool").unwrap();
+    let fp = Fingerprint::of("charge", &serde_json::json!({"cents": 500})).unwrap();
+    let t0 = Timestamp::from_millis(1_800_000_000_000);
+    let policy = |secs| {
+        Policy::builder()
+            .ttl(Duration::from_secs(secs))
+            .lease(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    // Expiring 2 s after t0, and 10 min after: slices 10 minutes apart.
+    let (short, long) = (policy(2), policy(600));
+    let n = 200;
+    for i in 0..n {
+        for (name, p) in [("short", &short), ("long", &long)] {
+            let key = IdempotencyKey::new(format!("{name}-{i}")).unwrap();
+            let ClaimAnswer::Claimed { token, .. } =
+                store.claim(&scope, &key, &fp, p, t0).await.unwrap()
+            else {
+                panic!("a fresh key is claimed")
+            };
+            let outcome = Outcome::definitive(200, &serde_json::json!({"i": i})).unwrap();
+            store
+                .complete(&scope, &key, token, &outcome, p, t0)
+                .await
+                .unwrap();
+        }
+    }
+    // Every record is filed once, in a list of its expiry's slice; nothing in the sorted index
+    // of earlier versions, nothing left in the lease index.
+    let slice = |ms: u64| ms / idem_store_redis::SLICE_MS;
+    let lists = names(&mut conn, &format!("{prefix}:*:x:*")).await;
+    let mut entries = 0;
+    for list in &lists {
+        let len: usize = redis::cmd("LLEN")
+            .arg(list)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        entries += len;
+        let s: u64 = list.rsplit(':').next().unwrap().parse().unwrap();
+        assert!(
+            [
+                slice(t0.as_millis() + 2_000),
+                slice(t0.as_millis() + 600_000)
+            ]
+            .contains(&s),
+            "{list}"
+        );
+    }
+    assert_eq!(entries, 2 * n);
+    assert!(
+        names(&mut conn, &format!("{prefix}:*:exp"))
+            .await
+            .is_empty()
+    );
+    assert!(
+        names(&mut conn, &format!("{prefix}:*:lease"))
+            .await
+            .is_empty()
+    );
+    // Each registry names exactly the lists of its bucket.
+    let registered = async |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut all = Vec::new();
+        for registry in names(conn, &format!("{prefix}:*:xs")).await {
+            let base = registry.strip_suffix(":xs").unwrap().to_owned();
+            let slices: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&registry)
+                .arg(0)
+                .arg(-1)
+                .query_async(conn)
+                .await
+                .unwrap();
+            all.extend(slices.into_iter().map(|s| format!("{base}:x:{s}")));
+        }
+        all.sort();
+        all
+    };
+    let mut sorted = lists.clone();
+    sorted.sort();
+    assert_eq!(registered(&mut conn).await, sorted);
+
+    // A purge after the short ones expired deletes exactly them: their slices are gone and
+    // unregistered, the long ones' untouched.
+    let later = t0 + Duration::from_secs(60);
+    assert_eq!(store.purge_expired(later, 10_000).await.unwrap(), n);
+    let lists = names(&mut conn, &format!("{prefix}:*:x:*")).await;
+    assert!(
+        lists
+            .iter()
+            .all(|l| l.ends_with(&format!(":x:{}", slice(t0.as_millis() + 600_000))))
+    );
+    let mut sorted = lists.clone();
+    sorted.sort();
+    assert_eq!(registered(&mut conn).await, sorted);
+    assert_eq!(
+        store
+            .list(&ListFilter::default(), later, 10_000)
+            .await
+            .unwrap()
+            .len(),
+        n
+    );
+
+    // A purge inside the long ones' slice, before they expire, looks at each once and keeps it
+    // (filed again in the same slice); after, they all go and the index is empty.
+    let inside =
+        Timestamp::from_millis(slice(t0.as_millis() + 600_000) * idem_store_redis::SLICE_MS);
+    if inside < t0 + Duration::from_secs(600) {
+        assert_eq!(store.purge_expired(inside, 10_000).await.unwrap(), 0);
+    }
+    let mut entries = 0;
+    for list in names(&mut conn, &format!("{prefix}:*:x:*")).await {
+        let len: usize = redis::cmd("LLEN")
+            .arg(&list)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        entries += len;
+    }
+    assert_eq!(entries, n);
+    let end = t0 + Duration::from_secs(601);
+    assert_eq!(store.purge_expired(end, 10_000).await.unwrap(), n);
+    assert!(names(&mut conn, &format!("{prefix}:*")).await.is_empty());
 }
