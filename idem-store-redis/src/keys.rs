@@ -85,11 +85,9 @@ pub(crate) fn names_of_member(member: &str) -> Option<(String, String)> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RecordKeys {
     /// `<bucket base>:r:<member>`: the scripts take the member (the record's index entry) from
-    /// here, `record[expiry_index.len() - 1..]` (`:exp` is one byte longer than `:r:`).
+    /// here, `record[lease_index.len() - 3..]` (`:lease` is three bytes longer than `:r:`).
     pub record: String,
-    /// The earlier versions' expiry index (`<bucket base>:exp`); the scripts also take the
-    /// length of the bucket base from it.
-    pub expiry_index: String,
+    /// `<bucket base>:lease`; the scripts also take the length of the bucket base from it.
     pub lease_index: String,
     /// The registry of the bucket's expiry slices (`<bucket base>:xs`).
     pub slices: String,
@@ -154,16 +152,12 @@ impl RecordKeys {
         push_hex(&mut record, scope);
         record.push(':');
         push_hex(&mut record, key);
-        let mut expiry_index = String::with_capacity(base.len() + 4);
-        expiry_index.push_str(&base);
-        expiry_index.push_str(":exp");
         let mut slices = String::with_capacity(base.len() + 3);
         slices.push_str(&base);
         slices.push_str(":xs");
         base.push_str(":lease");
         Self {
             record,
-            expiry_index,
             lease_index: base,
             slices,
         }
@@ -171,14 +165,14 @@ impl RecordKeys {
 
     /// The list of the expiry slice of `expires_at` (ms).
     pub(crate) fn slice(&self, expires_at: u64) -> String {
-        let base = &self.expiry_index[..self.expiry_index.len() - 4];
+        let base = &self.lease_index[..self.lease_index.len() - 6];
         format!("{base}:x:{}", slice_of(expires_at))
     }
 
     /// The record's entry in its bucket's indexes, as the scripts derive it.
     #[cfg(test)]
     pub(crate) fn member(&self) -> &str {
-        &self.record[self.expiry_index.len() - 1..]
+        &self.record[self.lease_index.len() - 3..]
     }
 }
 
@@ -223,7 +217,6 @@ mod tests {
     fn names_share_one_hash_tag_and_are_injective() {
         let k = keys("tenant-1/tool", "wf-1:step-1");
         let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
-        assert_eq!(tag(&k.record), tag(&k.expiry_index));
         assert_eq!(tag(&k.record), tag(&k.lease_index));
         // The scripts take the member from the record's name: it must be exactly the member
         // list and purge map back to the record, and name the scope and key.
@@ -235,7 +228,6 @@ mod tests {
             ),
         );
         assert_eq!(bucket.record(k.member()), k.record);
-        assert_eq!(bucket.expiry_index, k.expiry_index);
         assert_eq!(bucket.lease_index, k.lease_index);
         assert_eq!(bucket.slices, k.slices);
         let ea = 1_800_000_000_000;

@@ -48,9 +48,20 @@ pub(crate) fn class_char(class: OutcomeClass) -> u8 {
     }
 }
 
-/// The parts of a format-2 outcome (`status|class|body`), as the columns hold them.
-fn outcome_parts(packed: Vec<u8>) -> Result<(i64, &'static str, String), StoreError> {
+/// Length of the header format 2 writes before an outcome: state, fingerprint, expires_at.
+const OUTCOME_HEADER: usize = 1 + 64 + 20;
+
+/// The parts of a format-2 outcome (`status|class|body`, behind its header when it has one), as
+/// the columns hold them.
+fn outcome_parts(mut packed: Vec<u8>) -> Result<(i64, &'static str, String), StoreError> {
     let bad = || StoreError::corrupt("redis record: the outcome is malformed");
+    // An outcome written before the header begins with its status's digit.
+    if matches!(packed.first(), Some(b'c' | b'f')) {
+        if packed.len() < OUTCOME_HEADER {
+            return Err(bad());
+        }
+        packed.drain(..OUTCOME_HEADER);
+    }
     let bar = packed.iter().position(|&b| b == b'|').ok_or_else(bad)?;
     let status = std::str::from_utf8(&packed[..bar]).map_err(|_| bad())?;
     let status = integer_from_text("outcome_status", status)?;

@@ -42,15 +42,19 @@ impl Hex32 {
     }
 }
 
-/// An outcome as format 2 stores it, `status|class|body`, written straight into the command.
-struct PackedOutcome<'a>(&'a Outcome);
+/// An outcome as format 2 stores it behind the state and fingerprint the script puts first:
+/// `<expires_at in 20 digits>status|class|body`, written straight into the command.
+struct PackedOutcome<'a> {
+    outcome: &'a Outcome,
+    expires_at: u64,
+}
 
 impl ToRedisArgs for PackedOutcome<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut w = out.writer_for_next_arg();
-        let _ = write!(w, "{}|", self.0.status());
-        let _ = w.write_all(&[class_char(self.0.class()), b'|']);
-        let _ = w.write_all(self.0.body().as_bytes());
+        let _ = write!(w, "{:020}{}|", self.expires_at, self.outcome.status());
+        let _ = w.write_all(&[class_char(self.outcome.class()), b'|']);
+        let _ = w.write_all(self.outcome.body().as_bytes());
     }
 }
 
@@ -79,14 +83,12 @@ impl ToRedisArgs for NewMeta<'_> {
     }
 }
 
-/// `EVALSHA <script> 3 <record> <earlier expiry index> <lease index>`, for the arguments to
-/// follow.
+/// `EVALSHA <script> 2 <record> <lease index>`, for the arguments to follow.
 fn evalsha(script: &Script, keys: &RecordKeys) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash())
-        .arg(3)
+        .arg(2)
         .arg(&keys.record)
-        .arg(&keys.expiry_index)
         .arg(&keys.lease_index);
     cmd
 }
@@ -96,9 +98,8 @@ fn evalsha(script: &Script, keys: &RecordKeys) -> Cmd {
 fn evalsha_filing(script: &Script, keys: &RecordKeys, expires_at: u64) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash())
-        .arg(5)
+        .arg(4)
         .arg(&keys.record)
-        .arg(&keys.expiry_index)
         .arg(&keys.lease_index)
         .arg(keys.slice(expires_at))
         .arg(&keys.slices);
@@ -299,7 +300,10 @@ impl KeyStore for RedisStore {
             .arg(token.seq)
             .arg(Hex32(token.id))
             .arg(state)
-            .arg(PackedOutcome(outcome))
+            .arg(PackedOutcome {
+                outcome,
+                expires_at,
+            })
             .arg(expires_at);
         self.native_ttl_arg(&mut cmd, policy.ttl());
         cmd.arg(slice_of(expires_at));

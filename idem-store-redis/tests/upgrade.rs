@@ -409,3 +409,126 @@ async fn format_1_records_keep_working() {
     let end = Timestamp::from_millis(u64::MAX - 1);
     while store.purge_expired(end, 1000).await.unwrap() > 0 {}
 }
+
+/// Outcomes written before the replay header (format 2's `o` as `status|class|body`, no state,
+/// fingerprint and expiry in front) replay and read as before, through the general path;
+/// a completion now writes the header, and a replay reads it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_without_the_replay_header_keep_working() {
+    let Some(url) = common::url() else { return };
+    let prefix = common::unique("idem-upgrade-o");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .with_prefix(&prefix)
+        .unwrap();
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let scope = Scope::new("tenant/tool").unwrap();
+    let k = |s: &str| IdempotencyKey::new(s).unwrap();
+    let now = Timestamp::from_millis(NOW);
+    let policy = Policy::builder()
+        .ttl(Duration::from_secs(600))
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let live = NOW + 500_000;
+    let body = r#"{"ticket_id":"T-7","note":"é ✓"}"#;
+    let fp = fingerprint();
+
+    // Completed as the earlier format-2 complete script left it.
+    let (record, _, _) = names(&prefix, "tenant/tool", "old-o");
+    let tid = format!("{TID:032x}");
+    let m = format!(
+        "cn{}{tid}{tid}1|1|{}|{}|{live}|{}",
+        fp.as_str(),
+        NOW - 1000,
+        NOW - 5000,
+        NOW - 4000
+    );
+    let _: () = redis::cmd("HSET")
+        .arg(&record)
+        .arg("m")
+        .arg(&m)
+        .arg("o")
+        .arg(format!("201|d|{body}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ClaimAnswer::Replay(o) = store
+        .claim(&scope, &k("old-o"), &fp, &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("an outcome without the header replays")
+    };
+    assert_eq!((o.status(), o.body()), (201, body));
+    let r = store.get(&scope, &k("old-o"), now).await.unwrap().unwrap();
+    assert_eq!(r.outcome.as_ref().map(|o| o.body()), Some(body));
+    let other = Fingerprint::of("create_ticket", &serde_json::json!({"title": "new"})).unwrap();
+    assert!(matches!(
+        store
+            .claim(&scope, &k("old-o"), &other, &policy, now)
+            .await
+            .unwrap(),
+        ClaimAnswer::FingerprintMismatch
+    ));
+
+    // A new completion stores the header: state, fingerprint, expires_at in 20 digits.
+    let ClaimAnswer::Claimed { token, .. } = store
+        .claim(&scope, &k("new-o"), &fp, &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key claims")
+    };
+    let outcome = Outcome::definitive(201, &serde_json::json!({"ticket_id": "T-8"})).unwrap();
+    assert_eq!(
+        store
+            .complete(&scope, &k("new-o"), token, &outcome, &policy, now)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    let (record, _, _) = names(&prefix, "tenant/tool", "new-o");
+    let stored: Vec<u8> = redis::cmd("HGET")
+        .arg(&record)
+        .arg("o")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let expires_at = NOW + 600_000;
+    let header = format!("c{}{expires_at:020}", fp.as_str());
+    assert_eq!(
+        String::from_utf8(stored).unwrap(),
+        format!("{header}201|d|{}", outcome.body())
+    );
+    let ClaimAnswer::Replay(o) = store
+        .claim(&scope, &k("new-o"), &fp, &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("a completed record replays")
+    };
+    assert_eq!(o, outcome);
+    // At its expiry the header no longer replays: the claim replaces the record.
+    let at_expiry = Timestamp::from_millis(expires_at);
+    assert!(matches!(
+        store
+            .claim(&scope, &k("new-o"), &fp, &policy, at_expiry)
+            .await
+            .unwrap(),
+        ClaimAnswer::Claimed {
+            kind: ClaimKind::ExpiredReplaced,
+            ..
+        }
+    ));
+    let _: () = redis::cmd("DEL")
+        .arg(&record)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
