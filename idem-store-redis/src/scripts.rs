@@ -109,10 +109,11 @@ end
 
 /// KEYS: record, lease index (its name's length gives the member), the expiry slice list of the
 /// new expires_at, the slice registry.
-/// ARGV: token id (the nonce), fingerprint, now, new lease_until, new expires_at, lease ms,
-/// takeover ('1' or '0'), native ttl ms ('' for none), the metadata `m` of a new record
-/// (`pn fp tid tid 1|1|lu|now|ea|now`, built by the client: string building in Lua costs the
-/// server more than sending the string), the slice number of the new expires_at.
+/// ARGV: fingerprint, now, lease ms, takeover ('1' or '0'), native ttl ms ('' for none), the
+/// metadata `m` of a new record (`pn fp tid tid 1|1|lu|now|ea|now`, built by the client: string
+/// building in Lua costs the server more than sending the string; the token id (the nonce), the
+/// new lease_until and expires_at are read from it, not sent again: every argument costs the
+/// server a Lua string on every call, replays included), the slice number of the new expires_at.
 /// Answers the outcome `o` (a bulk string: a replay), the status reply `seq|attempt|kind char`
 /// (claimed), `{'in_flight', ms, stale}`, `{'mismatch'}` or `{'corrupt', why}`: the two hot
 /// answers are one string each (every element of a script's answer costs the server a
@@ -124,47 +125,51 @@ const CLAIM_HOT: &str = r#"
 local o = redis.call('HGET', KEYS[1], 'o')
 if o then
   -- A live completed record of this request replays from its outcome's header alone.
-  if string.byte(o) == 99 and string.sub(o, 2, 65) == ARGV[2]
-    and (tonumber(string.sub(o, 66, 85)) or 0) > tonumber(ARGV[3]) then
+  if string.byte(o) == 99 and string.sub(o, 2, 65) == ARGV[1]
+    and (tonumber(string.sub(o, 66, 85)) or 0) > tonumber(ARGV[2]) then
     return o
   end
 elseif redis.call('EXISTS', KEYS[1]) == 0 then
   -- No record: a new claim (the key has no native expiry to clear).
-  -- The client built the new record's metadata (ARGV[9]): no string is built here.
-  redis.call('HSET', KEYS[1], 'm', ARGV[9])
+  -- The client built the new record's metadata (ARGV[6]): no string is built here but its
+  -- lease_until, the lease index's score.
+  redis.call('HSET', KEYS[1], 'm', ARGV[6])
   local mb = string.sub(KEYS[1], #KEYS[2] - 2)
-  if redis.call('RPUSH', KEYS[3], mb) == 1 then redis.call('ZADD', KEYS[4], ARGV[10], ARGV[10]) end
-  redis.call('ZADD', KEYS[2], ARGV[4], mb)
-  if ARGV[8] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
+  if redis.call('RPUSH', KEYS[3], mb) == 1 then redis.call('ZADD', KEYS[4], ARGV[7], ARGV[7]) end
+  redis.call('ZADD', KEYS[2], string.sub(ARGV[6], 135, string.find(ARGV[6], '|', 135, true) - 1), mb)
+  if ARGV[5] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[5]) end
   return {ok = '1|1|n'}
 end
-local now = tonumber(ARGV[3])
+local now = tonumber(ARGV[2])
 local r = redis.call('HMGET', KEYS[1], 'm', 'o', 'st')
 local m = r[1]
 "#;
 
 const CLAIM: &str = r#"
+-- The new token id, lease_until and expires_at, from the new record's metadata.
+local tid = string.sub(ARGV[6], 67, 98)
+local lu_new, ea_new = string.match(ARGV[6], '^1|1|(%d+)|%d+|(%d+)|%d+$', 131)
 -- rec: the record replaced or reclaimed, nil for none.
 local function write(kind, fp, ca, newseq, att, rec)
-  redis.call('HSET', KEYS[1], 'm', meta('p', kind, fp, ARGV[1], ARGV[1], ARGV[5], ARGV[4], newseq, att, ca, ARGV[3]))
+  redis.call('HSET', KEYS[1], 'm', meta('p', kind, fp, tid, tid, ea_new, lu_new, newseq, att, ca, ARGV[2]))
   drop_v1(KEYS[1], rec)
   if r[2] then redis.call('HDEL', KEYS[1], 'o') end
   local mb = member()
-  if not rec or tonumber(ARGV[5]) < (tonumber(rec.ea) or 0) then push(mb, ARGV[10]) end
-  redis.call('ZADD', KEYS[2], ARGV[4], mb)
-  gc(KEYS[1], ARGV[8])
+  if not rec or tonumber(ea_new) < (tonumber(rec.ea) or 0) then push(mb, ARGV[7]) end
+  redis.call('ZADD', KEYS[2], lu_new, mb)
+  gc(KEYS[1], ARGV[5])
   return {ok = newseq .. '|' .. att .. '|' .. kind}
 end
-if not m and not r[3] then return write('n', ARGV[2], ARGV[3], '1', '1', nil) end
+if not m and not r[3] then return write('n', ARGV[1], ARGV[2], '1', '1', nil) end
 local rec, why = load(KEYS[1], m)
 if not rec then return {'corrupt', why or 'unreadable record'} end
-if rec.n == ARGV[1] and rec.tid == ARGV[1] then
+if rec.n == tid and rec.tid == tid then
   return {ok = rec.seq .. '|' .. rec.att .. '|' .. rec.ck}
 end
 local ea = tonumber(rec.ea)
 if not ea then return {'corrupt', 'expires_at is missing or not a number'} end
-if ea <= now then return write('e', ARGV[2], ARGV[3], fmt((tonumber(rec.seq) or 0) + 1), '1', rec) end
-if rec.fp ~= ARGV[2] then return {'mismatch'} end
+if ea <= now then return write('e', ARGV[1], ARGV[2], fmt((tonumber(rec.seq) or 0) + 1), '1', rec) end
+if rec.fp ~= ARGV[1] then return {'mismatch'} end
 local function reclaim(kind)
   local s, a = tonumber(rec.seq), tonumber(rec.att)
   if not s or not a then return {'corrupt', 'seq or attempt is not a number'} end
@@ -174,12 +179,12 @@ if rec.st == 'c' then
   local o = r[2]
   if rec.v1 then o = outcome_v1(KEYS[1]) end
   if o then return o end
-  return {'in_flight', ARGV[6], '1'}
+  return {'in_flight', ARGV[3], '1'}
 elseif rec.st == 'p' then
   local lu = tonumber(rec.lu)
   if not lu then return {'corrupt', 'lease_until is missing or not a number'} end
   if now < lu then return {'in_flight', fmt(math.max(lu - now, 1)), '0'} end
-  if ARGV[7] ~= '1' then return {'in_flight', ARGV[6], '1'} end
+  if ARGV[4] ~= '1' then return {'in_flight', ARGV[3], '1'} end
   return reclaim('t')
 elseif rec.st == 'f' then
   return reclaim('r')

@@ -247,11 +247,8 @@ impl KeyStore for RedisStore {
         };
         let expires_at = (now + policy.ttl()).as_millis();
         let mut cmd = evalsha_filing(&CLAIM_SCRIPT, &keys, expires_at);
-        cmd.arg(token_id)
-            .arg(fingerprint.as_str())
+        cmd.arg(fingerprint.as_str())
             .arg(now.as_millis())
-            .arg((now + policy.lease()).as_millis())
-            .arg(expires_at)
             .arg(millis(policy.lease()).max(1))
             .arg(takeover);
         self.native_ttl_arg(&mut cmd, policy.ttl());
