@@ -104,18 +104,9 @@ async fn names(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> V
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_expiry_index_is_slice_lists_which_purge_drains_and_unregisters() {
-    let Some(url) = common::url() else { return };
-    let prefix = common::unique("idem-slices");
-    let store = RedisStore::connect(&url)
-        .await
-        .unwrap()
-        .with_prefix(&prefix)
-        .unwrap();
-    let mut conn = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let Some((store, prefix, mut conn)) = common::prefixed_store("idem-slices").await else {
+        return;
+    };
     let scope = Scope::new("tenant/tool").unwrap();
     let fp = Fingerprint::of("charge", &serde_json::json!({"cents": 500})).unwrap();
     let t0 = Timestamp::from_millis(1_800_000_000_000);

@@ -13,7 +13,7 @@ use idem_core::{
     ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, RecordState,
     Scope, Timestamp, Token,
 };
-use idem_store_redis::{BUCKETS, RedisStore, redis};
+use idem_store_redis::{BUCKETS, redis};
 
 const NOW: u64 = 1_800_000_000_000;
 const TID: u128 = 0x0123_4567_89ab_cdef_0123_4567_89ab_cdef;
@@ -127,18 +127,9 @@ async fn pttl(conn: &mut redis::aio::MultiplexedConnection, prefix: &str, key: &
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn format_1_records_keep_working() {
-    let Some(url) = common::url() else { return };
-    let prefix = common::unique("idem-upgrade");
-    let store = RedisStore::connect(&url)
-        .await
-        .unwrap()
-        .with_prefix(&prefix)
-        .unwrap();
-    let mut conn = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let Some((store, prefix, mut conn)) = common::prefixed_store("idem-upgrade").await else {
+        return;
+    };
     let scope = Scope::new("tenant/tool").unwrap();
     let k = |s: &str| IdempotencyKey::new(s).unwrap();
     let now = Timestamp::from_millis(NOW);
@@ -415,18 +406,9 @@ async fn format_1_records_keep_working() {
 /// a completion now writes the header, and a replay reads it alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcomes_without_the_replay_header_keep_working() {
-    let Some(url) = common::url() else { return };
-    let prefix = common::unique("idem-upgrade-o");
-    let store = RedisStore::connect(&url)
-        .await
-        .unwrap()
-        .with_prefix(&prefix)
-        .unwrap();
-    let mut conn = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let Some((store, prefix, mut conn)) = common::prefixed_store("idem-upgrade-o").await else {
+        return;
+    };
     let scope = Scope::new("tenant/tool").unwrap();
     let k = |s: &str| IdempotencyKey::new(s).unwrap();
     let now = Timestamp::from_millis(NOW);

@@ -50,3 +50,28 @@ pub fn cluster_factory(urls: Vec<String>, ca: Option<String>) -> Factory {
         })
     })
 }
+
+/// A store under a key prefix of its own (`unique(name)`) on the standalone server the tests are
+/// told about, the prefix, and a connection of the test's own to that server, to look under the
+/// store; `None` where no server is named.
+pub async fn prefixed_store(
+    name: &str,
+) -> Option<(
+    RedisStore,
+    String,
+    idem_store_redis::redis::aio::MultiplexedConnection,
+)> {
+    let url = url()?;
+    let prefix = unique(name);
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .with_prefix(&prefix)
+        .unwrap();
+    let conn = idem_store_redis::redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    Some((store, prefix, conn))
+}
