@@ -109,11 +109,13 @@ end
 
 /// KEYS: record, lease index (its name's length gives the member), the expiry slice list of the
 /// new expires_at, the slice registry.
-/// ARGV: fingerprint, now, lease ms, takeover ('1' or '0'), native ttl ms ('' for none), the
-/// metadata `m` of a new record (`pn fp tid tid 1|1|lu|now|ea|now`, built by the client: string
-/// building in Lua costs the server more than sending the string; the token id (the nonce), the
-/// new lease_until and expires_at are read from it, not sent again: every argument costs the
-/// server a Lua string on every call, replays included), the slice number of the new expires_at.
+/// ARGV: fingerprint, now, the metadata `m` of a new record (`pn fp tid tid 1|1|lu|now|ea|now`,
+/// built by the client: string building in Lua costs the server more than sending the string;
+/// the token id (the nonce), the new lease_until and expires_at are read from it, not sent
+/// again), and the settings `ttl|slice|lease|takeover` in one string: the native ttl in ms (empty
+/// for none), the slice number of the new expires_at, the lease in ms, takeover (`1` or `0`).
+/// Every argument costs the server on every call, replays included (a Lua string, hashed byte by
+/// byte, and a slot in `ARGV`), so what only a new claim or the general path reads travels packed.
 /// Answers the outcome `o` (a bulk string: a replay), the status reply `seq|attempt|kind char`
 /// (claimed), `{'in_flight', ms, stale}`, `{'mismatch'}` or `{'corrupt', why}`: the two hot
 /// answers are one string each (every element of a script's answer costs the server a
@@ -121,23 +123,28 @@ end
 ///
 /// The hot paths read one field each: a replay only the outcome, whose header says whether it
 /// may be replayed (state, fingerprint, expires_at); a new claim only that the key is absent.
+/// They compare with plain finds at a position, not substrings (a substring is a new Lua string).
 const CLAIM_HOT: &str = r#"
 local o = redis.call('HGET', KEYS[1], 'o')
 if o then
   -- A live completed record of this request replays from its outcome's header alone.
-  if string.byte(o) == 99 and string.sub(o, 2, 65) == ARGV[1]
+  if string.byte(o) == 99 and string.find(o, ARGV[1], 2, true) == 2
     and (tonumber(string.sub(o, 66, 85)) or 0) > tonumber(ARGV[2]) then
     return o
   end
 elseif redis.call('EXISTS', KEYS[1]) == 0 then
   -- No record: a new claim (the key has no native expiry to clear).
-  -- The client built the new record's metadata (ARGV[6]): no string is built here but its
+  -- The client built the new record's metadata (ARGV[3]): no string is built here but its
   -- lease_until, the lease index's score.
-  redis.call('HSET', KEYS[1], 'm', ARGV[6])
+  redis.call('HSET', KEYS[1], 'm', ARGV[3])
   local mb = string.sub(KEYS[1], #KEYS[2] - 2)
-  if redis.call('RPUSH', KEYS[3], mb) == 1 then redis.call('ZADD', KEYS[4], ARGV[7], ARGV[7]) end
-  redis.call('ZADD', KEYS[2], string.sub(ARGV[6], 135, string.find(ARGV[6], '|', 135, true) - 1), mb)
-  if ARGV[5] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[5]) end
+  local b = string.find(ARGV[4], '|', 1, true)
+  if redis.call('RPUSH', KEYS[3], mb) == 1 then
+    local slice = string.sub(ARGV[4], b + 1, string.find(ARGV[4], '|', b + 1, true) - 1)
+    redis.call('ZADD', KEYS[4], slice, slice)
+  end
+  redis.call('ZADD', KEYS[2], string.sub(ARGV[3], 135, string.find(ARGV[3], '|', 135, true) - 1), mb)
+  if b > 1 then redis.call('PEXPIRE', KEYS[1], string.sub(ARGV[4], 1, b - 1)) end
   return {ok = '1|1|n'}
 end
 local now = tonumber(ARGV[2])
@@ -146,18 +153,20 @@ local m = r[1]
 "#;
 
 const CLAIM: &str = r#"
+local ttl, slice, lease, takeover = string.match(ARGV[4], '^(%d*)|(%d+)|(%d+)|([01])$')
+if not takeover then return {'corrupt', 'the claim settings are malformed'} end
 -- The new token id, lease_until and expires_at, from the new record's metadata.
-local tid = string.sub(ARGV[6], 67, 98)
-local lu_new, ea_new = string.match(ARGV[6], '^1|1|(%d+)|%d+|(%d+)|%d+$', 131)
+local tid = string.sub(ARGV[3], 67, 98)
+local lu_new, ea_new = string.match(ARGV[3], '^1|1|(%d+)|%d+|(%d+)|%d+$', 131)
 -- rec: the record replaced or reclaimed, nil for none.
 local function write(kind, fp, ca, newseq, att, rec)
   redis.call('HSET', KEYS[1], 'm', meta('p', kind, fp, tid, tid, ea_new, lu_new, newseq, att, ca, ARGV[2]))
   drop_v1(KEYS[1], rec)
   if r[2] then redis.call('HDEL', KEYS[1], 'o') end
   local mb = member()
-  if not rec or tonumber(ea_new) < (tonumber(rec.ea) or 0) then push(mb, ARGV[7]) end
+  if not rec or tonumber(ea_new) < (tonumber(rec.ea) or 0) then push(mb, slice) end
   redis.call('ZADD', KEYS[2], lu_new, mb)
-  gc(KEYS[1], ARGV[5])
+  gc(KEYS[1], ttl)
   return {ok = newseq .. '|' .. att .. '|' .. kind}
 end
 if not m and not r[3] then return write('n', ARGV[1], ARGV[2], '1', '1', nil) end
@@ -179,12 +188,12 @@ if rec.st == 'c' then
   local o = r[2]
   if rec.v1 then o = outcome_v1(KEYS[1]) end
   if o then return o end
-  return {'in_flight', ARGV[3], '1'}
+  return {'in_flight', lease, '1'}
 elseif rec.st == 'p' then
   local lu = tonumber(rec.lu)
   if not lu then return {'corrupt', 'lease_until is missing or not a number'} end
   if now < lu then return {'in_flight', fmt(math.max(lu - now, 1)), '0'} end
-  if ARGV[4] ~= '1' then return {'in_flight', ARGV[3], '1'} end
+  if takeover ~= '1' then return {'in_flight', lease, '1'} end
   return reclaim('t')
 elseif rec.st == 'f' then
   return reclaim('r')
@@ -200,9 +209,10 @@ return {'corrupt', 'unknown state'}
 const COMPLETE_HOT: &str = r#"
 local m = redis.call('HGET', KEYS[1], 'm')
 -- The holder of a live format-2 claim: splice the new state, nonce, expiry and update time in.
--- Fields are found with plain finds (a pattern match costs the server several times more).
-if m and string.byte(m) == 112 and string.sub(m, 67, 98) == ARGV[4] and string.sub(m, 99, 130) ~= ARGV[1]
-  and string.find(m, ARGV[3] .. '|', 131, true) == 131 then
+-- Fields are found and compared with plain finds (a pattern match costs the server several
+-- times more; a substring is a new Lua string, hashed byte by byte).
+if m and string.byte(m) == 112 and string.find(m, ARGV[4], 67, true) == 67
+  and string.find(m, ARGV[1], 99, true) ~= 99 and string.find(m, ARGV[3] .. '|', 131, true) == 131 then
   -- after seq: attempt, lease_until, created_at (their bars a1..a3), expires_at, updated_at
   local a1 = string.find(m, '|', 132 + #ARGV[3], true)
   local a2 = a1 and string.find(m, '|', a1 + 1, true)

@@ -83,6 +83,26 @@ impl ToRedisArgs for NewMeta<'_> {
     }
 }
 
+/// What the claim script reads only on a new claim or its general path, packed in one argument
+/// (each argument costs the server on every call, replays included):
+/// `<native ttl ms, empty for none>|<slice>|<lease ms>|<takeover 1 or 0>`.
+struct ClaimSettings {
+    native_ttl: Option<u64>,
+    slice: u64,
+    lease: u64,
+    takeover: &'static str,
+}
+
+impl ToRedisArgs for ClaimSettings {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut w = out.writer_for_next_arg();
+        if let Some(ms) = self.native_ttl {
+            let _ = write!(w, "{ms}");
+        }
+        let _ = write!(w, "|{}|{}|{}", self.slice, self.lease, self.takeover);
+    }
+}
+
 /// `EVALSHA <script> 2 <record> <lease index>`, for the arguments to follow.
 fn evalsha(script: &Script, keys: &RecordKeys) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
@@ -249,17 +269,19 @@ impl KeyStore for RedisStore {
         let mut cmd = evalsha_filing(&CLAIM_SCRIPT, &keys, expires_at);
         cmd.arg(fingerprint.as_str())
             .arg(now.as_millis())
-            .arg(millis(policy.lease()).max(1))
-            .arg(takeover);
-        self.native_ttl_arg(&mut cmd, policy.ttl());
-        cmd.arg(NewMeta {
-            fingerprint,
-            token_id,
-            lease_until: (now + policy.lease()).as_millis(),
-            now: now.as_millis(),
-            expires_at,
-        })
-        .arg(slice_of(expires_at));
+            .arg(NewMeta {
+                fingerprint,
+                token_id,
+                lease_until: (now + policy.lease()).as_millis(),
+                now: now.as_millis(),
+                expires_at,
+            })
+            .arg(ClaimSettings {
+                native_ttl: self.native_ttl(policy.ttl()),
+                slice: slice_of(expires_at),
+                lease: millis(policy.lease()).max(1),
+                takeover,
+            });
         let reply: Value = run(&CLAIM_SCRIPT, &cmd, &mut self.conn(), "claim").await?;
         let answer = parse_claim(reply, token_id.0)?;
         if let ClaimAnswer::Claimed { token, .. } = &answer
