@@ -2,20 +2,22 @@
 //! floor of raw Redis, on the same server, side by side in one run: a first execution (claim +
 //! complete) and a replay, at p50, p99 and mean. The floor of a first execution is two trivial
 //! `EVALSHA` (idem's claim and complete are one script each), of a replay one `GET`. The kinds
-//! are interleaved call by call (rotating which goes first), sequential on one multiplexed
-//! connection each, so the numbers are round-trip latencies under the same conditions.
+//! are interleaved call by call (rotating which goes first) on one multiplexed connection each,
+//! so the numbers are round-trip latencies under the same conditions; sequential, or with
+//! `IDEM_BENCH_CONCURRENCY=C` C callers at once, each interleaving the kinds on keys of its own.
 //!
 //! ```text
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p idem-store-redis --bench redis
 //! ```
 //!
-//! `IDEM_BENCH_ITERATIONS` (default 5000) sets the calls per measurement. With
+//! `IDEM_BENCH_ITERATIONS` (default 5000) sets the calls of each kind, shared among the callers. With
 //! `IDEM_BENCH_WAIT_REPLICAS=N` (a server with N replicas) first executions and replays are
 //! measured again with `with_wait_for_replicas(N, 1 s)`. Keys are unique per
 //! run and expire within minutes; nothing is flushed.
 
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use idem_core::{
     ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp,
 };
@@ -39,7 +41,7 @@ fn stats(samples: &mut [Duration]) -> [f64; 3] {
     [rank(0.50), rank(0.99), mean]
 }
 
-async fn run(url: &str, n: usize) {
+async fn run(url: &str, n: usize, callers: usize) {
     let client = redis::Client::open(url).unwrap();
     let manager = ConnectionManager::new(client.clone()).await.unwrap();
     let mut raw = ConnectionManager::new(client.clone()).await.unwrap();
@@ -125,72 +127,96 @@ async fn run(url: &str, n: usize) {
     let peer_keys: Vec<idempotent::IdempotencyKey> = (0..n)
         .map(|i| idempotent::IdempotencyKey::new(format!("op-{i}")).unwrap())
         .collect();
+    // Each caller takes every `callers`-th key and runs the kinds interleaved on its keys; all
+    // callers share the connections (one multiplexed connection per kind, as a service would).
     // [idem, idempotent, floor] × [first, replay]
-    let mut first: [Vec<Duration>; 3] = Default::default();
-    // [idem, idempotent] × [claim, completion] of the first executions
-    let mut steps: [[Vec<Duration>; 2]; 2] = Default::default();
-    let mut replay: [Vec<Duration>; 3] = Default::default();
-    for i in 0..n {
-        let raw_key = format!("idem-bench:{run}:raw:{i}");
-        for turn in 0..3 {
-            let which = (i + turn) % 3;
-            let t = Instant::now();
-            let claimed = match which {
-                0 => Some(idem_first(&keys[i]).await),
-                1 => Some(peer_first(&peer_keys[i]).await),
-                _ => {
-                    floor_first(&mut raw, &raw_key).await;
-                    None
+    let first_pass = async |caller: usize, mut raw: ConnectionManager| {
+        let mut first: [Vec<Duration>; 3] = Default::default();
+        // [idem, idempotent] × [claim, completion] of the first executions
+        let mut steps: [[Vec<Duration>; 2]; 2] = Default::default();
+        for i in (caller..n).step_by(callers) {
+            let raw_key = format!("idem-bench:{run}:raw:{i}");
+            for turn in 0..3 {
+                let which = (i + turn) % 3;
+                let t = Instant::now();
+                let claimed = match which {
+                    0 => Some(idem_first(&keys[i]).await),
+                    1 => Some(peer_first(&peer_keys[i]).await),
+                    _ => {
+                        floor_first(&mut raw, &raw_key).await;
+                        None
+                    }
+                };
+                let took = t.elapsed();
+                first[which].push(took);
+                if let Some(claimed) = claimed {
+                    steps[which][0].push(claimed);
+                    steps[which][1].push(took.saturating_sub(claimed));
                 }
-            };
-            let took = t.elapsed();
-            first[which].push(took);
-            if let Some(claimed) = claimed {
-                steps[which][0].push(claimed);
-                steps[which][1].push(took.saturating_sub(claimed));
-            }
-            if which == 2 {
-                // The key the floor's replay reads (not timed).
-                let _: () = redis::cmd("SET")
-                    .arg(&raw_key)
-                    .arg(answer.to_string())
-                    .arg("PX")
-                    .arg(120_000)
-                    .query_async(&mut raw)
-                    .await
-                    .unwrap();
-            }
-        }
-    }
-    for i in 0..n {
-        for turn in 0..3 {
-            let which = (i + turn) % 3;
-            let t = Instant::now();
-            match which {
-                0 => {
-                    let answer = store
-                        .claim(&scope, &keys[i], &fp, &policy, now)
-                        .await
-                        .unwrap();
-                    assert!(matches!(answer, ClaimAnswer::Replay(_)));
-                }
-                1 => peer_replay(&peer_keys[i]).await,
-                _ => {
-                    let got: Option<String> = redis::cmd("GET")
-                        .arg(format!("idem-bench:{run}:raw:{i}"))
+                if which == 2 {
+                    // The key the floor's replay reads (not timed).
+                    let _: () = redis::cmd("SET")
+                        .arg(&raw_key)
+                        .arg(answer.to_string())
+                        .arg("PX")
+                        .arg(120_000)
                         .query_async(&mut raw)
                         .await
                         .unwrap();
-                    assert!(got.is_some());
                 }
             }
-            replay[which].push(t.elapsed());
+        }
+        (first, steps)
+    };
+    let replay_pass = async |caller: usize, mut raw: ConnectionManager| {
+        let mut replay: [Vec<Duration>; 3] = Default::default();
+        for i in (caller..n).step_by(callers) {
+            for turn in 0..3 {
+                let which = (i + turn) % 3;
+                let t = Instant::now();
+                match which {
+                    0 => {
+                        let answer = store
+                            .claim(&scope, &keys[i], &fp, &policy, now)
+                            .await
+                            .unwrap();
+                        assert!(matches!(answer, ClaimAnswer::Replay(_)));
+                    }
+                    1 => peer_replay(&peer_keys[i]).await,
+                    _ => {
+                        let got: Option<String> = redis::cmd("GET")
+                            .arg(format!("idem-bench:{run}:raw:{i}"))
+                            .query_async(&mut raw)
+                            .await
+                            .unwrap();
+                        assert!(got.is_some());
+                    }
+                }
+                replay[which].push(t.elapsed());
+            }
+        }
+        replay
+    };
+    let mut first: [Vec<Duration>; 3] = Default::default();
+    let mut steps: [[Vec<Duration>; 2]; 2] = Default::default();
+    for (f, s) in join_all((0..callers).map(|c| first_pass(c, raw.clone()))).await {
+        for (all, part) in first.iter_mut().zip(f) {
+            all.extend(part);
+        }
+        for (all, part) in steps.iter_mut().flatten().zip(s.into_iter().flatten()) {
+            all.extend(part);
+        }
+    }
+    let mut replay: [Vec<Duration>; 3] = Default::default();
+    for r in join_all((0..callers).map(|c| replay_pass(c, raw.clone()))).await {
+        for (all, part) in replay.iter_mut().zip(r) {
+            all.extend(part);
         }
     }
 
     let (first_mean, replay_mean) = (stats(&mut first[0])[2], stats(&mut replay[0])[2]);
     println!(
-        "redis bench: {n} calls of each kind, interleaved, sequential; one multiplexed connection each to {}",
+        "redis bench: {n} calls of each kind, interleaved, {callers} caller(s); one multiplexed connection each to {}",
         redact(url)
     );
     println!(
@@ -311,9 +337,14 @@ fn main() {
     } else {
         50
     };
+    let callers = std::env::var("IDEM_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1usize)
+        .max(1);
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(run(&url, n));
+        .block_on(run(&url, n, callers));
 }
