@@ -58,9 +58,14 @@ local function gc(key, ttl)
   if ttl == '' then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, ttl) end
 end
 local function member() return string.sub(KEYS[1], #KEYS[2] - 2) end
--- Files member mb in the expiry slice list KEYS[3], whose slice number is `slice`.
-local function push(mb, slice)
-  if redis.call('RPUSH', KEYS[3], mb) == 1 then redis.call('ZADD', KEYS[4], slice, slice) end
+-- Files member mb in the expiry slice list KEYS[3] (`<base>:x:<slice>`, its slice number after
+-- the base, as `:lease` is three bytes longer than `:x:`), registering the slice if the append
+-- created the list.
+local function push(mb)
+  if redis.call('RPUSH', KEYS[3], mb) == 1 then
+    local slice = string.sub(KEYS[3], #KEYS[2] - 2)
+    redis.call('ZADD', KEYS[4], slice, slice)
+  end
 end
 -- The record in format 2 (its field m) as a table, or nil and why.
 local function parse(m)
@@ -112,8 +117,9 @@ end
 /// ARGV: fingerprint, now, the metadata `m` of a new record (`pn fp tid tid 1|1|lu|now|ea|now`,
 /// built by the client: string building in Lua costs the server more than sending the string;
 /// the token id (the nonce), the new lease_until and expires_at are read from it, not sent
-/// again), and the settings `ttl|slice|lease|takeover` in one string: the native ttl in ms (empty
-/// for none), the slice number of the new expires_at, the lease in ms, takeover (`1` or `0`).
+/// again), and the settings `ttl|lease|takeover` in one string: the native ttl in ms (empty for
+/// none), the lease in ms, takeover (`1` or `0`). The slice number of the new expires_at, needed
+/// only when an append creates its list, is read from that list's name.
 /// Every argument costs the server on every call, replays included (a Lua string, hashed byte by
 /// byte, and a slot in `ARGV`), so what only a new claim or the general path reads travels packed.
 /// Answers the outcome `o` (a bulk string: a replay), the status reply `seq|attempt|kind char`
@@ -138,12 +144,12 @@ elseif redis.call('EXISTS', KEYS[1]) == 0 then
   -- lease_until, the lease index's score.
   redis.call('HSET', KEYS[1], 'm', ARGV[3])
   local mb = string.sub(KEYS[1], #KEYS[2] - 2)
-  local b = string.find(ARGV[4], '|', 1, true)
   if redis.call('RPUSH', KEYS[3], mb) == 1 then
-    local slice = string.sub(ARGV[4], b + 1, string.find(ARGV[4], '|', b + 1, true) - 1)
+    local slice = string.sub(KEYS[3], #KEYS[2] - 2)
     redis.call('ZADD', KEYS[4], slice, slice)
   end
   redis.call('ZADD', KEYS[2], string.sub(ARGV[3], 135, string.find(ARGV[3], '|', 135, true) - 1), mb)
+  local b = string.find(ARGV[4], '|', 1, true)
   if b > 1 then redis.call('PEXPIRE', KEYS[1], string.sub(ARGV[4], 1, b - 1)) end
   return {ok = '1|1|n'}
 end
@@ -153,7 +159,7 @@ local m = r[1]
 "#;
 
 const CLAIM: &str = r#"
-local ttl, slice, lease, takeover = string.match(ARGV[4], '^(%d*)|(%d+)|(%d+)|([01])$')
+local ttl, lease, takeover = string.match(ARGV[4], '^(%d*)|(%d+)|([01])$')
 if not takeover then return {'corrupt', 'the claim settings are malformed'} end
 -- The new token id, lease_until and expires_at, from the new record's metadata.
 local tid = string.sub(ARGV[3], 67, 98)
@@ -164,7 +170,7 @@ local function write(kind, fp, ca, newseq, att, rec)
   drop_v1(KEYS[1], rec)
   if r[2] then redis.call('HDEL', KEYS[1], 'o') end
   local mb = member()
-  if not rec or tonumber(ea_new) < (tonumber(rec.ea) or 0) then push(mb, slice) end
+  if not rec or tonumber(ea_new) < (tonumber(rec.ea) or 0) then push(mb) end
   redis.call('ZADD', KEYS[2], lu_new, mb)
   gc(KEYS[1], ttl)
   return {ok = newseq .. '|' .. att .. '|' .. kind}
@@ -203,8 +209,9 @@ return {'corrupt', 'unknown state'}
 
 /// KEYS: record, lease index, the expiry slice list of the new expires_at, the slice registry.
 /// ARGV: nonce, now, seq, token id, new state char, the outcome's header tail and the outcome
-/// (`<expires_at in 20 digits>status|class|body`), new expires_at, native ttl ms ('' for none),
-/// the slice number of the new expires_at.
+/// (`<expires_at in 20 digits>status|class|body`), new expires_at, native ttl ms ('' for none).
+/// The slice number of the new expires_at, needed only when an append creates its list, is read
+/// from that list's name.
 /// Stores the outcome `o` behind its header: state char, fingerprint, then that tail.
 const COMPLETE_HOT: &str = r#"
 local m = redis.call('HGET', KEYS[1], 'm')
@@ -224,7 +231,8 @@ if m and string.byte(m) == 112 and string.find(m, ARGV[4], 67, true) == 67
       'o', ARGV[5] .. string.sub(m, 3, 66) .. ARGV[6])
     local mb = string.sub(KEYS[1], #KEYS[2] - 2)
     if tonumber(ARGV[7]) < ea and redis.call('RPUSH', KEYS[3], mb) == 1 then
-      redis.call('ZADD', KEYS[4], ARGV[9], ARGV[9])
+      local slice = string.sub(KEYS[3], #KEYS[2] - 2)
+      redis.call('ZADD', KEYS[4], slice, slice)
     end
     redis.call('ZREM', KEYS[2], mb)
     if ARGV[8] == '' then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
@@ -249,7 +257,7 @@ if not (mine and rec.st == 'p' and (tonumber(rec.ea) or 0) > now) then return 'f
 redis.call('HSET', KEYS[1], 'm', meta(ARGV[5], rec.ck, rec.fp, rec.tid, ARGV[1], ARGV[7], rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]), 'o', ARGV[5] .. rec.fp .. ARGV[6])
 drop_v1(KEYS[1], rec)
 local mb = member()
-if tonumber(ARGV[7]) < tonumber(rec.ea) then push(mb, ARGV[9]) end
+if tonumber(ARGV[7]) < tonumber(rec.ea) then push(mb) end
 redis.call('ZREM', KEYS[2], mb)
 gc(KEYS[1], ARGV[8])
 if ARGV[5] == 'c' then return 'completed' end

@@ -17,7 +17,7 @@ use redis::{
 
 use crate::connect::Conn;
 use crate::error::classify;
-use crate::keys::{RecordKeys, slice_of};
+use crate::keys::RecordKeys;
 use crate::record::{self, Fields, class_char};
 use crate::scripts::{CLAIM_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
 use crate::{RedisStore, millis};
@@ -85,10 +85,9 @@ impl ToRedisArgs for NewMeta<'_> {
 
 /// What the claim script reads only on a new claim or its general path, packed in one argument
 /// (each argument costs the server on every call, replays included):
-/// `<native ttl ms, empty for none>|<slice>|<lease ms>|<takeover 1 or 0>`.
+/// `<native ttl ms, empty for none>|<lease ms>|<takeover 1 or 0>`.
 struct ClaimSettings {
     native_ttl: Option<u64>,
-    slice: u64,
     lease: u64,
     takeover: &'static str,
 }
@@ -99,7 +98,7 @@ impl ToRedisArgs for ClaimSettings {
         if let Some(ms) = self.native_ttl {
             let _ = write!(w, "{ms}");
         }
-        let _ = write!(w, "|{}|{}|{}", self.slice, self.lease, self.takeover);
+        let _ = write!(w, "|{}|{}", self.lease, self.takeover);
     }
 }
 
@@ -278,7 +277,6 @@ impl KeyStore for RedisStore {
             })
             .arg(ClaimSettings {
                 native_ttl: self.native_ttl(policy.ttl()),
-                slice: slice_of(expires_at),
                 lease: millis(policy.lease()).max(1),
                 takeover,
             });
@@ -325,7 +323,6 @@ impl KeyStore for RedisStore {
             })
             .arg(expires_at);
         self.native_ttl_arg(&mut cmd, policy.ttl());
-        cmd.arg(slice_of(expires_at));
         let reply: Value = run(&COMPLETE_SCRIPT, &cmd, &mut self.conn(), "complete").await?;
         let answer = match &reply {
             Value::BulkString(b) if b == b"completed" => CompleteAnswer::Completed,

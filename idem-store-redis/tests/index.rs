@@ -102,6 +102,25 @@ async fn names(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> V
     }
 }
 
+/// The expiry lists every slice registry under `prefix` names (`<base>:x:<slice>` for each slice
+/// number in `<base>:xs`), sorted.
+async fn registered(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> Vec<String> {
+    let mut all = Vec::new();
+    for registry in names(conn, &format!("{prefix}:*:xs")).await {
+        let base = registry.strip_suffix(":xs").unwrap().to_owned();
+        let slices: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&registry)
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await
+            .unwrap();
+        all.extend(slices.into_iter().map(|s| format!("{base}:x:{s}")));
+    }
+    all.sort();
+    all
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_expiry_index_is_slice_lists_which_purge_drains_and_unregisters() {
     let Some((store, prefix, mut conn)) = common::prefixed_store("idem-slices").await else {
@@ -169,25 +188,9 @@ async fn the_expiry_index_is_slice_lists_which_purge_drains_and_unregisters() {
             .is_empty()
     );
     // Each registry names exactly the lists of its bucket.
-    let registered = async |conn: &mut redis::aio::MultiplexedConnection| {
-        let mut all = Vec::new();
-        for registry in names(conn, &format!("{prefix}:*:xs")).await {
-            let base = registry.strip_suffix(":xs").unwrap().to_owned();
-            let slices: Vec<String> = redis::cmd("ZRANGE")
-                .arg(&registry)
-                .arg(0)
-                .arg(-1)
-                .query_async(conn)
-                .await
-                .unwrap();
-            all.extend(slices.into_iter().map(|s| format!("{base}:x:{s}")));
-        }
-        all.sort();
-        all
-    };
     let mut sorted = lists.clone();
     sorted.sort();
-    assert_eq!(registered(&mut conn).await, sorted);
+    assert_eq!(registered(&mut conn, &prefix).await, sorted);
 
     // A purge after the short ones expired deletes exactly them: their slices are gone and
     // unregistered, the long ones' untouched.
@@ -201,7 +204,7 @@ async fn the_expiry_index_is_slice_lists_which_purge_drains_and_unregisters() {
     );
     let mut sorted = lists.clone();
     sorted.sort();
-    assert_eq!(registered(&mut conn).await, sorted);
+    assert_eq!(registered(&mut conn, &prefix).await, sorted);
     assert_eq!(
         store
             .list(&ListFilter::default(), later, 10_000)
@@ -230,5 +233,59 @@ async fn the_expiry_index_is_slice_lists_which_purge_drains_and_unregisters() {
     assert_eq!(entries, n);
     let end = t0 + Duration::from_secs(601);
     assert_eq!(store.purge_expired(end, 10_000).await.unwrap(), n);
+    assert!(names(&mut conn, &format!("{prefix}:*")).await.is_empty());
+}
+
+/// A completion whose expiry is earlier than its claim's files the record again, in the earlier
+/// slice, and the append that creates that slice's list registers it under the slice number the
+/// script reads from the list's name: the registries name exactly the lists, and a purge after the
+/// earlier expiry finds and deletes every such record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_expires_earlier_files_and_registers_the_earlier_slice() {
+    let Some((store, prefix, mut conn)) = common::prefixed_store("idem-earlier").await else {
+        return;
+    };
+    let scope = Scope::new("tenant/tool").unwrap();
+    let fp = Fingerprint::of("charge", &serde_json::json!({"cents": 500})).unwrap();
+    let t0 = Timestamp::from_millis(1_800_000_000_000);
+    let policy = |secs| {
+        Policy::builder()
+            .ttl(Duration::from_secs(secs))
+            .lease(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    let (long, short) = (policy(3_600), policy(2));
+    let n = 64;
+    for i in 0..n {
+        let key = IdempotencyKey::new(format!("k-{i}")).unwrap();
+        let ClaimAnswer::Claimed { token, .. } =
+            store.claim(&scope, &key, &fp, &long, t0).await.unwrap()
+        else {
+            panic!("a fresh key is claimed")
+        };
+        let outcome = Outcome::definitive(200, &serde_json::json!({"i": i})).unwrap();
+        store
+            .complete(&scope, &key, token, &outcome, &short, t0)
+            .await
+            .unwrap();
+    }
+    let slice = |ms: u64| ms / idem_store_redis::SLICE_MS;
+    let lists = names(&mut conn, &format!("{prefix}:*:x:*")).await;
+    let early = lists
+        .iter()
+        .filter(|l| l.ends_with(&format!(":x:{}", slice(t0.as_millis() + 2_000))))
+        .count();
+    assert!(early > 0, "the earlier slice has lists: {lists:?}");
+    let mut sorted = lists.clone();
+    sorted.sort();
+    assert_eq!(registered(&mut conn, &prefix).await, sorted);
+    // Expired after 2 s: a purge a minute later finds all of them through the earlier slices.
+    let later = t0 + Duration::from_secs(60);
+    assert_eq!(store.purge_expired(later, 10_000).await.unwrap(), n);
+    // The claims' entries in the later slices name deleted records: a purge past them deletes
+    // nothing more and leaves no key behind.
+    let end = t0 + Duration::from_secs(3_601);
+    assert_eq!(store.purge_expired(end, 10_000).await.unwrap(), 0);
     assert!(names(&mut conn, &format!("{prefix}:*")).await.is_empty());
 }
