@@ -44,16 +44,7 @@ async fn purge_skips_stale_processing_records_which_stay_listed() {
         let answer = store.claim(&scope, &key, &fp, &long, t0).await.unwrap();
         assert!(matches!(answer, ClaimAnswer::Claimed { .. }));
         let key = IdempotencyKey::new(format!("done-{i}")).unwrap();
-        let ClaimAnswer::Claimed { token, .. } =
-            store.claim(&scope, &key, &fp, &short, t0).await.unwrap()
-        else {
-            panic!("a fresh key is claimed")
-        };
-        let outcome = Outcome::definitive(200, &serde_json::json!({"i": i})).unwrap();
-        store
-            .complete(&scope, &key, token, &outcome, &short, t0)
-            .await
-            .unwrap();
+        claim_and_complete(&store, &scope, &key, &fp, [&short, &short], t0, i).await;
     }
     let now = t0 + Duration::from_secs(50);
     // One deletion per call, each answering exactly how many it deleted.
@@ -81,6 +72,29 @@ async fn purge_skips_stale_processing_records_which_stay_listed() {
 }
 
 /// The names under `prefix` matching `pattern` (`SCAN`, the whole keyspace).
+/// Claims the fresh `key` under `policies[0]` and completes it under `policies[1]` with the
+/// outcome `{"i": i}`, both at `now`.
+async fn claim_and_complete(
+    store: &RedisStore,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    fp: &Fingerprint,
+    policies: [&Policy; 2],
+    now: Timestamp,
+    i: usize,
+) {
+    let ClaimAnswer::Claimed { token, .. } =
+        store.claim(scope, key, fp, policies[0], now).await.unwrap()
+    else {
+        panic!("a fresh key is claimed")
+    };
+    let outcome = Outcome::definitive(200, &serde_json::json!({"i": i})).unwrap();
+    store
+        .complete(scope, key, token, &outcome, policies[1], now)
+        .await
+        .unwrap();
+}
+
 async fn names(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut cursor = 0u64;
@@ -121,37 +135,35 @@ async fn registered(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) 
     all
 }
 
+/// The scope, fingerprint and start instant of the slice tests.
+fn slice_case() -> (Scope, Fingerprint, Timestamp) {
+    let scope = Scope::new("tenant/tool").unwrap();
+    let fp = Fingerprint::of("charge", &serde_json::json!({"cents": 500})).unwrap();
+    (scope, fp, Timestamp::from_millis(1_800_000_000_000))
+}
+
+/// Records live for `secs`, under a lease of one second.
+fn policy(secs: u64) -> Policy {
+    Policy::builder()
+        .ttl(Duration::from_secs(secs))
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_expiry_index_is_slice_lists_which_purge_drains_and_unregisters() {
     let Some((store, prefix, mut conn)) = common::prefixed_store("idem-slices").await else {
         return;
     };
-    let scope = Scope::new("tenant/tool").unwrap();
-    let fp = Fingerprint::of("charge", &serde_json::json!({"cents": 500})).unwrap();
-    let t0 = Timestamp::from_millis(1_800_000_000_000);
-    let policy = |secs| {
-        Policy::builder()
-            .ttl(Duration::from_secs(secs))
-            .lease(Duration::from_secs(1))
-            .build()
-            .unwrap()
-    };
+    let (scope, fp, t0) = slice_case();
     // Expiring 2 s after t0, and 10 min after: slices 10 minutes apart.
     let (short, long) = (policy(2), policy(600));
     let n = 200;
     for i in 0..n {
         for (name, p) in [("short", &short), ("long", &long)] {
             let key = IdempotencyKey::new(format!("{name}-{i}")).unwrap();
-            let ClaimAnswer::Claimed { token, .. } =
-                store.claim(&scope, &key, &fp, p, t0).await.unwrap()
-            else {
-                panic!("a fresh key is claimed")
-            };
-            let outcome = Outcome::definitive(200, &serde_json::json!({"i": i})).unwrap();
-            store
-                .complete(&scope, &key, token, &outcome, p, t0)
-                .await
-                .unwrap();
+            claim_and_complete(&store, &scope, &key, &fp, [p, p], t0, i).await;
         }
     }
     // Every record is filed once, in a list of its expiry's slice; nothing in the sorted index
@@ -245,30 +257,12 @@ async fn a_completion_that_expires_earlier_files_and_registers_the_earlier_slice
     let Some((store, prefix, mut conn)) = common::prefixed_store("idem-earlier").await else {
         return;
     };
-    let scope = Scope::new("tenant/tool").unwrap();
-    let fp = Fingerprint::of("charge", &serde_json::json!({"cents": 500})).unwrap();
-    let t0 = Timestamp::from_millis(1_800_000_000_000);
-    let policy = |secs| {
-        Policy::builder()
-            .ttl(Duration::from_secs(secs))
-            .lease(Duration::from_secs(1))
-            .build()
-            .unwrap()
-    };
+    let (scope, fp, t0) = slice_case();
     let (long, short) = (policy(3_600), policy(2));
     let n = 64;
     for i in 0..n {
         let key = IdempotencyKey::new(format!("k-{i}")).unwrap();
-        let ClaimAnswer::Claimed { token, .. } =
-            store.claim(&scope, &key, &fp, &long, t0).await.unwrap()
-        else {
-            panic!("a fresh key is claimed")
-        };
-        let outcome = Outcome::definitive(200, &serde_json::json!({"i": i})).unwrap();
-        store
-            .complete(&scope, &key, token, &outcome, &short, t0)
-            .await
-            .unwrap();
+        claim_and_complete(&store, &scope, &key, &fp, [&long, &short], t0, i).await;
     }
     let slice = |ms: u64| ms / idem_store_redis::SLICE_MS;
     let lists = names(&mut conn, &format!("{prefix}:*:x:*")).await;
