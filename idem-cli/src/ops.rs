@@ -12,8 +12,6 @@ use idem_core::{
     Clock, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, PurgePace, Record, RecordState,
     Scope, StalePolicy, SystemClock, Timestamp, purge_expired_paced,
 };
-use idemkit::postgres::PostgresStore;
-use idemkit::redis::RedisStore;
 use idemkit::{OpenOptions, Opened, StoreUrl};
 use serde_json::{Value, json};
 
@@ -345,29 +343,19 @@ pub async fn purge(
     })
 }
 
-/// The server settings that allow a lost claim, one line each naming the setting and the risk
-/// (`idem conformance` and `idem migrate` print them). Redis is judged as a store without
-/// `with_wait_for_replicas`, which is what a URL opens: an application that waits for its
-/// replicas should call `RedisStore::check_config` on its own store. SQLite has none to check.
+/// The settings that allow a lost claim, one line each naming the setting, the risk and what to
+/// do, prefixed by the backend (`idem conformance` and `idem migrate` print them). Redis is
+/// judged as a store without `with_wait_for_replicas`, which is what a URL opens: an
+/// application that waits for its replicas should check its own store's
+/// [`Maintenance::check_config`](idem_core::Maintenance::check_config).
 pub async fn durability_warnings(opened: &Opened) -> Result<Vec<String>, Failure> {
-    let context = |e| Failure::from(e).context("cannot read the server's settings");
-    if let Some(pg) = opened.engine::<PostgresStore>() {
-        let report = pg.check_config().await.map_err(context)?;
-        return Ok(report
-            .warnings
-            .iter()
-            .map(|w| format!("postgres: {w}"))
-            .collect());
-    }
-    if let Some(redis) = opened.engine::<RedisStore>() {
-        let report = redis.check_config().await.map_err(context)?;
-        return Ok(report
-            .warnings
-            .iter()
-            .map(|w| format!("redis {w}"))
-            .collect());
-    }
-    Ok(Vec::new())
+    let backend = opened.url().backend();
+    let warnings = opened
+        .maintenance()
+        .check_config()
+        .await
+        .map_err(|e| Failure::from(e).context("cannot read the server's settings"))?;
+    Ok(warnings.iter().map(|w| format!("{backend}: {w}")).collect())
 }
 
 /// `idem conformance --store URL`: the public suite against a live store, case by case;

@@ -1,9 +1,7 @@
-//! The server settings a claim's durability depends on, read and judged:
-//! [`PostgresStore::check_config`].
+//! The server settings a claim's durability depends on, read and judged (the configuration
+//! check of [`Maintenance`](idem_core::Maintenance) for PostgreSQL).
 
-use std::fmt;
-
-use idem_core::StoreError;
+use idem_core::{ConfigWarning, StoreError};
 use sqlx::Row;
 
 use crate::PostgresStore;
@@ -12,34 +10,29 @@ use crate::error::classify;
 /// The settings read from the server the store writes to, as its connections see them (a
 /// setting made per role, per database or in the connection string counts).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ServerConfig {
+pub(crate) struct ServerConfig {
     /// `synchronous_commit`: `on`, `remote_apply`, `remote_write`, `local` or `off`.
-    pub synchronous_commit: String,
+    pub(crate) synchronous_commit: String,
     /// `synchronous_standby_names`; empty when no standby is synchronous.
-    pub synchronous_standby_names: String,
+    pub(crate) synchronous_standby_names: String,
     /// `fsync`.
-    pub fsync: bool,
+    pub(crate) fsync: bool,
     /// Whether the server is itself a standby (`pg_is_in_recovery()`).
-    pub in_recovery: bool,
+    pub(crate) in_recovery: bool,
     /// Replication connections streaming from it (`pg_stat_replication`), by `sync_state`.
-    pub replicas: Vec<Replica>,
+    pub(crate) replicas: Vec<Replica>,
 }
 
 /// One row of `pg_stat_replication`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Replica {
-    /// Its `application_name` (what `synchronous_standby_names` matches).
-    pub application_name: String,
+pub(crate) struct Replica {
     /// `async`, `potential`, `sync` or `quorum` (empty when the role may not see it).
-    pub sync_state: String,
+    pub(crate) sync_state: String,
 }
 
 /// A setting that can lose an acknowledged claim, so that a retry runs the operation again.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DurabilityWarning {
+pub(crate) enum DurabilityWarning {
     /// `synchronous_commit = off`: a commit is acknowledged before its WAL is flushed; a server
     /// crash loses the last acknowledged claims and outcomes.
     SynchronousCommitOff,
@@ -68,89 +61,88 @@ pub enum DurabilityWarning {
     InRecovery,
 }
 
-impl fmt::Display for DurabilityWarning {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl DurabilityWarning {
+    /// The warning in the shape every store reports.
+    fn warning(&self) -> ConfigWarning {
+        let again = "and the retry runs the operation a second time";
         match self {
-            Self::SynchronousCommitOff => f.write_str(
-                "synchronous_commit is off: a claim is acknowledged before it is flushed, and a server \
-                 crash can lose it, so the retry runs the operation a second time; set synchronous_commit = on",
+            Self::SynchronousCommitOff => ConfigWarning::new(
+                "synchronous_commit is off",
+                "a claim is acknowledged before it is flushed, and a server crash can lose it, so \
+                 the retry runs the operation a second time",
+                "set synchronous_commit = on",
             ),
-            Self::SynchronousCommitLocal { replicas } => write!(
-                f,
-                "synchronous_commit is local with {replicas} replica(s): commits do not wait for the \
-                 synchronous standby, so a failover can lose an acknowledged claim and the retry runs \
-                 the operation a second time; set synchronous_commit = on (or remote_apply)"
+            Self::SynchronousCommitLocal { replicas } => ConfigWarning::new(
+                format!("synchronous_commit is local with {replicas} replica(s)"),
+                format!(
+                    "commits do not wait for the synchronous standby, so a failover can lose an \
+                     acknowledged claim {again}"
+                ),
+                "set synchronous_commit = on (or remote_apply)",
             ),
-            Self::AsynchronousReplicas { replicas } => write!(
-                f,
-                "{replicas} replica(s) stream asynchronously (synchronous_standby_names is empty): a \
-                 failover can promote a standby that never received an acknowledged claim, and the \
-                 retry runs the operation a second time; name the standby in synchronous_standby_names"
+            Self::AsynchronousReplicas { replicas } => ConfigWarning::new(
+                format!(
+                    "{replicas} replica(s) stream asynchronously (synchronous_standby_names is empty)"
+                ),
+                format!(
+                    "a failover can promote a standby that never received an acknowledged claim, \
+                     {again}"
+                ),
+                "name the standby in synchronous_standby_names",
             ),
-            Self::NoSynchronousStandby { names } => write!(
-                f,
-                "synchronous_standby_names is {names:?} but no connected standby is synchronous: every \
-                 commit waits until one connects"
+            Self::NoSynchronousStandby { names } => ConfigWarning::new(
+                format!(
+                    "synchronous_standby_names is {names:?} but no connected standby is synchronous"
+                ),
+                "every commit waits until one connects",
+                "connect a standby it names, or change synchronous_standby_names",
             ),
-            Self::FsyncOff => f.write_str(
-                "fsync is off: a crash of the server's machine can lose or corrupt committed claims; \
-                 set fsync = on",
+            Self::FsyncOff => ConfigWarning::new(
+                "fsync is off",
+                "a crash of the server's machine can lose or corrupt committed claims",
+                "set fsync = on",
             ),
-            Self::InRecovery => {
-                f.write_str("the server is a standby in recovery: it refuses every write")
-            }
+            Self::InRecovery => ConfigWarning::new(
+                "the server is a standby in recovery",
+                "it refuses every write",
+                "point the store at the primary",
+            ),
         }
     }
 }
 
-/// What [`PostgresStore::check_config`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DurabilityReport {
-    /// The settings read.
-    pub server: ServerConfig,
-    /// What can lose a claim.
-    pub warnings: Vec<DurabilityWarning>,
-}
-
-impl DurabilityReport {
-    /// Whether nothing was found to warn about.
-    pub fn is_safe(&self) -> bool {
-        self.warnings.is_empty()
+/// What can lose a claim on a server with these settings.
+fn judge(server: &ServerConfig) -> Vec<DurabilityWarning> {
+    let mut warnings = Vec::new();
+    let replicas = server.replicas.len();
+    let names = server.synchronous_standby_names.trim();
+    if server.in_recovery {
+        warnings.push(DurabilityWarning::InRecovery);
     }
-
-    fn judge(server: ServerConfig) -> Self {
-        let mut warnings = Vec::new();
-        let replicas = server.replicas.len();
-        let names = server.synchronous_standby_names.trim();
-        if server.in_recovery {
-            warnings.push(DurabilityWarning::InRecovery);
+    match server.synchronous_commit.as_str() {
+        "off" => warnings.push(DurabilityWarning::SynchronousCommitOff),
+        "local" if replicas > 0 && !names.is_empty() => {
+            warnings.push(DurabilityWarning::SynchronousCommitLocal { replicas })
         }
-        match server.synchronous_commit.as_str() {
-            "off" => warnings.push(DurabilityWarning::SynchronousCommitOff),
-            "local" if replicas > 0 && !names.is_empty() => {
-                warnings.push(DurabilityWarning::SynchronousCommitLocal { replicas })
-            }
-            _ => {}
-        }
-        if replicas > 0 && names.is_empty() {
-            warnings.push(DurabilityWarning::AsynchronousReplicas { replicas });
-        }
-        if !names.is_empty()
-            && !server
-                .replicas
-                .iter()
-                .any(|r| matches!(r.sync_state.as_str(), "sync" | "quorum"))
-        {
-            warnings.push(DurabilityWarning::NoSynchronousStandby {
-                names: names.to_owned(),
-            });
-        }
-        if !server.fsync {
-            warnings.push(DurabilityWarning::FsyncOff);
-        }
-        Self { server, warnings }
+        _ => {}
     }
+    if replicas > 0 && names.is_empty() {
+        warnings.push(DurabilityWarning::AsynchronousReplicas { replicas });
+    }
+    if !names.is_empty()
+        && !server
+            .replicas
+            .iter()
+            .any(|r| matches!(r.sync_state.as_str(), "sync" | "quorum"))
+    {
+        warnings.push(DurabilityWarning::NoSynchronousStandby {
+            names: names.to_owned(),
+        });
+    }
+    if !server.fsync {
+        warnings.push(DurabilityWarning::FsyncOff);
+    }
+    warnings
 }
 
 impl PostgresStore {
@@ -163,7 +155,7 @@ impl PostgresStore {
     ///
     /// A role without `pg_monitor` sees the rows of `pg_stat_replication` but not their
     /// `sync_state`: grant it to the role that runs the check.
-    pub async fn check_config(&self) -> Result<DurabilityReport, StoreError> {
+    pub(crate) async fn durability_warnings(&self) -> Result<Vec<ConfigWarning>, StoreError> {
         let op = "config check";
         let mut c = self.pool.acquire().await.map_err(|e| classify(op, e))?;
         let row = sqlx::query(
@@ -173,26 +165,27 @@ impl PostgresStore {
         .fetch_one(&mut *c)
         .await
         .map_err(|e| classify(op, e))?;
-        let replicas = sqlx::query(
-            "SELECT coalesce(application_name, ''), coalesce(sync_state, '') FROM pg_stat_replication",
-        )
-        .fetch_all(&mut *c)
-        .await
-        .map_err(|e| classify(op, e))?
-        .into_iter()
-        .map(|r| Replica {
-            application_name: r.get(0),
-            sync_state: r.get(1),
-        })
-        .collect();
+        let replicas = sqlx::query("SELECT coalesce(sync_state, '') FROM pg_stat_replication")
+            .fetch_all(&mut *c)
+            .await
+            .map_err(|e| classify(op, e))?
+            .into_iter()
+            .map(|r| Replica {
+                sync_state: r.get(0),
+            })
+            .collect();
         let fsync: String = row.get(2);
-        Ok(DurabilityReport::judge(ServerConfig {
+        let server = ServerConfig {
             synchronous_commit: row.get(0),
             synchronous_standby_names: row.get(1),
             fsync: fsync == "on",
             in_recovery: row.get(3),
             replicas,
-        }))
+        };
+        Ok(judge(&server)
+            .iter()
+            .map(DurabilityWarning::warning)
+            .collect())
     }
 }
 
@@ -209,7 +202,6 @@ mod tests {
             replicas: states
                 .iter()
                 .map(|s| Replica {
-                    application_name: "standby1".into(),
                     sync_state: (*s).into(),
                 })
                 .collect(),
@@ -217,7 +209,7 @@ mod tests {
     }
 
     fn judge(s: ServerConfig) -> Vec<DurabilityWarning> {
-        DurabilityReport::judge(s).warnings
+        super::judge(&s)
     }
 
     #[test]

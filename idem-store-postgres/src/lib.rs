@@ -3,6 +3,7 @@
 mod conflict;
 mod durability;
 mod error;
+mod maintenance;
 mod migrate;
 mod ops;
 mod row;
@@ -18,16 +19,14 @@ use idem_core::{Attempt, Outcome, StoreError};
 use sqlx::PgConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-pub use durability::{DurabilityReport, DurabilityWarning, Replica, ServerConfig};
 pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 
-/// The newest migration this crate knows: a table at a lower version needs
-/// [`PostgresStore::migrate`] (see [`PostgresStore::schema_version`]).
-pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+/// The newest migration this crate knows ([`Maintenance::latest_schema_version`](idem_core::Maintenance::latest_schema_version)).
+const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version as u32;
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use sqlx;
 
-use error::{check_identifier, classify, sqlstate};
+use error::{check_identifier, classify};
 use schema::{MIGRATIONS, Statements};
 
 /// A [`KeyStore`](idem_core::KeyStore) keeping records in one PostgreSQL table.
@@ -115,26 +114,6 @@ impl PostgresStore {
     /// The quoted, schema-qualified table name, e.g. `"public"."idem_records"`.
     pub fn qualified_table(&self) -> &str {
         &self.sql.qualified
-    }
-
-    /// The newest migration applied to the store's table (as recorded in
-    /// `schema.<table>_migrations`), reading only: 0 when it was never migrated. Below
-    /// [`SCHEMA_VERSION`] the table needs [`PostgresStore::migrate`], by a role allowed to change
-    /// the schema; an operator's read-only role can call this.
-    pub async fn schema_version(&self) -> Result<i32, StoreError> {
-        let newest_applied = schema::trusted(format!(
-            "SELECT max(version) FROM {}",
-            self.sql.migrations_table
-        ));
-        match sqlx::query_scalar::<_, Option<i32>>(newest_applied)
-            .fetch_one(&self.pool)
-            .await
-        {
-            Ok(applied) => Ok(applied.unwrap_or(0)),
-            // undefined_table, invalid_schema_name: never migrated.
-            Err(e) if matches!(sqlstate(&e).as_deref(), Some("42P01" | "3F000")) => Ok(0),
-            Err(e) => Err(classify("schema version", e)),
-        }
     }
 
     /// Completes `attempt`'s claim with `outcome` on the caller's connection, typically `&mut tx`

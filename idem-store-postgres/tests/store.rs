@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimAnswer, ClaimKind, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome,
-    OutcomeClass, Policy, RecordState, Scope, StoreError, Timestamp,
+    ClaimAnswer, ClaimKind, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Maintenance,
+    Outcome, OutcomeClass, Policy, RecordState, Scope, StoreError, Timestamp,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, postgres::PgPoolOptions};
@@ -334,12 +334,12 @@ async fn migrate_is_idempotent_and_concurrent_safe() {
     .unwrap();
     assert_eq!(
         versions,
-        i64::from(idem_store_postgres::SCHEMA_VERSION),
+        i64::from(store.latest_schema_version()),
         "each migration recorded once"
     );
     assert_eq!(
         store.schema_version().await.unwrap(),
-        idem_store_postgres::SCHEMA_VERSION
+        store.latest_schema_version()
     );
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE idem_test.\"{table}\"; DROP TABLE idem_test.\"{table}_migrations\""
@@ -431,7 +431,7 @@ async fn a_version_2_table_upgrades_in_place() {
     store.migrate().await.unwrap();
     assert_eq!(
         store.schema_version().await.unwrap(),
-        idem_store_postgres::SCHEMA_VERSION
+        store.latest_schema_version()
     );
     let names: Vec<String> = indexes(&pool, "idem_test", &table)
         .await

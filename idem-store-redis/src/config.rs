@@ -1,9 +1,9 @@
-//! The server settings a store depends on, read and judged: [`RedisStore::check_config`].
+//! The server settings a store depends on, read and judged (the configuration check of
+//! [`Maintenance`](idem_core::Maintenance) for Redis).
 
 use std::collections::BTreeMap;
-use std::fmt;
 
-use idem_core::StoreError;
+use idem_core::{ConfigWarning, StoreError};
 use redis::Value;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 
@@ -13,28 +13,24 @@ use crate::{Conn, RedisStore, WaitForReplicas};
 /// The settings read from one server (one master of a cluster). A field is `None` when the
 /// server did not answer it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct NodeConfig {
+pub(crate) struct NodeConfig {
     /// The server, as `host:port`.
-    pub node: String,
+    pub(crate) node: String,
     /// `maxmemory-policy`, e.g. `noeviction`.
-    pub maxmemory_policy: Option<String>,
+    pub(crate) maxmemory_policy: Option<String>,
     /// `maxmemory` in bytes (0: no limit).
-    pub maxmemory: Option<u64>,
+    pub(crate) maxmemory: Option<u64>,
     /// `appendonly`: whether the append-only file is on.
-    pub appendonly: Option<bool>,
-    /// `appendfsync`: `always`, `everysec` or `no`.
-    pub appendfsync: Option<String>,
+    pub(crate) appendonly: Option<bool>,
     /// `save`: the snapshot schedule; empty when snapshots are off.
-    pub save: Option<String>,
+    pub(crate) save: Option<String>,
     /// `connected_slaves` from `INFO replication`: the replicas streaming from this master.
-    pub connected_replicas: Option<u32>,
+    pub(crate) connected_replicas: Option<u32>,
 }
 
 /// A setting that can turn a replay into a second execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ConfigWarning {
+enum Warning {
     /// `maxmemory-policy` lets the server evict keys. Every record carries a native expiry (its
     /// garbage collection), so the `volatile-*` policies can evict records too: an evicted claim
     /// or outcome is a double effect waiting to happen. Use `noeviction`.
@@ -89,85 +85,90 @@ pub enum ConfigWarning {
     },
 }
 
-impl fmt::Display for ConfigWarning {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Warning {
+    /// The warning in the shape every store reports.
+    fn warning(&self) -> ConfigWarning {
+        let again = "and the retry runs the operation a second time";
         match self {
             Self::Eviction {
                 node,
                 policy,
                 maxmemory,
-            } => write!(
-                f,
-                "{node}: maxmemory-policy is {policy} (maxmemory {}): the server may evict idempotency records, \
-                 and an evicted claim or outcome lets the operation run again; set maxmemory-policy noeviction",
-                maxmemory.map_or_else(|| "unknown".to_owned(), |m| m.to_string())
+            } => ConfigWarning::new(
+                format!(
+                    "maxmemory-policy is {policy} on {node} (maxmemory {})",
+                    maxmemory.map_or_else(|| "unknown".to_owned(), |m| m.to_string())
+                ),
+                "the server may evict idempotency records, and an evicted claim or outcome lets \
+                 the operation run again",
+                "set maxmemory-policy noeviction",
             ),
-            Self::NoPersistence { node } => write!(
-                f,
-                "{node}: persistence is off (appendonly no, no save schedule): a restart loses every \
-                 idempotency record; set appendonly yes"
+            Self::NoPersistence { node } => ConfigWarning::new(
+                format!("persistence is off on {node} (appendonly no, no save schedule)"),
+                "a restart loses every idempotency record",
+                "set appendonly yes",
             ),
-            Self::SnapshotsOnly { node, save } => write!(
-                f,
-                "{node}: only snapshots persist records (save {save:?}, appendonly no): a restart loses \
-                 the records written since the last snapshot; set appendonly yes"
+            Self::SnapshotsOnly { node, save } => ConfigWarning::new(
+                format!("only snapshots persist records on {node} (save {save:?}, appendonly no)"),
+                "a restart loses the records written since the last snapshot",
+                "set appendonly yes",
             ),
-            Self::AsyncReplicas { node, replicas } => write!(
-                f,
-                "{node}: {replicas} replica(s) replicate asynchronously and the store does not WAIT for them: \
-                 a failover can lose an acknowledged claim, and the retry runs the operation a second time; \
-                 configure the store to wait (with_wait_for_replicas) for every replica"
+            Self::AsyncReplicas { node, replicas } => ConfigWarning::new(
+                format!(
+                    "{replicas} replica(s) of {node} replicate asynchronously and the store does \
+                     not WAIT for them"
+                ),
+                format!("a failover can lose an acknowledged claim, {again}"),
+                "configure the store to wait (with_wait_for_replicas) for every replica",
             ),
             Self::TooFewReplicas {
                 node,
                 replicas,
                 required,
-            } => write!(
-                f,
-                "{node}: the store waits for {required} replica(s) but only {replicas} are connected: \
-                 every write answers Unavailable until enough replicas are back"
+            } => ConfigWarning::new(
+                format!(
+                    "the store waits for {required} replica(s) but only {replicas} are connected \
+                     to {node}"
+                ),
+                "every write answers Unavailable until enough replicas are back",
+                "connect the replicas, or wait for as many as each master has",
             ),
-            Self::NoWaitAof => write!(
-                f,
-                "the server has no WAITAOF (Redis before 7.2): writes are confirmed as received by the \
-                 replicas, not as written to their append-only files"
+            Self::NoWaitAof => ConfigWarning::new(
+                "the server has no WAITAOF (Redis before 7.2)",
+                "writes are confirmed as received by the replicas, not as written to their \
+                 append-only files",
+                "upgrade to Redis 7.2 or later, or turn with_wait_aof off",
             ),
-            Self::Unreadable { node, reason } => write!(
-                f,
-                "{node}: the server's settings could not be read ({reason}); check maxmemory-policy and \
-                 persistence by hand"
+            Self::Unreadable { node, reason } => ConfigWarning::new(
+                format!("the settings of {node} could not be read ({reason})"),
+                "an eviction policy or a persistence setting that loses records goes unnoticed",
+                "check maxmemory-policy and persistence by hand",
             ),
         }
     }
 }
 
-/// What [`RedisStore::check_config`] found: the settings of each server and the warnings.
+/// The settings of each server and what is unsafe in them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConfigReport {
+struct ConfigReport {
     /// Each server asked (each master of a cluster).
-    pub nodes: Vec<NodeConfig>,
+    nodes: Vec<NodeConfig>,
     /// What is unsafe, or could not be checked.
-    pub warnings: Vec<ConfigWarning>,
+    warnings: Vec<Warning>,
 }
 
 impl ConfigReport {
-    /// Whether nothing was found to warn about.
-    pub fn is_safe(&self) -> bool {
-        self.warnings.is_empty()
-    }
-
     fn judge(&mut self, wait: Option<WaitForReplicas>) {
         for n in &self.nodes {
             match (n.connected_replicas, wait) {
                 (Some(replicas), None) if replicas > 0 => {
-                    self.warnings.push(ConfigWarning::AsyncReplicas {
+                    self.warnings.push(Warning::AsyncReplicas {
                         node: n.node.clone(),
                         replicas,
                     })
                 }
                 (Some(replicas), Some(w)) if replicas < w.replicas() => {
-                    self.warnings.push(ConfigWarning::TooFewReplicas {
+                    self.warnings.push(Warning::TooFewReplicas {
                         node: n.node.clone(),
                         replicas,
                         required: w.replicas(),
@@ -178,7 +179,7 @@ impl ConfigReport {
             if let Some(policy) = &n.maxmemory_policy
                 && policy != "noeviction"
             {
-                self.warnings.push(ConfigWarning::Eviction {
+                self.warnings.push(Warning::Eviction {
                     node: n.node.clone(),
                     policy: policy.clone(),
                     maxmemory: n.maxmemory,
@@ -186,10 +187,10 @@ impl ConfigReport {
             }
             let save = n.save.as_deref().map(str::trim);
             match (n.appendonly, save) {
-                (Some(false), Some("")) => self.warnings.push(ConfigWarning::NoPersistence {
+                (Some(false), Some("")) => self.warnings.push(Warning::NoPersistence {
                     node: n.node.clone(),
                 }),
-                (Some(false), Some(save)) => self.warnings.push(ConfigWarning::SnapshotsOnly {
+                (Some(false), Some(save)) => self.warnings.push(Warning::SnapshotsOnly {
                     node: n.node.clone(),
                     save: save.to_owned(),
                 }),
@@ -202,13 +203,7 @@ impl ConfigReport {
 /// Not a `CONFIG` parameter: `INFO replication`, asked in the same loop.
 const REPLICATION: &str = "INFO replication";
 
-const PARAMETERS: [&str; 5] = [
-    "maxmemory-policy",
-    "maxmemory",
-    "appendonly",
-    "appendfsync",
-    "save",
-];
+const PARAMETERS: [&str; 4] = ["maxmemory-policy", "maxmemory", "appendonly", "save"];
 
 fn text(v: &Value) -> Option<String> {
     match v {
@@ -251,21 +246,24 @@ fn set(node: &mut NodeConfig, param: &str, value: Option<String>) {
         "maxmemory-policy" => node.maxmemory_policy = value,
         "maxmemory" => node.maxmemory = value.and_then(|v| v.parse().ok()),
         "appendonly" => node.appendonly = value.map(|v| v == "yes"),
-        "appendfsync" => node.appendfsync = value,
         _ => node.save = value,
     }
 }
 
 impl RedisStore {
     /// Reads the settings the store's guarantees depend on from the server (from every master of
-    /// a cluster) and reports what is unsafe: an eviction policy other than `noeviction`,
-    /// persistence off or snapshot-only, and replicas the store does not wait for (or fewer
-    /// replicas than it waits for). [`RedisStore::migrate`] runs it and logs each warning.
-    ///
-    /// A server that refuses `CONFIG GET` (renamed or denied) gives a report with a
-    /// [`ConfigWarning::Unreadable`], not an error; an unreachable one gives
-    /// [`StoreError::Unavailable`].
-    pub async fn check_config(&self) -> Result<ConfigReport, StoreError> {
+    /// a cluster) and judges them; see [`Maintenance::check_config`](idem_core::Maintenance).
+    pub(crate) async fn config_warnings(&self) -> Result<Vec<ConfigWarning>, StoreError> {
+        Ok(self
+            .config_report()
+            .await?
+            .warnings
+            .iter()
+            .map(Warning::warning)
+            .collect())
+    }
+
+    async fn config_report(&self) -> Result<ConfigReport, StoreError> {
         let mut nodes: BTreeMap<String, NodeConfig> = BTreeMap::new();
         let mut report = ConfigReport::default();
         for param in PARAMETERS.into_iter().chain([REPLICATION]) {
@@ -305,7 +303,7 @@ impl RedisStore {
                 Ok(replies) => replies,
                 Err(e) if is_transient(&e) => return Err(classify("config check", e)),
                 Err(e) => {
-                    report.warnings.push(ConfigWarning::Unreadable {
+                    report.warnings.push(Warning::Unreadable {
                         node: if self.is_cluster() {
                             "cluster".to_owned()
                         } else {
@@ -331,7 +329,7 @@ impl RedisStore {
         report.nodes = nodes.into_values().collect();
         report.judge(self.wait);
         if self.wait.is_some_and(|w| w.aof()) && !self.has_waitaof().await? {
-            report.warnings.push(ConfigWarning::NoWaitAof);
+            report.warnings.push(Warning::NoWaitAof);
         }
         Ok(report)
     }
@@ -347,13 +345,12 @@ mod tests {
             maxmemory_policy: Some(policy.into()),
             maxmemory: Some(0),
             appendonly: Some(aof),
-            appendfsync: Some("everysec".into()),
             save: Some(save.into()),
             connected_replicas: Some(0),
         }
     }
 
-    fn judge(nodes: Vec<NodeConfig>) -> Vec<ConfigWarning> {
+    fn judge(nodes: Vec<NodeConfig>) -> Vec<Warning> {
         let mut r = ConfigReport {
             nodes,
             warnings: vec![],
@@ -367,18 +364,15 @@ mod tests {
         assert!(judge(vec![node("noeviction", true, "")]).is_empty());
         assert!(matches!(
             judge(vec![node("volatile-lru", true, "")])[..],
-            [ConfigWarning::Eviction { .. }]
+            [Warning::Eviction { .. }]
         ));
         assert!(matches!(
             judge(vec![node("noeviction", false, "")])[..],
-            [ConfigWarning::NoPersistence { .. }]
+            [Warning::NoPersistence { .. }]
         ));
         assert!(matches!(
             judge(vec![node("allkeys-lru", false, "3600 1")])[..],
-            [
-                ConfigWarning::Eviction { .. },
-                ConfigWarning::SnapshotsOnly { .. }
-            ]
+            [Warning::Eviction { .. }, Warning::SnapshotsOnly { .. }]
         ));
     }
 
@@ -388,7 +382,7 @@ mod tests {
         n.connected_replicas = Some(1);
         assert!(matches!(
             judge(vec![n])[..],
-            [ConfigWarning::AsyncReplicas { replicas: 1, .. }]
+            [Warning::AsyncReplicas { replicas: 1, .. }]
         ));
         let info =
             Value::BulkString(b"# Replication\r\nrole:master\r\nconnected_slaves:2\r\n".to_vec());

@@ -98,9 +98,9 @@ impl RedisStore {
     /// With [`RedisStore::with_wait_for_replicas`] set: also wait until the master and the
     /// replicas have written each write to their append-only file (`WAITAOF 1 replicas timeout`),
     /// on servers that have `WAITAOF` (Redis 7.2 and later; it needs `appendonly yes` on the
-    /// master). On older servers (7.0 has no `WAITAOF`) only `WAIT` runs, and
-    /// [`RedisStore::check_config`] reports [`crate::ConfigWarning::NoWaitAof`]. Without
-    /// `with_wait_for_replicas` this does nothing.
+    /// master). On older servers (7.0 has no `WAITAOF`) only `WAIT` runs, and the configuration
+    /// check ([`Maintenance::check_config`](idem_core::Maintenance::check_config)) warns about
+    /// it. Without `with_wait_for_replicas` this does nothing.
     pub fn with_wait_aof(mut self, on: bool) -> Self {
         if let Some(w) = &mut self.wait {
             w.aof = on;

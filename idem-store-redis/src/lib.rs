@@ -7,6 +7,7 @@ mod durability;
 mod error;
 mod keys;
 mod list;
+mod maintenance;
 mod purge;
 mod record;
 mod scripts;
@@ -16,16 +17,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::StoreError;
-
-pub use config::{ConfigReport, ConfigWarning, NodeConfig};
 pub use durability::{InvalidWait, WaitForReplicas};
 pub use keys::{BUCKETS, InvalidPrefix, SLICE_MS};
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use redis;
 
 use connect::Conn;
-use error::classify;
 use keys::check_prefix;
 
 /// Native expiries at or beyond this many milliseconds are not set (the record is kept until
@@ -109,33 +106,6 @@ impl RedisStore {
     /// Whether the store runs on a cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.conn, Conn::Cluster(_))
-    }
-
-    /// Prepares the server: loads the scripts (on every master of a cluster; they are loaded
-    /// again on demand anyway, the script cache being volatile) and runs
-    /// [`RedisStore::check_config`], logging each warning with `tracing`. There is no schema.
-    /// Returns the report; warnings do not fail it.
-    pub async fn migrate(&self) -> Result<ConfigReport, StoreError> {
-        let mut conn = self.conn.clone();
-        for script in scripts::all() {
-            script
-                .prepare_invoke()
-                .load_async(&mut conn)
-                .await
-                .map_err(|e| classify("script load", e))?;
-        }
-        let report = self.check_config().await?;
-        for warning in &report.warnings {
-            tracing::warn!(backend = "redis", "{warning}");
-        }
-        if report.is_safe() {
-            tracing::info!(
-                backend = "redis",
-                nodes = report.nodes.len(),
-                "redis settings checked: no eviction, persistence on"
-            );
-        }
-        Ok(report)
     }
 
     /// The native expiry of a record written now with `ttl`, `None` for none.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::server::TestServer;
 use idem_core::{
     ClaimAnswer, CompleteAnswer, Error, Executor, Fingerprint, IdempotencyKey, KeyStore,
-    ManualClock, Outcome, Policy, RecordState, Scope, Timestamp,
+    Maintenance, ManualClock, Outcome, Policy, RecordState, Scope, Timestamp,
 };
 use idem_store_redis::RedisStore;
 

@@ -2,6 +2,7 @@
 
 mod builder;
 mod error;
+mod maintenance;
 mod pool;
 mod row;
 mod schema;
@@ -19,7 +20,7 @@ use rusqlite::Connection;
 pub use builder::{SqliteStoreBuilder, Synchronous};
 pub use error::TableNameError;
 pub use rusqlite;
-pub use schema::{SCHEMA_TABLE, SCHEMA_VERSION, TableName};
+pub use schema::{SCHEMA_TABLE, TableName};
 
 use pool::Inner;
 
@@ -70,9 +71,11 @@ impl SqliteStore {
         }
     }
 
-    /// Creates or upgrades the table to [`SCHEMA_VERSION`]. Idempotent, and safe to run from
-    /// several processes at once (one `BEGIN IMMEDIATE` transaction). Blocking: call it at
-    /// start-up.
+    /// Creates or upgrades the table to this build's schema version
+    /// ([`Maintenance::latest_schema_version`](idem_core::Maintenance::latest_schema_version)).
+    /// Idempotent, and safe to run from several processes at once (one `BEGIN IMMEDIATE`
+    /// transaction). Blocking (a local file): call it at start-up, also before a runtime
+    /// exists. [`Maintenance::migrate`](idem_core::Maintenance::migrate) is the same call.
     pub fn migrate(&self) -> Result<(), StoreError> {
         let conn = self.inner.take_connection()?;
         let result = {
@@ -81,17 +84,6 @@ impl SqliteStore {
         };
         self.inner.give_back(conn);
         result.map(|_| ())
-    }
-
-    /// The schema version of the store's table as recorded in [`SCHEMA_TABLE`], without changing
-    /// anything: 0 when it was never migrated. Anything below [`SCHEMA_VERSION`] needs
-    /// [`SqliteStore::migrate`] (by a role allowed to change the schema) before the store is
-    /// used; above it, a newer library migrated the file. Blocking.
-    pub fn schema_version(&self) -> Result<i64, StoreError> {
-        let conn = self.inner.take_connection()?;
-        let result = schema::version(&conn, &self.inner.table);
-        self.inner.give_back(conn);
-        result
     }
 
     /// The database file.

@@ -62,9 +62,9 @@ pub enum OpenError {
         /// The URL (redacted).
         url: String,
         /// The version found (0: never migrated).
-        found: i64,
+        found: u32,
         /// The version this build reads and writes.
-        expected: i64,
+        expected: u32,
     },
     /// The store's schema is newer than this build knows: upgrade idem.
     #[error(
@@ -74,9 +74,9 @@ pub enum OpenError {
         /// The URL (redacted).
         url: String,
         /// The version found.
-        found: i64,
+        found: u32,
         /// The version this build reads and writes.
-        expected: i64,
+        expected: u32,
     },
     /// The store refused or could not be reached while opening (see
     /// [`StoreError::is_unavailable`] on the source).

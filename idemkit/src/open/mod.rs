@@ -40,7 +40,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use idem_core::{KeyStore, StoreError};
+use idem_core::{KeyStore, Maintenance, StoreError};
 
 /// How a store is opened.
 #[derive(Debug, Clone, Default)]
@@ -54,8 +54,8 @@ impl OpenOptions {
         Self::default()
     }
 
-    /// With `true`, create or upgrade the schema (and an SQLite file) while opening, as the
-    /// store's own `migrate` does; this needs a role allowed to change the schema. On Redis it
+    /// With `true`, create or upgrade the schema (and an SQLite file) while opening, with
+    /// [`Maintenance::migrate`]; this needs a role allowed to change the schema. On Redis it
     /// loads the scripts and checks the server's settings (there is no schema).
     pub fn migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
@@ -89,10 +89,12 @@ where
     Ok(OpenOptions::new().open(url).await?.into_store())
 }
 
-/// An opened store: the [`KeyStore`] to use, and the engine's own store type for what only it
-/// offers (`SqliteStore::with_connection`, `PostgresStore::pool`, `check_config`, …).
+/// An opened store: the [`KeyStore`] to use, its [`Maintenance`] (migrate, schema version,
+/// configuration warnings), and the engine's own store type for what only it offers
+/// (`SqliteStore::with_connection`, `PostgresStore::pool`, …).
 pub struct Opened {
     store: Arc<dyn KeyStore>,
+    maintenance: Arc<dyn Maintenance>,
     engine: Box<dyn Any + Send + Sync>,
     url: StoreUrl,
 }
@@ -107,9 +109,10 @@ impl fmt::Debug for Opened {
 }
 
 impl Opened {
-    fn new<S: KeyStore + Clone + Send + Sync + 'static>(store: S, url: &StoreUrl) -> Self {
+    fn new<S: KeyStore + Maintenance + Clone>(store: S, url: &StoreUrl) -> Self {
         Self {
             store: Arc::new(store.clone()),
+            maintenance: Arc::new(store.clone()),
             engine: Box::new(store),
             url: url.clone(),
         }
@@ -123,6 +126,12 @@ impl Opened {
     /// The store, consuming this.
     pub fn into_store(self) -> Arc<dyn KeyStore> {
         self.store
+    }
+
+    /// The store's maintenance: migrate, schema version, configuration warnings (the same
+    /// for every backend, no downcast needed).
+    pub fn maintenance(&self) -> &dyn Maintenance {
+        &*self.maintenance
     }
 
     /// The URL it was opened from.
@@ -249,8 +258,25 @@ fn store_error(url: &StoreUrl) -> impl FnOnce(StoreError) -> OpenError + '_ {
     }
 }
 
-/// The schema check shared by the SQL stores.
-fn check_version(url: &StoreUrl, found: i64, expected: i64) -> Result<(), OpenError> {
+/// What every backend does once its store is built: migrate when asked, else check that the
+/// schema is the one this build reads and writes.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+async fn finish<S: KeyStore + Maintenance + Clone>(
+    store: S,
+    url: &StoreUrl,
+    options: &OpenOptions,
+) -> Result<Opened, OpenError> {
+    if options.migrate {
+        store.migrate().await.map_err(store_error(url))?;
+    } else {
+        let found = store.schema_version().await.map_err(store_error(url))?;
+        check_version(url, found, store.latest_schema_version())?;
+    }
+    Ok(Opened::new(store, url))
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+fn check_version(url: &StoreUrl, found: u32, expected: u32) -> Result<(), OpenError> {
     use std::cmp::Ordering::*;
     match found.cmp(&expected) {
         Equal => Ok(()),
@@ -270,9 +296,9 @@ fn check_version(url: &StoreUrl, found: i64, expected: i64) -> Result<(), OpenEr
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
-    use idem_store_sqlite::{SCHEMA_VERSION, SqliteStore};
+    use idem_store_sqlite::SqliteStore;
 
-    // SQLite's calls here are brief and blocking (a local file), as `SqliteStore::migrate` is.
+    // Opening the file, like migrating it, is a brief blocking call on a local file.
     pub(super) async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Opened, OpenError> {
         let path = url.sqlite_path().unwrap_or_default();
         // Opening creates a missing file: only when migrating.
@@ -280,32 +306,20 @@ mod sqlite {
             return Err(OpenError::NoDatabaseFile { path });
         }
         let store = SqliteStore::open(&path).map_err(store_error(url))?;
-        if options.migrate {
-            store.migrate().map_err(store_error(url))?;
-        } else {
-            let found = store.schema_version().map_err(store_error(url))?;
-            check_version(url, found, SCHEMA_VERSION)?;
-        }
-        Ok(Opened::new(store, url))
+        finish(store, url, options).await
     }
 }
 
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
-    use idem_store_postgres::{PostgresStore, SCHEMA_VERSION};
+    use idem_store_postgres::PostgresStore;
 
     pub(super) async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Opened, OpenError> {
         let store = PostgresStore::connect(url.expose_secret())
             .await
             .map_err(store_error(url))?;
-        if options.migrate {
-            store.migrate().await.map_err(store_error(url))?;
-        } else {
-            let found = store.schema_version().await.map_err(store_error(url))?;
-            check_version(url, found.into(), SCHEMA_VERSION.into())?;
-        }
-        Ok(Opened::new(store, url))
+        finish(store, url, options).await
     }
 }
 
@@ -316,17 +330,6 @@ mod redis {
 
     // Redis has no schema: migrating loads the scripts and checks the server's settings
     // (logging each warning); without it the scripts load on first use.
-    async fn finish(
-        store: RedisStore,
-        url: &StoreUrl,
-        options: &OpenOptions,
-    ) -> Result<Opened, OpenError> {
-        if options.migrate {
-            store.migrate().await.map_err(store_error(url))?;
-        }
-        Ok(Opened::new(store, url))
-    }
-
     pub(super) async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Opened, OpenError> {
         let store = RedisStore::connect(url.expose_secret())
             .await
