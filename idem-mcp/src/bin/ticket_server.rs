@@ -215,6 +215,11 @@ async fn main() -> Result<(), BoxError> {
                 .unwrap_or_else(|_| "warn,rmcp::service=error".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: never in a file or a pipe, never with NO_COLOR.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     let args = parse_args()?;
 
