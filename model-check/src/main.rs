@@ -1,0 +1,6 @@
+//! The deeper run: `scripts/model-check [callers] [calls] [crashes] [failovers]` (see
+//! `docs/model-check.md`).
+
+fn main() {
+    println!("todo");
+}
