@@ -90,9 +90,9 @@ impl Model for ProtocolModel {
         }
         if rules.cfg.replication == Replication::Asynchronous && s.primary != s.replica {
             out.push(Action::Replicate);
-            if s.failovers_left > 0 {
-                out.push(Action::Failover);
-            }
+        }
+        if s.failovers_left > 0 {
+            out.push(Action::Failover);
         }
     }
 

@@ -3,13 +3,13 @@
 use idem_core::RecordState;
 
 use crate::state::State;
-use crate::store::Rules;
+use crate::store::{NOW, Rules};
 
 /// SPEC §2 (opening) and §3.1: no interleaving runs an operation twice. Every step of every
 /// operation ran at most once downstream, except in the windows SPEC §7 documents.
 pub const AT_MOST_ONCE: &str = "at most one effect per operation (SPEC §2, §3.1)";
-/// SPEC §3.3 and §3.10: a completed record's outcome, and every checkpoint, was written by the
-/// holder of the token the record had then.
+/// SPEC §3.3 and §3.10: a live completed record's outcome, and every checkpoint, was written by
+/// the holder of the token the record had then.
 pub const FENCING: &str = "fencing: outcome and checkpoints come from the token's holder (SPEC §3.3, §3.10)";
 /// SPEC §2 (`FingerprintMismatch` row) and §4: a key reused for another request never replays
 /// the first request's outcome.
@@ -31,6 +31,9 @@ pub fn fencing(s: &State) -> bool {
     !s.ghost.unfenced_write
         && s.primary.iter().flatten().all(|stored| {
             let r = &stored.record;
+            if r.is_expired(NOW) {
+                return true;
+            }
             match (&r.state, &r.outcome) {
                 (RecordState::Completed, Some(outcome)) => {
                     Rules::outcome_origin(outcome).1 == r.token.id

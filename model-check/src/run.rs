@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 
-use stateright::{Checker, HasDiscoveries, Model, Path};
+use stateright::{Checker, HasDiscoveries, Model};
 
 use crate::action::Action;
 use crate::config::Config;
@@ -23,8 +23,9 @@ pub struct Report {
     pub max_depth: usize,
     /// How long the search took.
     pub elapsed: Duration,
-    /// Each safety property that fails, with its counterexample (a path from the start).
-    pub violations: BTreeMap<&'static str, Path<State, Action>>,
+    /// Each safety property that fails, with its counterexample: the steps from the start to
+    /// the first state that breaks it (each state with the action taken from it).
+    pub violations: BTreeMap<&'static str, Vec<(State, Option<Action>)>>,
     /// The reachability properties with no example.
     pub unreached: Vec<&'static str>,
 }
@@ -32,16 +33,22 @@ pub struct Report {
 impl Report {
     /// The counterexample of `property`, written out step by step, if the search found one.
     pub fn trace(&self, property: &str) -> Option<String> {
-        self.violations.get(property).map(describe)
+        self.violations.get(property).map(|steps| describe(steps))
     }
 }
 
-/// Searches every state of `cfg`'s model. With `stop_at`, the search ends as soon as that
-/// property has a counterexample.
+/// Searches every state of `cfg`'s model (on every core). With `stop_at`, the search runs on
+/// one thread and ends as soon as that property has a counterexample.
 pub fn check(cfg: Config, stop_at: Option<&'static str>) -> Report {
-    let model = ProtocolModel::new(cfg);
+    let model = ProtocolModel::new(cfg.clone());
+    let model_for_check = ProtocolModel::new(cfg);
     let properties = model.properties();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // One thread when looking for a counterexample: the search is then breadth-first exactly,
+    // so the counterexample is a shortest one.
+    let threads = match stop_at {
+        Some(_) => 1,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
     let mut builder = model.checker().threads(threads);
     if let Some(name) = stop_at {
         builder = builder.finish_when(HasDiscoveries::AnyOf(BTreeSet::from([name])));
@@ -56,7 +63,13 @@ pub fn check(cfg: Config, stop_at: Option<&'static str>) -> Report {
         let found = discoveries.remove(p.name);
         match (p.expectation.discovery_is_failure(), found) {
             (true, Some(path)) => {
-                violations.insert(p.name, path);
+                let mut steps = path.into_vec();
+                let first = steps.iter().position(|(s, _)| !(p.condition)(&model_for_check, s));
+                steps.truncate(first.map_or(steps.len(), |i| i + 1));
+                if let Some(last) = steps.last_mut() {
+                    last.1 = None;
+                }
+                violations.insert(p.name, steps);
             }
             (false, None) => unreached.push(p.name),
             _ => {}
@@ -72,10 +85,9 @@ pub fn check(cfg: Config, stop_at: Option<&'static str>) -> Report {
     }
 }
 
-/// A path written out: each step, then the store and what ran downstream after it.
-pub fn describe(path: &Path<State, Action>) -> String {
+/// Steps written out: each action, then the store, the actors and what ran downstream after it.
+pub fn describe(steps: &[(State, Option<Action>)]) -> String {
     let mut out = String::new();
-    let steps = path.clone().into_vec();
     for (i, pair) in steps.windows(2).enumerate() {
         if let (Some(action), (after, _)) = (&pair[0].1, &pair[1]) {
             let _ = writeln!(out, "{:>3}. {action:?}", i + 1);

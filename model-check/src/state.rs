@@ -5,6 +5,8 @@ use std::hash::{Hash, Hasher};
 
 use idem_core::{Record, RecordState, Timestamp, Token};
 
+use crate::store::NOW;
+
 /// One state of the whole system.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct State {
@@ -96,8 +98,9 @@ pub struct ReconHold {
 
 /// A stored record and its checkpoints (each kept as the token of the claim that wrote it).
 ///
-/// Equality and hashing leave out `created_at` and `updated_at`: no rule reads them, so two
-/// states that differ only there behave the same.
+/// Equality and hashing keep only what a rule can read, so that states which behave the same are
+/// one state: never `created_at` and `updated_at`; the lease only of a live `processing` record;
+/// of an expired record only its token's `seq` (a claim replacing it continues from there).
 #[derive(Debug, Clone)]
 pub struct Stored {
     /// The record, as `idem_core::machine` wrote it.
@@ -109,20 +112,24 @@ pub struct Stored {
 impl Stored {
     fn cmp_key(&self) -> impl PartialEq + Hash + '_ {
         let r = &self.record;
-        let outcome = r
-            .outcome
-            .as_ref()
-            .map(|o| (o.status(), o.body(), o.class()));
-        (
-            r.fingerprint.as_str(),
-            r.state,
-            r.token,
-            r.attempt,
-            r.lease_until,
-            r.expires_at,
-            outcome,
-            &self.checkpoints,
-        )
+        let live = !r.is_expired(NOW);
+        let lease = (live && r.state == RecordState::Processing).then_some(r.lease_until);
+        let detail = live.then(|| {
+            let outcome = r
+                .outcome
+                .as_ref()
+                .map(|o| (o.status(), o.body(), o.class()));
+            (
+                r.fingerprint.as_str(),
+                r.state,
+                r.token.id,
+                r.attempt,
+                r.expires_at,
+                outcome,
+                &self.checkpoints,
+            )
+        });
+        (r.token.seq, lease, detail)
     }
 }
 

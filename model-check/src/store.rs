@@ -12,7 +12,7 @@ use idem_core::{
 
 use crate::config::{Config, Fencing, Replication};
 use crate::spec_rules;
-use crate::state::{State, Stored};
+use crate::state::{Phase, State, Stored};
 
 /// "Now", always: the clock is relative. A tick moves every stored instant one tick into the
 /// past instead of moving now forward (see [`Rules::tick`]).
@@ -254,14 +254,21 @@ impl Rules {
                 back(t);
             }
         }
+        // Where only "has it passed?" is ever asked, a passed instant is the floor.
+        let passed = |t: &mut Timestamp| {
+            back(t);
+            if *t <= NOW {
+                *t = floor;
+            }
+        };
         for e in s.ghost.acknowledged_expiry.iter_mut().flatten() {
-            back(e);
+            passed(e);
         }
         for c in &mut s.callers {
             match &mut c.phase {
-                crate::state::Phase::Waiting { until, .. } => back(until),
-                crate::state::Phase::Holding(h) => back(&mut h.lease_until),
-                crate::state::Phase::Idle => {}
+                Phase::Waiting { until, .. } => passed(until),
+                Phase::Holding(h) => passed(&mut h.lease_until),
+                Phase::Idle => {}
             }
         }
     }
