@@ -116,7 +116,9 @@ fn claim(rules: &Rules, s: &mut State, i: u8, may_wait: bool) {
     let phase = match answer {
         ClaimAnswer::Claimed { token, .. } => {
             s.callers[ci].claims += 1;
-            let stored = s.primary[usize::from(key)].as_ref().expect("the claim's record");
+            let stored = s.primary[usize::from(key)]
+                .as_ref()
+                .expect("the claim's record");
             Phase::Holding(Hold {
                 token,
                 generation,

@@ -127,9 +127,7 @@ impl Model for ProtocolModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always(properties::AT_MOST_ONCE, |_, s| {
-                properties::at_most_once(s)
-            }),
+            Property::always(properties::AT_MOST_ONCE, |_, s| properties::at_most_once(s)),
             Property::always(properties::FENCING, |_, s| properties::fencing(s)),
             Property::always(properties::NO_FOREIGN_REPLAY, |_, s| {
                 properties::no_foreign_replay(s)

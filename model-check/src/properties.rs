@@ -10,7 +10,8 @@ use crate::store::{NOW, Rules};
 pub const AT_MOST_ONCE: &str = "at most one effect per operation (SPEC §2, §3.1)";
 /// SPEC §3.3 and §3.10: a live completed record's outcome, and every checkpoint, was written by
 /// the holder of the token the record had then.
-pub const FENCING: &str = "fencing: outcome and checkpoints come from the token's holder (SPEC §3.3, §3.10)";
+pub const FENCING: &str =
+    "fencing: outcome and checkpoints come from the token's holder (SPEC §3.3, §3.10)";
 /// SPEC §2 (`FingerprintMismatch` row) and §4: a key reused for another request never replays
 /// the first request's outcome.
 pub const NO_FOREIGN_REPLAY: &str = "no silent replay of another request (SPEC §2, §4)";

@@ -59,7 +59,10 @@ fn truths(rules: &Rules, s: &State, held: ReconHold) -> (bool, bool) {
         (happened(step), !happened(step))
     } else {
         let steps = 0..rules.cfg.effects;
-        (steps.clone().all(happened), !steps.into_iter().any(happened))
+        (
+            steps.clone().all(happened),
+            !steps.into_iter().any(happened),
+        )
     }
 }
 

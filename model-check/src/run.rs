@@ -64,7 +64,9 @@ pub fn check(cfg: Config, stop_at: Option<&'static str>) -> Report {
         match (p.expectation.discovery_is_failure(), found) {
             (true, Some(path)) => {
                 let mut steps = path.into_vec();
-                let first = steps.iter().position(|(s, _)| !(p.condition)(&model_for_check, s));
+                let first = steps
+                    .iter()
+                    .position(|(s, _)| !(p.condition)(&model_for_check, s));
                 steps.truncate(first.map_or(steps.len(), |i| i + 1));
                 if let Some(last) = steps.last_mut() {
                     last.1 = None;
@@ -145,7 +147,11 @@ pub fn summary(s: &State) -> String {
                 rel(h.lease_until)
             ),
         };
-        let _ = writeln!(out, "       caller {i}: {phase}, calls left {}", c.calls_left);
+        let _ = writeln!(
+            out,
+            "       caller {i}: {phase}, calls left {}",
+            c.calls_left
+        );
     }
     if let Some(h) = s.recon.holding {
         let _ = writeln!(

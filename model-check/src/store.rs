@@ -146,13 +146,26 @@ impl Rules {
                 s.ghost.generation[k] += 1;
             }
             s.ghost.open[k] = true;
-            self.write(s, key, Some(Stored { record, checkpoints }));
+            self.write(
+                s,
+                key,
+                Some(Stored {
+                    record,
+                    checkpoints,
+                }),
+            );
         }
         (t.answer, s.ghost.generation[k])
     }
 
     /// `complete` with `outcome` by the holder of `token`.
-    pub fn complete(&self, s: &mut State, key: u8, token: Token, outcome: &Outcome) -> CompleteAnswer {
+    pub fn complete(
+        &self,
+        s: &mut State,
+        key: u8,
+        token: Token,
+        outcome: &Outcome,
+    ) -> CompleteAnswer {
         let k = usize::from(key);
         let fenced = self.fence(s, key, token);
         let t = machine::complete(Self::found(s, key), fenced, outcome, NOW, &self.policy)
@@ -171,7 +184,14 @@ impl Rules {
                 }
             }
             s.ghost.open[k] = false;
-            self.write(s, key, Some(Stored { record, checkpoints }));
+            self.write(
+                s,
+                key,
+                Some(Stored {
+                    record,
+                    checkpoints,
+                }),
+            );
         }
         t.answer
     }
@@ -186,7 +206,14 @@ impl Rules {
             let checkpoints = s.primary[k].as_ref().map(|o| o.checkpoints.clone());
             s.ghost.open[k] = false;
             let checkpoints = checkpoints.unwrap_or_default();
-            self.write(s, key, Some(Stored { record, checkpoints }));
+            self.write(
+                s,
+                key,
+                Some(Stored {
+                    record,
+                    checkpoints,
+                }),
+            );
         }
         t.answer
     }
@@ -201,7 +228,14 @@ impl Rules {
             Self::note_writer(s, key, token);
             let checkpoints = s.primary[k].as_ref().map(|o| o.checkpoints.clone());
             let checkpoints = checkpoints.unwrap_or_default();
-            self.write(s, key, Some(Stored { record, checkpoints }));
+            self.write(
+                s,
+                key,
+                Some(Stored {
+                    record,
+                    checkpoints,
+                }),
+            );
         }
         t.answer
     }
