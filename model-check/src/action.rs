@@ -32,8 +32,10 @@ pub enum Action {
     Release(u8),
     /// Holder `i` crashes; it may call again (a restart) if it has calls left.
     Crash(u8),
-    /// The reconciler takes over the stale claim of a key.
-    ReconcileTake(u8),
+    /// The reconciler lists a key's stale claim and reads it back: still stale.
+    ReconcileCheck(u8),
+    /// The reconciler claims the record it checked, under the takeover policy.
+    ReconcileTake,
     /// The reconciler's probe answers, and it acts: complete, release, checkpoint, or leave.
     ReconcileSettle(Finding),
     /// The clock moves one tick.

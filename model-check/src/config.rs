@@ -47,8 +47,12 @@ pub struct Config {
     pub effects: u8,
     /// What a claim of a `processing` record whose lease elapsed does.
     pub stale: StalePolicy,
-    /// How many reconciliation passes may take a stale record over (0: no reconciler).
+    /// How many times the reconciler may take a stale record over (0: no reconciler).
     pub reconcile_passes: u8,
+    /// Whether the reconciler reads a stale record back and claims it in two store calls, with
+    /// anything in between (as `idem_core::Reconciler` does), or in one step. The two-call
+    /// model has about 3.5 times the states, and one more finding (`docs/model-check.md`).
+    pub reconcile_reads_first: bool,
     /// Whether the probe may answer "unknown" although the downstream system knows (a probe that
     /// is down). Off, it answers "unknown" only when the operation is half done.
     pub probe_unknown: bool,
@@ -95,6 +99,7 @@ impl Config {
             effects: 1,
             stale: StalePolicy::Reconcile,
             reconcile_passes: 2,
+            reconcile_reads_first: false,
             probe_unknown: true,
             crashes: 1,
             failovers: 0,

@@ -13,7 +13,7 @@ usage: idem-model-check [options]
 
 Searches every reachable state of the idem protocol within the bounds given and prints the
 figures and any counterexample. Defaults: two callers on one key making 2 and 1 calls, one
-effect, one crash, reconciliation with a probe (2 passes), no failover, lease 2, ttl 5.
+effect, one crash, reconciliation with a probe (2 takeovers), no failover, lease 2, ttl 5.
 
   --calls A,B[,C]    calls of each caller (a third caller reuses key 0 with another request)
   --second-key       the last caller names key 1 instead
@@ -22,7 +22,8 @@ effect, one crash, reconciliation with a probe (2 passes), no failover, lease 2,
   --waiting          repeats wait for the operation in flight
   --retryable        an attempt may fail retryably before its first effect
   --crashes N        crashes of holders, in all
-  --passes N         reconciliation passes
+  --passes N         takeovers the reconciler may make
+  --reads-first      the reconciler reads a stale record back, then claims it (two steps)
   --takeover         stale claims are taken over (no reconciler)
   --failovers N      failovers of the store
   --asynchronous     the store acknowledges before its replica has the write
@@ -66,6 +67,7 @@ fn parse(args: &[String]) -> Result<(Config, bool), String> {
             "--retryable" => cfg.retryable = true,
             "--crashes" => cfg.crashes = number(it.next())?,
             "--passes" => cfg.reconcile_passes = number(it.next())?,
+            "--reads-first" => cfg.reconcile_reads_first = true,
             "--takeover" => cfg = cfg.takeover(),
             "--failovers" => cfg.failovers = number(it.next())?,
             "--asynchronous" => cfg.replication = Replication::Asynchronous,

@@ -55,6 +55,7 @@ impl Model for ProtocolModel {
             recon: Recon {
                 passes_left: cfg.reconcile_passes,
                 claims: 0,
+                checked: None,
                 holding: None,
             },
             primary: vec![None; keys],
@@ -69,6 +70,7 @@ impl Model for ProtocolModel {
                 open: vec![false; keys],
                 unfenced_write: false,
                 replayed: false,
+                recreated: false,
                 foreign_replay: false,
                 replay_differs: false,
             },
@@ -109,7 +111,7 @@ impl Model for ProtocolModel {
             | Action::FailRetryable(i)
             | Action::Release(i)
             | Action::Crash(i) => caller::step(rules, &mut s, i, action),
-            Action::ReconcileTake(_) | Action::ReconcileSettle(_) => {
+            Action::ReconcileCheck(_) | Action::ReconcileTake | Action::ReconcileSettle(_) => {
                 reconciler::step(rules, &mut s, action)
             }
             Action::Tick => rules.tick(&mut s),
@@ -134,6 +136,9 @@ impl Model for ProtocolModel {
             }),
             Property::always(properties::FIRST_OUTCOME, |_, s| {
                 properties::first_outcome(s)
+            }),
+            Property::always(properties::EXPIRED_STAYS_GONE, |_, s| {
+                properties::expired_stays_gone(s)
             }),
             Property::sometimes(properties::COMPLETES, |_, s| properties::completes(s)),
             Property::sometimes(properties::REPLAYS, |_, s| properties::replays(s)),

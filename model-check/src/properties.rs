@@ -17,6 +17,11 @@ pub const FENCING: &str =
 pub const NO_FOREIGN_REPLAY: &str = "no silent replay of another request (SPEC §2, §4)";
 /// SPEC §2 and §3.5: every replay carries the outcome of the operation's first completion.
 pub const FIRST_OUTCOME: &str = "a replay carries the first completion's outcome (SPEC §2, §3.5)";
+/// SPEC §2 and §3.6: an expired record is treated exactly as if it did not exist, and stays so:
+/// reconciliation (which settles stale claims) never writes a record that had expired or was
+/// purged back into existence.
+pub const EXPIRED_STAYS_GONE: &str =
+    "reconciliation never recreates an expired record (SPEC §2, §3.6)";
 /// Sanity: an operation can complete (the model is not vacuous).
 pub const COMPLETES: &str = "an operation completes";
 /// Sanity: a repeat can be replayed.
@@ -52,6 +57,11 @@ pub fn no_foreign_replay(s: &State) -> bool {
 /// [`FIRST_OUTCOME`].
 pub fn first_outcome(s: &State) -> bool {
     !s.ghost.replay_differs
+}
+
+/// [`EXPIRED_STAYS_GONE`].
+pub fn expired_stays_gone(s: &State) -> bool {
+    !s.ghost.recreated
 }
 
 /// [`COMPLETES`].

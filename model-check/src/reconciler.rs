@@ -16,12 +16,16 @@ use crate::store::{NOW, Rules};
 
 /// The steps the reconciler can take in `s`.
 pub fn actions(rules: &Rules, s: &State, out: &mut Vec<Action>) {
+    if s.recon.checked.is_some() {
+        out.push(Action::ReconcileTake);
+        return;
+    }
     match s.recon.holding {
         None if s.recon.passes_left > 0 => {
             for key in 0..s.primary.len() {
                 let key = u8::try_from(key).expect("few keys");
                 if Rules::found(s, key).is_some_and(|r| r.is_stale_processing(NOW)) {
-                    out.push(Action::ReconcileTake(key));
+                    out.push(Action::ReconcileCheck(key));
                 }
             }
         }
@@ -69,35 +73,14 @@ fn truths(rules: &Rules, s: &State, held: ReconHold) -> (bool, bool) {
 /// Takes step `action` of the reconciler.
 pub fn step(rules: &Rules, s: &mut State, action: Action) {
     match action {
-        Action::ReconcileTake(key) => {
-            s.recon.passes_left -= 1;
+        Action::ReconcileCheck(key) => {
             let record = Rules::found(s, key).expect("a stale record");
-            let request = rules.request_of(&record.fingerprint);
-            let reconciler = u128::try_from(s.callers.len()).expect("few callers") + 1;
-            let token_id = reconciler << 8 | u128::from(s.recon.claims);
-            let (answer, generation) = rules.claim(s, key, request, token_id, true);
-            match answer {
-                ClaimAnswer::Claimed {
-                    token,
-                    kind: ClaimKind::TakenOver,
-                    ..
-                } => {
-                    s.recon.claims += 1;
-                    s.recon.holding = Some(ReconHold {
-                        key,
-                        request,
-                        token,
-                        generation,
-                    });
-                }
-                // Changed since it was listed: given straight back, unprobed.
-                ClaimAnswer::Claimed { token, .. } => {
-                    s.recon.claims += 1;
-                    rules.release(s, key, token);
-                }
-                _ => {}
+            s.recon.checked = Some((key, rules.request_of(&record.fingerprint)));
+            if !rules.cfg.reconcile_reads_first {
+                take(rules, s);
             }
         }
+        Action::ReconcileTake => take(rules, s),
         Action::ReconcileSettle(finding) => {
             let held = s.recon.holding.take().expect("a record taken over");
             match finding {
@@ -119,5 +102,39 @@ pub fn step(rules: &Rules, s: &mut State, action: Action) {
             }
         }
         _ => unreachable!("not a reconciler's step: {action:?}"),
+    }
+}
+
+/// The takeover claim of the record the reconciler checked: won from a stale holder, it holds
+/// it (one pass spent); won any other way (the record changed since it was read), it gives it
+/// straight back, unprobed, as `idem_core::Reconciler` does.
+fn take(rules: &Rules, s: &mut State) {
+    let (key, request) = s.recon.checked.take().expect("a checked record");
+    let reconciler = u128::try_from(s.callers.len()).expect("few callers") + 1;
+    let token_id = reconciler << 8 | u128::from(s.recon.claims);
+    let (answer, generation) = rules.claim(s, key, request, token_id, true);
+    match answer {
+        ClaimAnswer::Claimed {
+            token,
+            kind: ClaimKind::TakenOver,
+            ..
+        } => {
+            s.recon.passes_left -= 1;
+            s.recon.claims += 1;
+            s.recon.holding = Some(ReconHold {
+                key,
+                request,
+                token,
+                generation,
+            });
+        }
+        ClaimAnswer::Claimed { token, kind, .. } => {
+            if matches!(kind, ClaimKind::New | ClaimKind::ExpiredReplaced) {
+                s.ghost.recreated = true;
+            }
+            s.recon.claims += 1;
+            rules.release(s, key, token);
+        }
+        _ => {}
     }
 }

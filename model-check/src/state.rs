@@ -79,6 +79,9 @@ pub struct Recon {
     pub passes_left: u8,
     /// Claims it has won.
     pub claims: u8,
+    /// The stale record it read back and is about to take over: key and request (the real
+    /// reconciler's `get`, then `claim`: two store calls, anything may happen between them).
+    pub checked: Option<(u8, u8)>,
     /// The record it holds, if any.
     pub holding: Option<ReconHold>,
 }
@@ -166,6 +169,8 @@ pub struct Ghost {
     pub unfenced_write: bool,
     /// A caller was replayed an outcome.
     pub replayed: bool,
+    /// The reconciler's takeover claim found no live record and created one.
+    pub recreated: bool,
     /// A caller was replayed an outcome of another request.
     pub foreign_replay: bool,
     /// A caller was replayed an outcome that is not the operation's first completion.

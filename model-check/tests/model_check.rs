@@ -4,7 +4,7 @@
 
 use idem_core::StalePolicy;
 use idem_model_check::liveness::{Liveness, always_can_settle};
-use idem_model_check::properties::{AT_MOST_ONCE, COMPLETES, FENCING, REPLAYS};
+use idem_model_check::properties::{AT_MOST_ONCE, COMPLETES, EXPIRED_STAYS_GONE, FENCING, REPLAYS};
 use idem_model_check::run::{Report, check};
 use idem_model_check::{CallerSpec, Config, Fencing, Replication};
 
@@ -32,7 +32,9 @@ fn holds(name: &str, cfg: Config) -> Report {
     });
     let r = check(cfg, None);
     figures(name, &r);
-    if let Some(property) = r.violations.keys().next() {
+    // The open finding (`model_check_finding_…`), reported, not a documented window.
+    let open = |p: &&&str| **p != EXPIRED_STAYS_GONE;
+    if let Some(property) = r.violations.keys().find(open) {
         panic!(
             "{name}: {property} fails:\n{}",
             r.trace(property).expect("a trace")
@@ -174,6 +176,35 @@ fn model_check_two_keys_share_a_store_and_a_reconciler() {
     cfg.callers[1].key = 1;
     cfg.failovers = 1;
     holds("two keys, one store, one reconciler", cfg);
+}
+
+/// Finding (docs/model-check.md): the reconciler reads a stale record back, the record expires
+/// before its takeover claim, and the claim (`ExpiredReplaced`, or `New` after a purge) writes
+/// the dead operation's record again; given back with `release`, it stays `failed_retryable`
+/// for a whole ttl, refusing another request on the key as a mismatch. Not a double effect,
+/// and not a window the contract documents: this test fails once the reconciler is fixed, and
+/// `holds` should then check the property too.
+#[test]
+fn model_check_finding_the_reconciler_recreates_an_expired_record() {
+    let mut cfg = base();
+    cfg.reconcile_reads_first = true;
+    let trace = finds(
+        "reconciler reads, then claims",
+        cfg.clone(),
+        EXPIRED_STAYS_GONE,
+    );
+    assert!(
+        trace.contains("ReconcileCheck") && trace.contains("ReconcileTake"),
+        "{trace}"
+    );
+    // Every other property holds in every state of that model.
+    holds("reconciler reads, then claims", cfg.clone());
+    // With records that never expire, or the read and the claim as one step: gone.
+    cfg.ttl = None;
+    let r = holds("reconciler reads, then claims; records never expire", cfg);
+    assert!(!r.violations.contains_key(EXPIRED_STAYS_GONE));
+    let r = holds("reconciler claims in one step", base());
+    assert!(!r.violations.contains_key(EXPIRED_STAYS_GONE));
 }
 
 #[test]
