@@ -38,7 +38,7 @@ pub enum Fencing {
 /// A model: the actors, the settings under test and the bounds of the search.
 ///
 /// Time is relative (see [`crate::model`]): there is no bound on the clock; the bounds are the
-/// calls, crashes, failovers and reconciliation passes.
+/// calls, crashes, failovers and the reconciler's takeovers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Config {
     /// The callers, each running the executor's steps.
