@@ -282,9 +282,7 @@ async fn run_all(options: &DemoOptions) -> Result<(), Failure> {
         .await
         .map_err(failed)?;
     let refused = run(options, KeySource::Refuse).await.map_err(failed)?;
-    let unprotected = run(options, KeySource::Unprotected)
-        .await
-        .map_err(failed)?;
+    let unprotected = run(options, KeySource::Unprotected).await.map_err(failed)?;
     println!();
     print!(
         "{}",

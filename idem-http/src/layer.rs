@@ -440,7 +440,9 @@ where
     // The model argument is not the request's: out of the fingerprint and of the tool's body.
     let model_value = layer.keyless.take_model_argument(&mut json);
     let body = match model_value {
-        Some(_) => Bytes::from(serde_json::to_vec(&json).map_err(|e| Problem::InvalidBody(e.to_string()))?),
+        Some(_) => {
+            Bytes::from(serde_json::to_vec(&json).map_err(|e| Problem::InvalidBody(e.to_string()))?)
+        }
         None => body,
     };
     let fingerprint = match &layer.fingerprint {
@@ -470,7 +472,12 @@ fn policy_for<B: From<Bytes>>(
     if origin == KeyOrigin::Sent {
         return Ok(None);
     }
-    let policy = layer.executor.policy().to_builder().ttl(layer.keyless.window).build();
+    let policy = layer
+        .executor
+        .policy()
+        .to_builder()
+        .ttl(layer.keyless.window)
+        .build();
     match policy {
         Ok(policy) => Ok(Some(policy)),
         Err(e) => {

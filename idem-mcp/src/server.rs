@@ -242,7 +242,11 @@ impl IdempotentTools {
         let mut executor = self.executor.without_spawner();
         if origin != KeyOrigin::Sent {
             // A derived key's record lives for the tool's window.
-            let policy = executor.policy().to_builder().ttl(settings.key_window).build();
+            let policy = executor
+                .policy()
+                .to_builder()
+                .ttl(settings.key_window)
+                .build();
             match policy {
                 Ok(policy) => executor = executor.with_policy(policy),
                 Err(e) => {

@@ -12,7 +12,9 @@ use idem_mcp::{IN_FLIGHT, KEY_SOURCE_META_KEY, META_KEY, is_replay};
 use idem_store_sqlite::rusqlite;
 use rmcp::RoleClient;
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, ErrorCode, RequestMetaObject};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientConfig, ErrorCode, RequestMetaObject,
+};
 use rmcp::service::{RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess};
@@ -87,17 +89,16 @@ impl Server {
                     .append(true)
                     .open(&self.log)
                     .unwrap();
-                let (transport, _) = TokioChildProcess::builder(Command::new(SERVER).configure(
-                    |cmd| {
+                let (transport, _) =
+                    TokioChildProcess::builder(Command::new(SERVER).configure(|cmd| {
                         cmd.arg("--db")
                             .arg(&db)
                             .args(["--key-source", source, "--principal", tenant])
                             .env("RUST_LOG", "warn,idem_core=info");
-                    },
-                ))
-                .stderr(log)
-                .spawn()
-                .unwrap();
+                    }))
+                    .stderr(log)
+                    .spawn()
+                    .unwrap();
                 ClientConfig::default().serve(transport).await.unwrap()
             }
             Some((_, url)) => {
@@ -165,19 +166,37 @@ fn mcp_error(e: ServiceError) -> rmcp::model::ErrorData {
 async fn arguments_repeats_replay_and_other_arguments_run(transport: Transport) {
     let server = Server::start(transport, "arguments").await;
     let client = server.connect("tenant-a").await;
-    let first = client.call_tool(call(ticket("Printer on fire"))).await.unwrap();
-    let again = client.call_tool(call(ticket("Printer on fire"))).await.unwrap();
-    assert!(!is_replay(&first) && is_replay(&again), "the repeat is marked");
+    let first = client
+        .call_tool(call(ticket("Printer on fire")))
+        .await
+        .unwrap();
+    let again = client
+        .call_tool(call(ticket("Printer on fire")))
+        .await
+        .unwrap();
+    assert!(
+        !is_replay(&first) && is_replay(&again),
+        "the repeat is marked"
+    );
     assert_eq!(ticket_id(&first), ticket_id(&again));
-    assert_eq!((key_source(&first), key_source(&again)), (Some("arguments"), Some("arguments")));
+    assert_eq!(
+        (key_source(&first), key_source(&again)),
+        (Some("arguments"), Some("arguments"))
+    );
     assert_eq!(server.tickets(), 1);
     // A restarted agent (a new connection) repeating the call within the window: the replay.
     let other = server.connect("tenant-a").await;
-    let third = other.call_tool(call(ticket("Printer on fire"))).await.unwrap();
+    let third = other
+        .call_tool(call(ticket("Printer on fire")))
+        .await
+        .unwrap();
     assert!(is_replay(&third));
     assert_eq!(server.tickets(), 1);
     // Other arguments: another operation.
-    let new = client.call_tool(call(ticket("Printer out of toner"))).await.unwrap();
+    let new = client
+        .call_tool(call(ticket("Printer out of toner")))
+        .await
+        .unwrap();
     assert!(!is_replay(&new));
     assert_ne!(ticket_id(&new), ticket_id(&first));
     assert_eq!(server.tickets(), 2);
@@ -213,7 +232,11 @@ async fn arguments_six_concurrent_identical_calls_one_ticket(transport: Transpor
     }
     assert_eq!(ids.len() + in_flight, 6);
     ids.dedup();
-    assert_eq!(ids.len(), 1, "every answered call names the one ticket: {ids:?}");
+    assert_eq!(
+        ids.len(),
+        1,
+        "every answered call names the one ticket: {ids:?}"
+    );
     assert_eq!(server.tickets(), 1);
     // Each of them repeated now gets the replay of the one ticket.
     for _ in 0..6 {
@@ -226,7 +249,10 @@ async fn arguments_six_concurrent_identical_calls_one_ticket(transport: Transpor
 
 async fn arguments_a_sent_key_wins_and_tenants_are_apart(transport: Transport) {
     let server = Server::start(transport, "arguments").await;
-    let (a, b) = (server.connect("tenant-a").await, server.connect("tenant-b").await);
+    let (a, b) = (
+        server.connect("tenant-a").await,
+        server.connect("tenant-b").await,
+    );
     let derived = a.call_tool(call(ticket("Same words"))).await.unwrap();
     // Another tenant with identical arguments: its own operation.
     let other_tenant = b.call_tool(call(ticket("Same words"))).await.unwrap();
@@ -236,7 +262,9 @@ async fn arguments_a_sent_key_wins_and_tenants_are_apart(transport: Transport) {
     // A key sent with the same arguments is used, not the derived one: a new operation.
     let mut keyed = call(ticket("Same words"));
     let mut meta = RequestMetaObject::new();
-    meta.0.0.insert(META_KEY.into(), json!("wf-1:step-1:create_ticket"));
+    meta.0
+        .0
+        .insert(META_KEY.into(), json!("wf-1:step-1:create_ticket"));
     keyed.meta = Some(meta);
     let sent = a.call_tool(keyed.clone()).await.unwrap();
     assert!(!is_replay(&sent));
@@ -251,7 +279,10 @@ async fn arguments_tool_listing_is_honest(transport: Transport) {
     let client = server.connect("tenant-a").await;
     let tools = client.list_all_tools().await.unwrap();
     let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
-    assert_eq!(tool.annotations.as_ref().unwrap().idempotent_hint, Some(true));
+    assert_eq!(
+        tool.annotations.as_ref().unwrap().idempotent_hint,
+        Some(true)
+    );
     let description = tool.description.as_deref().unwrap();
     assert!(
         description.contains("keyed by its arguments /title, /account_id")
@@ -259,8 +290,17 @@ async fn arguments_tool_listing_is_honest(transport: Transport) {
         "{description}"
     );
     let meta = &tool.meta.as_ref().unwrap().0["io.idem/idempotency"];
-    assert_eq!((meta["keySource"].as_str(), meta["keyWindowMs"].as_u64()), (Some("arguments"), Some(3_600_000)));
-    assert!(!tool.input_schema["required"].as_array().unwrap().iter().any(|r| r == "idempotency_key"));
+    assert_eq!(
+        (meta["keySource"].as_str(), meta["keyWindowMs"].as_u64()),
+        (Some("arguments"), Some(3_600_000))
+    );
+    assert!(
+        !tool.input_schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "idempotency_key")
+    );
 }
 
 async fn model_argument_reused_once_left_out_refused(transport: Transport) {
@@ -269,7 +309,13 @@ async fn model_argument_reused_once_left_out_refused(transport: Transport) {
     let tools = client.list_all_tools().await.unwrap();
     let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
     let schema = &tool.input_schema;
-    assert!(schema["required"].as_array().unwrap().iter().any(|r| r == "idempotency_key"));
+    assert!(
+        schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "idempotency_key")
+    );
     assert_eq!(schema["properties"]["idempotency_key"]["type"], "string");
     assert!(
         schema["properties"]["idempotency_key"]["description"]
@@ -277,23 +323,40 @@ async fn model_argument_reused_once_left_out_refused(transport: Transport) {
             .unwrap()
             .contains("send the same id when you retry the same action")
     );
-    assert_eq!(tool.annotations.as_ref().unwrap().idempotent_hint, Some(true));
+    assert_eq!(
+        tool.annotations.as_ref().unwrap().idempotent_hint,
+        Some(true)
+    );
 
     let with = |id: &str, title: &str| {
         call(json!({"title": title, "account_id": "A-7", "idempotency_key": id}))
     };
-    let first = client.call_tool(with("printer-1", "Printer on fire")).await.unwrap();
-    let again = client.call_tool(with("printer-1", "Printer on fire")).await.unwrap();
+    let first = client
+        .call_tool(with("printer-1", "Printer on fire"))
+        .await
+        .unwrap();
+    let again = client
+        .call_tool(with("printer-1", "Printer on fire"))
+        .await
+        .unwrap();
     assert!(!is_replay(&first) && is_replay(&again));
     assert_eq!(ticket_id(&first), ticket_id(&again));
     assert_eq!(key_source(&again), Some("model_argument"));
     assert_eq!(server.tickets(), 1);
     // A new id for a new action, even with the same words.
-    let new = client.call_tool(with("printer-2", "Printer on fire")).await.unwrap();
+    let new = client
+        .call_tool(with("printer-2", "Printer on fire"))
+        .await
+        .unwrap();
     assert_ne!(ticket_id(&new), ticket_id(&first));
     assert_eq!(server.tickets(), 2);
     // Left out: refused, nothing runs.
-    let err = mcp_error(client.call_tool(call(ticket("Printer on fire"))).await.unwrap_err());
+    let err = mcp_error(
+        client
+            .call_tool(call(ticket("Printer on fire")))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
     assert!(err.message.contains("idempotency_key"), "{}", err.message);
     assert_eq!(server.tickets(), 2);
@@ -310,12 +373,19 @@ async fn client_refuses_and_unprotected_repeats(transport: Transport) {
     let client = open.connect("tenant-a").await;
     let tools = client.list_all_tools().await.unwrap();
     let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
-    assert_eq!(tool.annotations.as_ref().unwrap().idempotent_hint, Some(false));
+    assert_eq!(
+        tool.annotations.as_ref().unwrap().idempotent_hint,
+        Some(false)
+    );
     for _ in 0..2 {
         let result = client.call_tool(call(ticket("x"))).await.unwrap();
         assert!(!is_replay(&result) && key_source(&result).is_none());
     }
-    assert_eq!(open.tickets(), 2, "without protection the repeat is a second ticket");
+    assert_eq!(
+        open.tickets(),
+        2,
+        "without protection the repeat is a second ticket"
+    );
 }
 
 /// `--key-source request` over stdio, with JSON-RPC written by hand: a resend of the very same
@@ -341,9 +411,11 @@ async fn request_resend_replays_and_a_new_request_runs() {
             .await
             .unwrap();
     };
-    send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    send(
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "by-hand", "version": "0"}}}))
+        "clientInfo": {"name": "by-hand", "version": "0"}}}),
+    )
     .await;
     let _ = lines.next_line().await.unwrap();
     send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
@@ -362,7 +434,10 @@ async fn request_resend_replays_and_a_new_request_runs() {
     assert_eq!(replayed(&answers[0]), Some(false), "{answers:?}");
     assert_eq!(replayed(&answers[1]), Some(true), "the resend replays");
     assert_eq!(id_of(&answers[0]), id_of(&answers[1]));
-    assert_eq!(answers[1]["result"]["_meta"][KEY_SOURCE_META_KEY], "request");
+    assert_eq!(
+        answers[1]["result"]["_meta"][KEY_SOURCE_META_KEY],
+        "request"
+    );
     assert_eq!(replayed(&answers[2]), Some(false), "a new request runs");
     assert_eq!(server.tickets(), 2);
 }

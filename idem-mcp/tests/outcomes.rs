@@ -9,8 +9,7 @@ use std::time::Duration;
 use idem_conformance::kit::{Fault, FaultStore, Op};
 use idem_core::{KeySource, KeyStore, ListFilter, MemoryStore, Policy, Timestamp};
 use idem_mcp::{
-    IdempotentTools, META_KEY, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED,
-    is_replay,
+    IdempotentTools, META_KEY, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED, is_replay,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{

@@ -104,9 +104,9 @@ fn without_key(settings: &ToolSettings) -> String {
          a deliberate repeat must differ"
     );
     match &settings.key_source {
-        KeySource::Arguments(pointers) if pointers.is_empty() => format!(
-            "a call without a key is keyed by its arguments: {within} in its arguments"
-        ),
+        KeySource::Arguments(pointers) if pointers.is_empty() => {
+            format!("a call without a key is keyed by its arguments: {within} in its arguments")
+        }
         KeySource::Arguments(pointers) => format!(
             "a call without a key is keyed by its arguments {}: {within} in one of them",
             pointers.join(", ")
