@@ -140,10 +140,10 @@ fn with_key_argument(schema: &JsonObject, name: &str) -> JsonObject {
         );
     }
     let required = schema.entry("required").or_insert_with(|| json!([]));
-    if let Some(required) = required.as_array_mut() {
-        if !required.iter().any(|r| r == name) {
-            required.push(json!(name));
-        }
+    if let Some(required) = required.as_array_mut()
+        && !required.iter().any(|r| r == name)
+    {
+        required.push(json!(name));
     }
     schema
 }
