@@ -42,6 +42,7 @@ broken_suite! {
     expiry_ignored => ExpiryIgnored,
     case_insensitive_address => CaseInsensitiveAddress,
     concatenated_address => ConcatenatedAddress,
+    spaces_dropped_address => SpacesDroppedAddress,
     purge_miscount => PurgeMiscount,
     extend_sets_the_lease => ExtendSetsTheLease,
 }

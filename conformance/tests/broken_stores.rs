@@ -57,6 +57,11 @@ fn case_insensitive_addressing_fails_the_case_case() {
 }
 
 #[test]
+fn addressing_without_spaces_fails_the_derived_keys_case() {
+    check(Defect::SpacesDroppedAddress);
+}
+
+#[test]
 fn concatenated_addressing_fails_the_separator_case() {
     check(Defect::ConcatenatedAddress);
 }

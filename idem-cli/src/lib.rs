@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod demo_stock;
 pub mod exit;
 pub mod ops;
 pub mod serve;

@@ -60,12 +60,21 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             tool_latency_ms,
             tokens,
             metrics,
-        } => serve(store_or_default(), addr, tool_latency_ms, tokens, metrics).await,
+            key_source,
+        } => {
+            let options = ServeOptions {
+                tool_latency: Duration::from_millis(tool_latency_ms),
+                key_source,
+                ..ServeOptions::default()
+            };
+            serve(store_or_default(), addr, options, tokens, metrics).await
+        }
         Command::Demo {
             operations,
             concurrency,
             tool_latency_ms,
             without_idem,
+            callers,
         } => {
             let options = |store| DemoOptions {
                 store,
@@ -74,7 +83,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 tool_latency: Duration::from_millis(tool_latency_ms),
                 progress: true,
             };
-            demo::run_cli(store, options, without_idem).await
+            match callers.as_str() {
+                "stock" => idem_cli::demo_stock::run_cli(store, options).await,
+                _ => demo::run_cli(store, options, without_idem).await,
+            }
         }
         Command::Migrate { json } => {
             let store = store_or_default();
@@ -279,7 +291,7 @@ async fn conformance(store: StoreUrl, as_json: bool) -> Result<(), Failure> {
 async fn serve(
     store: StoreUrl,
     addr: SocketAddr,
-    latency_ms: u64,
+    options: ServeOptions,
     tokens: Option<PathBuf>,
     metrics: Option<SocketAddr>,
 ) -> Result<(), Failure> {
@@ -323,11 +335,7 @@ async fn serve(
                 Ok(e) => Failure::from(*e),
                 Err(e) => Failure::store(format!("cannot set up the store {store}: {e}")),
             })?;
-    let options = ServeOptions {
-        tool_latency: Duration::from_millis(latency_ms),
-        tokens,
-        ..ServeOptions::default()
-    };
+    let options = ServeOptions { tokens, ..options };
     let app = router(backend, options);
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -44,6 +44,7 @@ pub fn record_json(r: &Record) -> Value {
     json!({
         "scope": r.scope.as_str(),
         "key": r.key.as_str(),
+        "key_source": r.key_origin().as_str(),
         "state": r.state.as_str(),
         "fingerprint": r.fingerprint.as_str(),
         "attempt": r.attempt,
@@ -104,6 +105,7 @@ pub async fn show(
     for field in [
         "scope",
         "key",
+        "key_source",
         "state",
         "attempt",
         "token",
@@ -162,16 +164,17 @@ pub async fn ls(
         return Ok(pretty(&Value::Array(all)));
     }
     let mut out = format!(
-        "{:<17} {:>7} {:<24} {:<24} {}\n",
-        "STATE", "ATTEMPT", "UPDATED", "LEASE UNTIL", "SCOPE  KEY"
+        "{:<17} {:>7} {:<24} {:<24} {:<14} {}\n",
+        "STATE", "ATTEMPT", "UPDATED", "LEASE UNTIL", "KEY SOURCE", "SCOPE  KEY"
     );
     for r in &records {
         out.push_str(&format!(
-            "{:<17} {:>7} {:<24} {:<24} {}  {}\n",
+            "{:<17} {:>7} {:<24} {:<24} {:<14} {}  {}\n",
             r.state.as_str(),
             r.attempt,
             rfc3339(r.updated_at),
             rfc3339(r.lease_until),
+            r.key_origin().as_str(),
             r.scope,
             r.key
         ));

@@ -34,6 +34,7 @@ async fn start(backend: &str, latency: Duration) -> Option<Server> {
         clock: Arc::new(clock.clone()),
         demo_faults: false,
         tokens: None,
+        key_source: idem_core::KeySource::Refuse,
     };
     let app = router(backend.clone(), options);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -15,8 +15,9 @@ use ::metrics::Unit;
 
 use crate::store::StoreError;
 
-/// Counter of claim answers; label `result`: `claimed`, `replayed`, `in_flight`, `mismatch`,
-/// `taken_over`.
+/// Counter of claim answers; labels `result`: `claimed`, `replayed`, `in_flight`, `mismatch`,
+/// `taken_over`; and `key_source`, where the key came from ([`KeyOrigin`](crate::KeyOrigin)):
+/// `sent`, `arguments`, `model_argument`, `request`.
 pub const CLAIMS: &str = "idem_claims_total";
 /// Counter of completions; label `result`: `completed`, `retryable`, `fenced`.
 pub const COMPLETIONS: &str = "idem_completions_total";

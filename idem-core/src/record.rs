@@ -83,6 +83,12 @@ pub struct Record {
 }
 
 impl Record {
+    /// Where the record's key came from: sent by the caller or derived by the tool
+    /// ([contract §5.1](crate::contract#keyless)), as [`IdempotencyKey::origin`] reads it.
+    pub fn key_origin(&self) -> crate::KeyOrigin {
+        self.key.origin()
+    }
+
     /// Whether the record has expired at `now` (`now >= expires_at`): an expired record is absent.
     pub fn is_expired(&self, now: Timestamp) -> bool {
         now >= self.expires_at
@@ -180,7 +186,7 @@ impl RawRecord {
     /// never guessed.
     pub fn into_record(self) -> Result<Record, StoreError> {
         let scope = Scope::new(self.scope).map_err(|e| corrupt("scope", e))?;
-        let key = IdempotencyKey::new(self.key).map_err(|e| corrupt("key", e))?;
+        let key = IdempotencyKey::from_stored(self.key).map_err(|e| corrupt("key", e))?;
         let fingerprint =
             Fingerprint::parse(&self.fingerprint).map_err(|e| corrupt("fingerprint", e))?;
         let state = RecordState::parse(&self.state)

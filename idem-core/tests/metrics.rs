@@ -105,9 +105,54 @@ async fn the_executor_times_claim_extend_and_complete() {
     assert_eq!(m.op("claim"), 2);
     assert_eq!(m.op("extend"), 1);
     assert_eq!(m.op("complete"), 1);
-    assert_eq!(m.count(names::CLAIMS, &[("result", "claimed")]), 1);
-    assert_eq!(m.count(names::CLAIMS, &[("result", "replayed")]), 1);
+    let claims = |result| m.count(names::CLAIMS, &[("result", result), ("key_source", "sent")]);
+    assert_eq!(claims("claimed"), 1);
+    assert_eq!(claims("replayed"), 1);
     assert_eq!(m.count(names::COMPLETIONS, &[("result", "completed")]), 1);
+}
+
+/// Each claim answer is counted with where its key came from ([contract §5.1](idem_core::contract#keyless)):
+/// a sent key and each derived one, and the effect ran once per key.
+#[tokio::test]
+async fn claims_carry_the_key_source() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let executor = Executor::new(MemoryStore::new()).with_policy(policy());
+    let scope = Scope::new("tenant/tool").unwrap();
+    let args = json!({"title": "Printer on fire"});
+    let fp = Fingerprint::of("tool", &args).unwrap();
+    let keys = [
+        IdempotencyKey::new("wf-1:step-1").unwrap(),
+        IdempotencyKey::from_arguments(&args).unwrap(),
+        IdempotencyKey::from_model_argument("ticket-for-printer").unwrap(),
+        IdempotencyKey::from_request("session-1", "7"),
+    ];
+    let mut runs = 0;
+    for key in &keys {
+        for _ in 0..2 {
+            executor
+                .run(&scope, key, &fp, |_| {
+                    runs += 1;
+                    async { Outcome::definitive(200, &json!({"ok": true})).unwrap() }
+                })
+                .await
+                .unwrap();
+        }
+        let other = Fingerprint::of("tool", &json!({"title": "other"})).unwrap();
+        let mismatch = executor.run(&scope, key, &other, |_| async {
+            unreachable!("a mismatch never runs")
+        });
+        assert!(mismatch.await.is_err());
+    }
+    assert_eq!(runs, keys.len(), "each key ran once, its repeat replayed");
+    let m = snapshot(&snapshotter);
+    for source in ["sent", "arguments", "model_argument", "request"] {
+        for result in ["claimed", "replayed", "mismatch"] {
+            let labels = [("result", result), ("key_source", source)];
+            assert_eq!(m.count(names::CLAIMS, &labels), 1, "{labels:?}");
+        }
+    }
 }
 
 /// Decides by key: `happened-*`, `not-*`, anything else unknown.

@@ -4,6 +4,7 @@ mod answer;
 #[cfg(feature = "client")]
 pub mod client;
 mod key;
+mod keyless;
 mod layer;
 mod problem;
 mod query;
@@ -11,6 +12,7 @@ mod replay;
 
 pub use idem_core::Attempt;
 pub use key::{IDEMPOTENCY_KEY, key_header, read_key};
+pub use keyless::IDEMPOTENCY_KEY_SOURCE;
 pub use layer::{
     DEFAULT_BODY_LIMIT, IDEMPOTENCY_REPLAYED, IdempotencyLayer, Idempotent, default_classify,
 };

@@ -62,6 +62,7 @@ macro_rules! __case_list {
             scope::scope_trailing_spaces_are_significant,
             scope::scope_separator_position_is_significant,
             scope::scope_long_values_differing_in_the_last_byte,
+            scope::scope_derived_keys_are_stored_as_they_are,
             outcome::outcome_replays_byte_for_byte,
             outcome::outcome_unicode_and_escapes_survive,
             outcome::outcome_up_to_the_limit_is_stored,

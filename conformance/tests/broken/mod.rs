@@ -46,6 +46,9 @@ pub enum Defect {
     CaseInsensitiveAddress,
     /// Records addressed by `scope + ":" + key`, so a separator can move between the two.
     ConcatenatedAddress,
+    /// Records addressed by the key without its spaces (a key column or name that drops or
+    /// collapses white space), so a derived key meets the sent key it spells.
+    SpacesDroppedAddress,
     /// `purge_expired` deletes the rows but reports one fewer than it deleted.
     PurgeMiscount,
     /// `extend` sets the lease to `now + lease` whatever it was, zero included (it may shorten it).
@@ -61,6 +64,7 @@ pub const ALL: &[Defect] = &[
     Defect::ExpiryIgnored,
     Defect::CaseInsensitiveAddress,
     Defect::ConcatenatedAddress,
+    Defect::SpacesDroppedAddress,
     Defect::PurgeMiscount,
     Defect::ExtendSetsTheLease,
 ];
@@ -103,6 +107,9 @@ impl Broken {
                 format!("{}:{}", scope.as_str(), key.as_str()),
                 String::new(),
             ),
+            Defect::SpacesDroppedAddress => {
+                (scope.as_str().to_owned(), key.as_str().replace(' ', ""))
+            }
             _ => (scope.as_str().to_owned(), key.as_str().to_owned()),
         }
     }
@@ -369,6 +376,7 @@ pub fn caught_by(defect: Defect) -> &'static [&'static str] {
         ],
         Defect::CaseInsensitiveAddress => &["scope_case_is_significant"],
         Defect::ConcatenatedAddress => &["scope_separator_position_is_significant"],
+        Defect::SpacesDroppedAddress => &["scope_derived_keys_are_stored_as_they_are"],
         Defect::PurgeMiscount => &["expiry_purge_returns_exactly_what_it_deleted"],
         Defect::ExtendSetsTheLease => &[
             "fencing_extend_never_shortens",

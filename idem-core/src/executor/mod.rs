@@ -295,6 +295,7 @@ impl Executor {
         Fut: Future<Output = O>,
     {
         let (answer, guard) = self.claim(scope, key, fingerprint).await?;
+        let origin = key.origin().as_str();
         let (token, number, kind) = match answer {
             ClaimAnswer::Claimed {
                 token,
@@ -307,7 +308,7 @@ impl Executor {
                     Ok(outcome) => outcome,
                     Err(e) => {
                         tracing::error!(error = %e, "stored outcome could not be decoded; nothing ran, nothing replayed");
-                        count_claim("replayed");
+                        count_claim("replayed", origin);
                         return Err(Error::Decode(e));
                     }
                 };
@@ -315,9 +316,10 @@ impl Executor {
                     INFO,
                     "replayed",
                     status = outcome.status(),
+                    key_source = origin,
                     "replaying stored outcome"
                 );
-                count_claim("replayed");
+                count_claim("replayed", origin);
                 return Ok(Ran::Replayed(outcome));
             }
             ClaimAnswer::InFlight { retry_after, stale } => {
@@ -328,12 +330,12 @@ impl Executor {
                     stale,
                     "operation in flight"
                 );
-                count_claim("in_flight");
+                count_claim("in_flight", origin);
                 return Err(Error::InFlight { retry_after, stale });
             }
             ClaimAnswer::FingerprintMismatch => {
                 transition!(WARN, "mismatch", "key reused with a different request");
-                count_claim("mismatch");
+                count_claim("mismatch", origin);
                 return Err(Error::FingerprintMismatch);
             }
         };
@@ -348,15 +350,22 @@ impl Executor {
                     attempt = number,
                     "stale claim taken over"
                 );
-                count_claim("taken_over");
+                count_claim("taken_over", origin);
             }
             ClaimKind::ExpiredReplaced => {
                 transition!(INFO, "expired_replaced", "expired record replaced");
-                count_claim("claimed");
+                count_claim("claimed", origin);
             }
             ClaimKind::New | ClaimKind::Retry => {
-                transition!(INFO, "claimed", attempt = number, ?kind, "claimed");
-                count_claim("claimed");
+                transition!(
+                    INFO,
+                    "claimed",
+                    attempt = number,
+                    ?kind,
+                    key_source = origin,
+                    "claimed"
+                );
+                count_claim("claimed", origin);
             }
         }
 
