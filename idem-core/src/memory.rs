@@ -7,10 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::machine::{
-    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
 };
 use crate::{
-    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
     Timestamp, Token,
 };
 
@@ -180,5 +180,23 @@ impl KeyStore for MemoryStore {
 
     fn backend(&self) -> &'static str {
         "memory"
+    }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        self.apply(scope, key, |found| {
+            Ok(machine::checkpoint(found, token, checkpoint, policy)?)
+        })
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        true
     }
 }
