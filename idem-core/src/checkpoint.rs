@@ -19,9 +19,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec::CodecError;
+use crate::codec::{CodecContext, CodecError, OutcomeCodec, decode_outcome, encode_outcome};
 use crate::machine::CheckpointTooLarge;
-use crate::{StoreError, Timestamp};
+use crate::{Outcome, OutcomeClass, StoreError, Timestamp};
 
 /// One saved step: a name, a JSON value (as the exact text stored: encoded by the executor's
 /// codec where there is one) and when it was saved.
@@ -87,12 +87,50 @@ impl Checkpoint {
     }
 
     /// The same step with another value (JSON text, already checked by the caller).
-    pub(crate) fn with_value(&self, value: String) -> Self {
+    fn with_value(&self, value: String) -> Self {
         Self {
             value,
             ..self.clone()
         }
     }
+}
+
+/// The status of the outcome a checkpoint value travels in through a codec: no response has
+/// it, so an encrypted checkpoint value does not open as an outcome (the codec binds the status).
+const CODEC_STATUS: u16 = 0;
+
+/// The checkpoint to store for `checkpoint`: its value encoded by `codec` as an outcome body
+/// would be. Without a codec, `checkpoint` itself.
+pub(crate) fn encode_checkpoint(
+    codec: Option<&dyn OutcomeCodec>,
+    cx: &CodecContext<'_>,
+    checkpoint: &Checkpoint,
+) -> Result<Checkpoint, CodecError> {
+    let Some(codec) = codec else {
+        return Ok(checkpoint.clone());
+    };
+    let carrier = carrier(checkpoint)?;
+    let encoded = encode_outcome(Some(codec), cx, &carrier)?;
+    Ok(checkpoint.with_value(encoded.body().to_owned()))
+}
+
+/// The checkpoint as the operation saved it, for the stored `checkpoint`: its value decoded by
+/// `codec`. Without a codec, `checkpoint` itself.
+pub(crate) fn decode_checkpoint(
+    codec: Option<&dyn OutcomeCodec>,
+    cx: &CodecContext<'_>,
+    checkpoint: &Checkpoint,
+) -> Result<Checkpoint, CodecError> {
+    let Some(codec) = codec else {
+        return Ok(checkpoint.clone());
+    };
+    let decoded = decode_outcome(Some(codec), cx, carrier(checkpoint)?)?;
+    Ok(checkpoint.with_value(decoded.body().to_owned()))
+}
+
+fn carrier(checkpoint: &Checkpoint) -> Result<Outcome, CodecError> {
+    Outcome::from_json_text(CODEC_STATUS, checkpoint.value(), OutcomeClass::Definitive)
+        .map_err(CodecError::InvalidJson)
 }
 
 impl fmt::Debug for Checkpoint {
@@ -227,7 +265,9 @@ mod tests {
         // Appending an item as the SQL stores do gives the same column.
         let appended = format!(
             "{},{}]",
-            &checkpoints_to_column(&list[..1]).unwrap().trim_end_matches(']'),
+            &checkpoints_to_column(&list[..1])
+                .unwrap()
+                .trim_end_matches(']'),
             checkpoint_item(&list[1])
         );
         assert_eq!(appended, column);
@@ -249,6 +289,9 @@ mod tests {
     #[test]
     fn debug_hides_the_value() {
         let shown = format!("{:?}", cp("charged", "\"4242-secret\"", 1));
-        assert!(shown.contains("charged") && !shown.contains("secret"), "{shown}");
+        assert!(
+            shown.contains("charged") && !shown.contains("secret"),
+            "{shown}"
+        );
     }
 }

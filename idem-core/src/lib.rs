@@ -41,7 +41,9 @@ pub use error::Error;
 pub use executor::{Attempt, BackgroundTask, Execution, Executor};
 pub use fingerprint::{Fingerprint, FingerprintError, canonical_json};
 pub use key::{IdempotencyKey, KeyError, Scope, ScopeError};
-pub use machine::{CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+pub use machine::{
+    CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
 pub use memory::MemoryStore;
 pub use outcome::{OUTCOME_NOT_KEPT, Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};

@@ -7,11 +7,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::machine::{
-    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    Transition,
 };
 use crate::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
-    Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope,
+    StoreError, Timestamp, Token,
 };
 
 type Map = HashMap<(Scope, IdempotencyKey), Record>;

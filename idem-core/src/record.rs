@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{checkpoints_from_column, checkpoints_to_column};
 use crate::{
-    Checkpoint, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope, StoreError, Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope, StoreError, Timestamp,
+    Token,
 };
 
 /// The state of a record ([contract §2](crate::contract#states)).

@@ -99,7 +99,8 @@ use crate::machine::{
     OutcomeTooLarge, ReleaseAnswer, ZeroLease,
 };
 use crate::{
-    Checkpoint, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope,
+    Timestamp, Token,
 };
 
 /// A boxed error kept as the source of a [`StoreError`].

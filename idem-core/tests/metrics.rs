@@ -110,6 +110,46 @@ async fn the_executor_times_claim_extend_and_complete() {
     assert_eq!(m.count(names::COMPLETIONS, &[("result", "completed")]), 1);
 }
 
+#[tokio::test]
+async fn checkpoints_are_counted_saved_and_fenced() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemoryStore::new();
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let executor = Executor::new(store.clone())
+        .with_clock(clock.clone())
+        .with_policy(
+            policy()
+                .to_builder()
+                .stale(idem_core::StalePolicy::Takeover)
+                .build()
+                .unwrap(),
+        );
+    let scope = Scope::new("tenant/tool").unwrap();
+    let key = IdempotencyKey::new("k-cp").unwrap();
+    let fp = Fingerprint::of("tool", &json!({})).unwrap();
+    let claim = store
+        .claim(&scope, &key, &fp, executor.policy(), clock.now())
+        .await
+        .unwrap();
+    let stale = executor.attempt_for(&scope, &key, &claim).unwrap();
+    stale.checkpoint("charged", &1).await.unwrap();
+    clock.advance(Duration::from_secs(31));
+    executor
+        .run(&scope, &key, &fp, |attempt| async move {
+            assert_eq!(attempt.checkpoints().len(), 1);
+            Outcome::definitive(200, &json!({})).unwrap()
+        })
+        .await
+        .unwrap();
+    assert!(stale.checkpoint("emailed", &2).await.is_err());
+    let m = snapshot(&snapshotter);
+    assert_eq!(m.count(names::CHECKPOINTS, &[("result", "saved")]), 1);
+    assert_eq!(m.count(names::CHECKPOINTS, &[("result", "fenced")]), 1);
+    assert_eq!(m.op("checkpoint"), 2);
+}
+
 /// Decides by key: `happened-*`, `not-*`, anything else unknown.
 struct ByKey;
 
@@ -239,6 +279,7 @@ fn describe_gives_every_metric_a_description_and_a_unit() {
         (names::UNPROTECTED, "counter", Unit::Count),
         (names::REFUSALS, "counter", Unit::Count),
         (names::RECONCILE_DECISIONS, "counter", Unit::Count),
+        (names::CHECKPOINTS, "counter", Unit::Count),
     ];
     want.sort_by(|a, b| a.0.cmp(b.0));
     assert_eq!(got.len(), want.len(), "{got:?}");
