@@ -99,6 +99,12 @@ impl Record {
         now >= self.lease_until
     }
 
+    /// The last step the operation saved ([contract §6.1](crate::contract#checkpoints)): the
+    /// step a resumed attempt or a reconciliation probe continues after.
+    pub fn last_checkpoint(&self) -> Option<&Checkpoint> {
+        self.checkpoints.last()
+    }
+
     /// Whether `list_in_flight(at, …)` lists it: `processing`, lease elapsed and not expired at
     /// `at`.
     pub fn is_stale_processing(&self, at: Timestamp) -> bool {

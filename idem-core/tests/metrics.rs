@@ -201,7 +201,11 @@ async fn the_reconciler_counts_each_decision_and_times_its_store_operations() {
     assert_eq!(decision(&m, "skipped"), 0);
     assert_eq!(decision(&m, "failed"), 0);
     assert_eq!(m.op("list_in_flight"), 1);
-    assert_eq!(m.op("get"), 4);
+    assert_eq!(
+        m.op("get"),
+        8,
+        "one read before each takeover, one after it (the checkpoints the probe sees)"
+    );
     assert_eq!(m.op("claim"), 4, "one takeover each");
     assert_eq!(m.op("complete"), 1);
     assert_eq!(m.op("release"), 2);
