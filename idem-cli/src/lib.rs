@@ -5,4 +5,5 @@ pub mod demo;
 pub mod exit;
 pub mod ops;
 pub mod serve;
+mod steps;
 pub mod tokens;
