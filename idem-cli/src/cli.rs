@@ -89,6 +89,10 @@ pub(crate) enum Command {
         /// Also run the same traffic against the same tool without idem, side by side.
         #[arg(long)]
         without_idem: bool,
+        /// Instead: a checkout with two effects (payment, email) whose holder crashes between
+        /// them, retried by a takeover; without checkpoints and with them, side by side.
+        #[arg(long)]
+        crash_between_effects: bool,
     },
     /// Create or upgrade the store's schema (the only command besides `serve` that changes
     /// it; needs a role allowed to). On Redis: load the scripts and check the settings.

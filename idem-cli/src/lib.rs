@@ -1,6 +1,7 @@
 //! The `idem` binary's library: the reference tool server and store URLs, usable from tests.
 
 pub mod bench;
+pub mod crash_between;
 pub mod demo;
 pub mod exit;
 pub mod ops;

@@ -58,9 +58,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         } => serve(store_or_default(), addr, tool_latency_ms, tokens, metrics).await,
         Command::Demo {
             operations,
+            crash_between_effects: true,
+            ..
+        } => idem_cli::crash_between::run_cli(store, operations).await,
+        Command::Demo {
+            operations,
             concurrency,
             tool_latency_ms,
             without_idem,
+            crash_between_effects: false,
         } => {
             let options = |store| DemoOptions {
                 store,
