@@ -45,6 +45,7 @@ broken_suite! {
     spaces_dropped_address => SpacesDroppedAddress,
     purge_miscount => PurgeMiscount,
     extend_sets_the_lease => ExtendSetsTheLease,
+    checkpoint_unfenced => CheckpointUnfenced,
 }
 
 /// Runs the generated test `module::case` in a child process; whether it passed, and its output.

@@ -76,6 +76,11 @@ fn an_extend_that_sets_the_lease_fails_the_extend_cases() {
     check(Defect::ExtendSetsTheLease);
 }
 
+#[test]
+fn an_unfenced_checkpoint_fails_the_checkpoint_fencing_cases() {
+    check(Defect::CheckpointUnfenced);
+}
+
 /// `run_all` reports the same failures as `run_matching`, for every defect, and the whole suite
 /// never passes a broken store.
 #[test]

@@ -99,6 +99,10 @@ pub(crate) enum Command {
         /// side with the key refused and with the tool unprotected).
         #[arg(long, default_value = "orchestrated", value_parser = ["orchestrated", "stock"])]
         callers: String,
+        /// Instead: a checkout with two effects (payment, email) whose holder crashes between
+        /// them, retried by a takeover; without checkpoints and with them, side by side.
+        #[arg(long)]
+        crash_between_effects: bool,
     },
     /// Create or upgrade the store's schema (the only command besides `serve` that changes
     /// it; needs a role allowed to). On Redis: load the scripts and check the settings.

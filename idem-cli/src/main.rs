@@ -71,10 +71,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Demo {
             operations,
+            crash_between_effects: true,
+            ..
+        } => idem_cli::crash_between::run_cli(store, operations).await,
+        Command::Demo {
+            operations,
             concurrency,
             tool_latency_ms,
             without_idem,
             callers,
+            crash_between_effects: false,
         } => {
             let options = |store| DemoOptions {
                 store,

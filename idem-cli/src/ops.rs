@@ -41,6 +41,12 @@ pub async fn migrate(url: &StoreUrl) -> Result<Vec<String>, Failure> {
 /// [`idem_core::codec::sealed_info`]) is shown as `"encrypted": {"algorithm", "key_id"}`, never as
 /// ciphertext.
 pub fn record_json(r: &Record) -> Value {
+    let mut v = record_fields(r);
+    v["checkpoints"] = crate::steps::checkpoints_json(r, rfc3339);
+    v
+}
+
+fn record_fields(r: &Record) -> Value {
     json!({
         "scope": r.scope.as_str(),
         "key": r.key.as_str(),
@@ -121,6 +127,7 @@ pub async fn show(
         };
         out.push_str(&format!("{field:<12} {value}\n"));
     }
+    let steps = crate::steps::checkpoints_text(&record, rfc3339);
     match record.outcome {
         Some(o) => {
             out.push_str(&format!(
@@ -139,6 +146,7 @@ pub async fn show(
         }
         None => out.push_str(&format!("{:<12} none\n", "outcome")),
     }
+    out.push_str(&steps);
     Ok(out)
 }
 

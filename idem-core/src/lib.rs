@@ -9,6 +9,7 @@ macro_rules! transition {
     };
 }
 
+pub mod checkpoint;
 pub mod clock;
 pub mod codec;
 pub mod contract;
@@ -32,6 +33,7 @@ pub mod token;
 pub mod typed;
 
 pub use async_trait::async_trait;
+pub use checkpoint::{Checkpoint, CheckpointError};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{CodecError, OutcomeCodec};
 pub use contract::ToolContract;
@@ -41,7 +43,9 @@ pub use executor::{Attempt, BackgroundTask, Execution, Executor};
 pub use fingerprint::{Fingerprint, FingerprintError, canonical_json};
 pub use key::{IdempotencyKey, KeyError, KeyOrigin, Scope, ScopeError};
 pub use key_source::KeySource;
-pub use machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+pub use machine::{
+    CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
 pub use memory::MemoryStore;
 pub use outcome::{OUTCOME_NOT_KEPT, Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};

@@ -7,11 +7,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::machine::{
-    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    Transition,
 };
 use crate::{
-    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
-    Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope,
+    StoreError, Timestamp, Token,
 };
 
 type Map = HashMap<(Scope, IdempotencyKey), Record>;
@@ -180,5 +181,23 @@ impl KeyStore for MemoryStore {
 
     fn backend(&self) -> &'static str {
         "memory"
+    }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        self.apply(scope, key, |found| {
+            Ok(machine::checkpoint(found, token, checkpoint, policy)?)
+        })
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        true
     }
 }

@@ -26,8 +26,8 @@ pub const COMPLETIONS: &str = "idem_completions_total";
 pub const STORE_ERRORS: &str = "idem_store_errors_total";
 /// Histogram of store operation durations in seconds; labels `backend`
 /// ([`KeyStore::backend`](crate::KeyStore::backend)) and `op`: `claim`, `complete`, `release`,
-/// `extend`, `get`, `list_in_flight`, `list`, `purge_expired` (the [`KeyStore`](crate::KeyStore)
-/// methods).
+/// `extend`, `get`, `list_in_flight`, `list`, `purge_expired`, `checkpoint` (the
+/// [`KeyStore`](crate::KeyStore) methods).
 pub const STORE_OP_SECONDS: &str = "idem_store_op_seconds";
 /// Counter of requests passed through unprotected (no key where the key is optional); label
 /// `transport`: `http`, `mcp`.
@@ -40,6 +40,10 @@ pub const REFUSALS: &str = "idem_refusals_total";
 /// Counter of the reconciler's decisions, one per examined record; label `decision`:
 /// `completed`, `released`, `unknown`, `skipped`, `failed`.
 pub const RECONCILE_DECISIONS: &str = "idem_reconcile_decisions_total";
+
+/// Counter of checkpoints operations saved ([contract §6.1](crate::contract#checkpoints)); label
+/// `result`: `saved`, `fenced`.
+pub const CHECKPOINTS: &str = "idem_checkpoints_total";
 
 /// Describes every idem metric (help text and unit) to the installed recorder. Call it after
 /// installing the recorder; calling it again is harmless.
@@ -79,6 +83,11 @@ pub fn describe() {
         Unit::Count,
         "Decisions of the reconciler on stale records, by decision"
     );
+    ::metrics::describe_counter!(
+        CHECKPOINTS,
+        Unit::Count,
+        "Checkpoints operations saved, by result"
+    );
 }
 
 /// Runs one store operation, recording its duration in [`STORE_OP_SECONDS`] and counting a
@@ -112,4 +121,8 @@ pub fn count_unprotected(transport: &'static str) {
 
 pub(crate) fn count_reconcile(decision: &'static str) {
     ::metrics::counter!(RECONCILE_DECISIONS, "decision" => decision).increment(1);
+}
+
+pub(crate) fn count_checkpoint(result: &'static str) {
+    ::metrics::counter!(CHECKPOINTS, "result" => result).increment(1);
 }

@@ -155,6 +155,46 @@ async fn claims_carry_the_key_source() {
     }
 }
 
+#[tokio::test]
+async fn checkpoints_are_counted_saved_and_fenced() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemoryStore::new();
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let executor = Executor::new(store.clone())
+        .with_clock(clock.clone())
+        .with_policy(
+            policy()
+                .to_builder()
+                .stale(idem_core::StalePolicy::Takeover)
+                .build()
+                .unwrap(),
+        );
+    let scope = Scope::new("tenant/tool").unwrap();
+    let key = IdempotencyKey::new("k-cp").unwrap();
+    let fp = Fingerprint::of("tool", &json!({})).unwrap();
+    let claim = store
+        .claim(&scope, &key, &fp, executor.policy(), clock.now())
+        .await
+        .unwrap();
+    let stale = executor.attempt_for(&scope, &key, &claim).unwrap();
+    stale.checkpoint("charged", &1).await.unwrap();
+    clock.advance(Duration::from_secs(31));
+    executor
+        .run(&scope, &key, &fp, |attempt| async move {
+            assert_eq!(attempt.checkpoints().len(), 1);
+            Outcome::definitive(200, &json!({})).unwrap()
+        })
+        .await
+        .unwrap();
+    assert!(stale.checkpoint("emailed", &2).await.is_err());
+    let m = snapshot(&snapshotter);
+    assert_eq!(m.count(names::CHECKPOINTS, &[("result", "saved")]), 1);
+    assert_eq!(m.count(names::CHECKPOINTS, &[("result", "fenced")]), 1);
+    assert_eq!(m.op("checkpoint"), 2);
+}
+
 /// Decides by key: `happened-*`, `not-*`, anything else unknown.
 struct ByKey;
 
@@ -206,7 +246,11 @@ async fn the_reconciler_counts_each_decision_and_times_its_store_operations() {
     assert_eq!(decision(&m, "skipped"), 0);
     assert_eq!(decision(&m, "failed"), 0);
     assert_eq!(m.op("list_in_flight"), 1);
-    assert_eq!(m.op("get"), 4);
+    assert_eq!(
+        m.op("get"),
+        8,
+        "one read before each takeover, one after it (the checkpoints the probe sees)"
+    );
     assert_eq!(m.op("claim"), 4, "one takeover each");
     assert_eq!(m.op("complete"), 1);
     assert_eq!(m.op("release"), 2);
@@ -284,6 +328,7 @@ fn describe_gives_every_metric_a_description_and_a_unit() {
         (names::UNPROTECTED, "counter", Unit::Count),
         (names::REFUSALS, "counter", Unit::Count),
         (names::RECONCILE_DECISIONS, "counter", Unit::Count),
+        (names::CHECKPOINTS, "counter", Unit::Count),
     ];
     want.sort_by(|a, b| a.0.cmp(b.0));
     assert_eq!(got.len(), want.len(), "{got:?}");

@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use idem_core::machine::{
-    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope,
+    StoreError, Timestamp, Token, async_trait,
 };
 use rusqlite::params;
 
@@ -169,5 +169,27 @@ impl KeyStore for SqliteStore {
 
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        let (scope, key, checkpoint) = (scope.clone(), key.clone(), checkpoint.clone());
+        self.run(move |inner, conn| {
+            inner.write_tx(conn, |tx| {
+                row::checkpoint(tx, &inner.sql, &scope, &key, token, &checkpoint)
+            })
+        })
+        .await
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        true
     }
 }

@@ -13,6 +13,7 @@ use idem_core::{
 
 use crate::Case;
 
+pub mod checkpoint;
 pub mod claim;
 pub mod concurrency;
 pub mod executor;
@@ -93,6 +94,13 @@ macro_rules! __case_list {
             executor::executor_retryable_failure_then_one_success,
             executor::executor_fenced_holder_cannot_overwrite,
             executor::executor_slow_holder_past_its_lease_is_recorded,
+            checkpoint::checkpoint_saved_in_order_byte_for_byte,
+            checkpoint::checkpoint_stale_holder_is_fenced_after_takeover,
+            checkpoint::checkpoint_fenced_like_complete,
+            checkpoint::checkpoint_kept_across_release_and_retryable_outcome,
+            checkpoint::checkpoint_gone_after_completion,
+            checkpoint::checkpoint_gone_after_expiry_and_purge,
+            checkpoint::checkpoint_over_the_limit_is_refused_and_nothing_written,
         }
     };
 }

@@ -13,11 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::machine::{
-    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState, Scope,
+    StoreError, Timestamp, Token, async_trait,
 };
 
 /// How a record is addressed in the map: a pair of strings the defect may have mangled.
@@ -53,6 +53,9 @@ pub enum Defect {
     PurgeMiscount,
     /// `extend` sets the lease to `now + lease` whatever it was, zero included (it may shorten it).
     ExtendSetsTheLease,
+    /// `checkpoint` appends to any live record, whatever its token or state (an
+    /// `UPDATE … SET checkpoints = … WHERE scope = ? AND key = ?` without the fencing condition).
+    CheckpointUnfenced,
 }
 
 /// Every defect.
@@ -67,6 +70,7 @@ pub const ALL: &[Defect] = &[
     Defect::SpacesDroppedAddress,
     Defect::PurgeMiscount,
     Defect::ExtendSetsTheLease,
+    Defect::CheckpointUnfenced,
 ];
 
 /// A suite factory for a store with `defect`: every call returns a new handle to the same
@@ -325,6 +329,38 @@ impl KeyStore for Broken {
         }
         Ok(ids.len())
     }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        let now = checkpoint.saved_at();
+        let found = self.found(scope, key);
+        if self.defect == Defect::CheckpointUnfenced {
+            let Some(mut r) = found.filter(|r| !r.is_expired(now)) else {
+                return Ok(CheckpointAnswer::Fenced);
+            };
+            r.checkpoints.push(checkpoint.clone());
+            r.updated_at = now;
+            self.write(scope, key, r);
+            return Ok(CheckpointAnswer::Saved);
+        }
+        let found = self.for_holder(found, token, now);
+        let t = machine::checkpoint(found.as_ref(), token, checkpoint, policy)?;
+        if let Some(w) = t.write {
+            self.write(scope, key, w);
+        }
+        Ok(t.answer)
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        true
+    }
 }
 
 /// A case every defect passes: a failure of the cases in [`caught_by`] is the defect's, not a
@@ -381,6 +417,10 @@ pub fn caught_by(defect: Defect) -> &'static [&'static str] {
         Defect::ExtendSetsTheLease => &[
             "fencing_extend_never_shortens",
             "fencing_extend_refuses_a_zero_lease",
+        ],
+        Defect::CheckpointUnfenced => &[
+            "checkpoint_stale_holder_is_fenced_after_takeover",
+            "checkpoint_fenced_like_complete",
         ],
     }
 }

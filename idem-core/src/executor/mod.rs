@@ -19,6 +19,7 @@ use crate::{
 };
 
 mod attempt;
+mod checkpoints;
 mod steps;
 
 pub use attempt::Attempt;
@@ -230,6 +231,7 @@ impl Executor {
             recorded: Arc::new(AtomicBool::new(false)),
             policy: self.policy,
             codec: self.codec.clone(),
+            resumed: Arc::from(Vec::new()),
         })
     }
 
@@ -369,6 +371,20 @@ impl Executor {
             }
         }
 
+        let resumed = match self.resumed_checkpoints(scope, key, token, kind).await {
+            Ok(resumed) => resumed,
+            Err(e) => {
+                // Nothing ran: give the claim back (an armed guard does it when dropped).
+                if guard.is_none() {
+                    let now = self.clock.now();
+                    if let Err(release) = self.store.release(scope, key, token, now).await {
+                        tracing::warn!(error = %release, "claim could not be released; the lease will run out");
+                    }
+                }
+                tracing::error!(error = %e, "the checkpoints to resume from could not be read; nothing ran, claim released");
+                return Err(e);
+            }
+        };
         let attempt = Attempt {
             store: self.store.clone(),
             clock: self.clock.clone(),
@@ -380,6 +396,7 @@ impl Executor {
             recorded: Arc::new(AtomicBool::new(false)),
             policy: self.policy,
             codec: self.codec.clone(),
+            resumed: resumed.into(),
         };
         let recorded = attempt.recorded.clone();
         // From here on the operation has started: a drop leaves the record `processing`.
