@@ -39,6 +39,12 @@ pub const REFUSALS: &str = "idem_refusals_total";
 /// Counter of the reconciler's decisions, one per examined record; label `decision`:
 /// `completed`, `released`, `unknown`, `skipped`, `failed`.
 pub const RECONCILE_DECISIONS: &str = "idem_reconcile_decisions_total";
+/// Counter of waits for an in-flight answer ([contract §5.2](crate::contract#waiting)); label
+/// `result`: `replayed`, `claimed` (the record became claimable and this request won it),
+/// `timed_out` (the bound passed: `InFlight`).
+pub const WAITS: &str = "idem_waits_total";
+/// Histogram of how long waits for an in-flight answer lasted, in seconds.
+pub const WAIT_SECONDS: &str = "idem_wait_seconds";
 
 /// Describes every idem metric (help text and unit) to the installed recorder. Call it after
 /// installing the recorder; calling it again is harmless.
@@ -78,6 +84,16 @@ pub fn describe() {
         Unit::Count,
         "Decisions of the reconciler on stale records, by decision"
     );
+    ::metrics::describe_counter!(
+        WAITS,
+        Unit::Count,
+        "Waits of repeated requests for an in-flight answer, by result"
+    );
+    ::metrics::describe_histogram!(
+        WAIT_SECONDS,
+        Unit::Seconds,
+        "Duration of waits for an in-flight answer"
+    );
 }
 
 /// Runs one store operation, recording its duration in [`STORE_OP_SECONDS`] and counting a
@@ -111,4 +127,9 @@ pub fn count_unprotected(transport: &'static str) {
 
 pub(crate) fn count_reconcile(decision: &'static str) {
     ::metrics::counter!(RECONCILE_DECISIONS, "decision" => decision).increment(1);
+}
+
+pub(crate) fn count_wait(result: &'static str, waited: std::time::Duration) {
+    ::metrics::counter!(WAITS, "result" => result).increment(1);
+    ::metrics::histogram!(WAIT_SECONDS).record(waited.as_secs_f64());
 }

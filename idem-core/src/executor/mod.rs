@@ -20,6 +20,7 @@ use crate::{
 
 mod attempt;
 mod steps;
+mod wait;
 
 pub use attempt::Attempt;
 pub(crate) use steps::{CompletionError, complete_or_not_kept};
@@ -109,6 +110,7 @@ pub struct Executor {
     clock: Arc<dyn Clock>,
     spawner: Option<Spawner>,
     codec: Option<Arc<dyn OutcomeCodec>>,
+    waiting: wait::Waiting,
 }
 
 impl fmt::Debug for Executor {
@@ -119,6 +121,8 @@ impl fmt::Debug for Executor {
             .field("clock", &self.clock)
             .field("spawner", &self.spawner.is_some())
             .field("codec", &self.codec)
+            .field("wait", &self.waiting.requested)
+            .field("max_wait", &self.max_wait())
             .finish()
     }
 }
@@ -137,6 +141,7 @@ impl Executor {
             clock: Arc::new(SystemClock),
             spawner: None,
             codec: None,
+            waiting: wait::Waiting::new(),
         }
     }
 
@@ -294,7 +299,7 @@ impl Executor {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = O>,
     {
-        let (answer, guard) = self.claim(scope, key, fingerprint).await?;
+        let (answer, guard) = self.claim_or_wait(scope, key, fingerprint).await?;
         let (token, number, kind) = match answer {
             ClaimAnswer::Claimed {
                 token,
