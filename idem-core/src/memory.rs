@@ -11,8 +11,8 @@ use crate::machine::{
 };
 use crate::wait::{LocalNotifier, Timer, changed};
 use crate::{
-    Clock, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
-    Timestamp, Token,
+    Clock, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope,
+    StoreError, Timestamp, Token,
 };
 
 type Map = HashMap<(Scope, IdempotencyKey), Record>;

@@ -109,12 +109,9 @@ pub async fn poll_for_change<S: KeyStore + ?Sized>(
     let mut pause = POLL_FIRST;
     loop {
         timer.sleep(pause).await;
-        let found = crate::metrics::timed(
-            store.backend(),
-            "get",
-            store.get(scope, key, clock.now()),
-        )
-        .await?;
+        let found =
+            crate::metrics::timed(store.backend(), "get", store.get(scope, key, clock.now()))
+                .await?;
         if changed(seen, found.as_ref()) {
             return Ok(());
         }
@@ -158,7 +155,11 @@ impl LocalNotifier {
         let mut inner = self.lock();
         inner.next += 1;
         let n = inner.next;
-        inner.subscribers.entry(id.clone()).or_default().insert(n, tx);
+        inner
+            .subscribers
+            .entry(id.clone())
+            .or_default()
+            .insert(n, tx);
         Subscription {
             notifier: self.clone(),
             id,
@@ -169,7 +170,10 @@ impl LocalNotifier {
 
     /// Wakes every subscription of (scope, key).
     pub fn notify(&self, scope: &Scope, key: &IdempotencyKey) {
-        let woken = self.lock().subscribers.remove(&(scope.clone(), key.clone()));
+        let woken = self
+            .lock()
+            .subscribers
+            .remove(&(scope.clone(), key.clone()));
         for tx in woken.into_iter().flat_map(HashMap::into_values) {
             let _ = tx.send(());
         }
