@@ -44,6 +44,7 @@ broken_suite! {
     concatenated_address => ConcatenatedAddress,
     purge_miscount => PurgeMiscount,
     extend_sets_the_lease => ExtendSetsTheLease,
+    never_wakes => NeverWakes,
 }
 
 /// Runs the generated test `module::case` in a child process; whether it passed, and its output.

@@ -71,6 +71,11 @@ fn an_extend_that_sets_the_lease_fails_the_extend_cases() {
     check(Defect::ExtendSetsTheLease);
 }
 
+#[test]
+fn a_wait_that_never_wakes_fails_the_wake_cases() {
+    check(Defect::NeverWakes);
+}
+
 /// `run_all` reports the same failures as `run_matching`, for every defect, and the whole suite
 /// never passes a broken store.
 #[test]

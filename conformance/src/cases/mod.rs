@@ -20,6 +20,7 @@ pub mod expiry;
 pub mod fencing;
 pub mod outcome;
 pub mod scope;
+pub mod wait;
 
 /// Every case; the one list both [`crate::conformance_tests!`] and [`crate::run_all`] read.
 #[doc(hidden)]
@@ -92,6 +93,10 @@ macro_rules! __case_list {
             executor::executor_retryable_failure_then_one_success,
             executor::executor_fenced_holder_cannot_overwrite,
             executor::executor_slow_holder_past_its_lease_is_recorded,
+            wait::wait_wakes_on_completion,
+            wait::wait_wakes_on_release,
+            wait::wait_wakes_on_takeover,
+            wait::wait_bound_passes_after_a_short_real_wait,
         }
     };
 }

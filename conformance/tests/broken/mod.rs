@@ -16,8 +16,8 @@ use idem_core::machine::{
     self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState, Scope,
+    StoreError, Timer, Timestamp, Token, async_trait,
 };
 
 /// How a record is addressed in the map: a pair of strings the defect may have mangled.
@@ -50,6 +50,8 @@ pub enum Defect {
     PurgeMiscount,
     /// `extend` sets the lease to `now + lease` whatever it was, zero included (it may shorten it).
     ExtendSetsTheLease,
+    /// `wait_for_change` subscribes to a notifier that never fires and does not poll.
+    NeverWakes,
 }
 
 /// Every defect.
@@ -63,6 +65,7 @@ pub const ALL: &[Defect] = &[
     Defect::ConcatenatedAddress,
     Defect::PurgeMiscount,
     Defect::ExtendSetsTheLease,
+    Defect::NeverWakes,
 ];
 
 /// A suite factory for a store with `defect`: every call returns a new handle to the same
@@ -318,6 +321,20 @@ impl KeyStore for Broken {
         }
         Ok(ids.len())
     }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        if self.defect == Defect::NeverWakes {
+            return std::future::pending().await;
+        }
+        idem_core::wait::poll_for_change(self, scope, key, seen, clock, timer).await
+    }
 }
 
 /// A case every defect passes: a failure of the cases in [`caught_by`] is the defect's, not a
@@ -373,6 +390,11 @@ pub fn caught_by(defect: Defect) -> &'static [&'static str] {
         Defect::ExtendSetsTheLease => &[
             "fencing_extend_never_shortens",
             "fencing_extend_refuses_a_zero_lease",
+        ],
+        Defect::NeverWakes => &[
+            "wait_wakes_on_completion",
+            "wait_wakes_on_release",
+            "wait_wakes_on_takeover",
         ],
     }
 }
