@@ -58,6 +58,13 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 /// with another body is 422, a repeat while the first runs is 409 with `Retry-After`, a store
 /// that is down is 503 — each an `application/problem+json` body.
 ///
+/// A request with `Prefer: wait=N` that finds its operation in flight waits for the answer
+/// ([contract §5.2](idem_core::contract#waiting)): at most the least of N, the executor's
+/// [maximum wait](idem_core::Executor::with_max_wait) and the holder's remaining lease. The answer
+/// of a request that waited carries `Preference-Applied: wait=B`, B that bound without the lease
+/// (the replay, the tool's own answer if the record became claimable and it ran, or 409 if the
+/// bound passed).
+///
 /// The claim, the inner service and the completion run in one spawned task per request: a client
 /// that disconnects (its deadline passed) cannot cancel a tool halfway; the outcome is recorded
 /// and its retry gets the replay. The
@@ -244,6 +251,11 @@ where
                 poll_fn(|cx| inner.poll_ready(cx)).await?;
                 return inner.call(Request::from_parts(parts, body)).await;
             }
+            // `Prefer: wait=N`: a repeat that finds its operation in flight waits for the answer.
+            let executor = match crate::prefer::requested_wait(&parts.headers) {
+                Some(wait) if !wait.is_zero() => layer.executor.waiting(wait),
+                _ => layer.executor.clone(),
+            };
             let prepared = match prepare(&layer, &parts, body).await {
                 Ok(prepared) => prepared,
                 Err(problem) => {
@@ -268,8 +280,7 @@ where
                 let mut original: Option<Response<Bytes>> = None;
                 let (failure_slot, original_slot) = (&mut failure, &mut original);
                 let (replay, classify) = (&layer.replay, &*layer.classify);
-                let result = layer
-                    .executor
+                let result = executor
                     .run(&scope, &key, &fingerprint, |attempt| async move {
                         let mut request = request;
                         request.extensions_mut().insert(attempt);
@@ -295,9 +306,10 @@ where
                         }
                     })
                     .await;
-                (result, failure, original)
+                let waited = executor.waited().map(|_| executor.wait_bound());
+                (result, failure, original, waited)
             });
-            let (result, failure, original) = match task.await {
+            let (result, failure, original, waited) = match task.await {
                 Ok(done) => done,
                 Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
                 Err(_) => return Ok(Problem::StoreError.to_response()),
@@ -309,7 +321,7 @@ where
                 Some(response) => response.map(ResB::from),
                 None => respond(&layer.replay, outcome, false),
             };
-            Ok(match result {
+            let mut response = match result {
                 Ok(Execution::Executed { outcome, .. }) => answer(&outcome),
                 Ok(Execution::Replayed { outcome }) => respond(&layer.replay, &outcome, true),
                 // The tool ran and answered, but the answer could not be recorded: the caller still
@@ -318,7 +330,14 @@ where
                     ErrorAnswer::Answer(outcome) => answer(outcome),
                     ErrorAnswer::Refuse(refusal) => refusal.to_response(),
                 },
-            })
+            };
+            if let Some(bound) = waited {
+                response.headers_mut().insert(
+                    crate::prefer::PREFERENCE_APPLIED,
+                    crate::prefer::applied(bound),
+                );
+            }
+            Ok(response)
         })
     }
 }

@@ -5,6 +5,7 @@ mod answer;
 pub mod client;
 mod key;
 mod layer;
+mod prefer;
 mod problem;
 mod query;
 mod replay;
@@ -14,6 +15,7 @@ pub use key::{IDEMPOTENCY_KEY, key_header, read_key};
 pub use layer::{
     DEFAULT_BODY_LIMIT, IDEMPOTENCY_REPLAYED, IdempotencyLayer, Idempotent, default_classify,
 };
+pub use prefer::{PREFER, PREFERENCE_APPLIED};
 pub use problem::{Problem, ProblemResponse};
 pub use query::canonical_query;
 pub use replay::Replay;

@@ -37,6 +37,8 @@ pub(super) struct Waiting {
     pub(super) max: Option<Duration>,
     /// What waits sleep on; `None`: no waiting.
     pub(super) timer: Option<Timer>,
+    /// How long the calls of this [`Executor::waiting`] clone waited, last.
+    waited: Arc<Mutex<Option<Duration>>>,
     /// The live round of each (scope, key) being waited on, shared by every clone of the executor.
     rounds: Arc<Mutex<HashMap<Id, WeakShared<BoxFuture<'static, RoundEnd>>>>>,
 }
@@ -79,7 +81,25 @@ impl Executor {
     pub fn waiting(&self, wait: Duration) -> Self {
         let mut this = self.clone();
         this.waiting.requested = wait;
+        this.waiting.waited = Arc::default();
         this
+    }
+
+    /// How long the last call on this [`waiting`](Executor::waiting) executor waited for an
+    /// in-flight answer; `None` if it did not wait (its claim was not in flight, or it asked for
+    /// no wait). For a transport that says so in its answer (`Preference-Applied: wait=N`).
+    pub fn waited(&self) -> Option<Duration> {
+        *self
+            .waiting
+            .waited
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The bound a [`waiting`](Executor::waiting) call applies before the holder's lease: the
+    /// least of the requested wait and the maximum wait.
+    pub fn wait_bound(&self) -> Duration {
+        self.waiting.requested.min(self.max_wait())
     }
 
     /// The tool's maximum wait: no caller waits longer (default: the policy's lease).
@@ -109,7 +129,7 @@ impl Executor {
         fingerprint: &Fingerprint,
     ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>), Error> {
         let first = self.claim(scope, key, fingerprint).await?;
-        let bound = self.waiting.requested.min(self.max_wait());
+        let bound = self.wait_bound();
         let timer = match (&first.0, &self.waiting.timer) {
             (ClaimAnswer::InFlight { stale: false, .. }, Some(timer))
                 if !bound.is_zero() && timer.usable() =>
@@ -144,6 +164,11 @@ impl Executor {
             }
         };
         let waited = started.elapsed();
+        *self
+            .waiting
+            .waited
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(waited);
         transition!(
             DEBUG,
             "waited",
