@@ -170,7 +170,9 @@ impl IdempotentTools {
     }
 
     fn contract_of(&self, settings: &ToolSettings) -> ToolContract {
-        ToolContract::new(settings.processing_window).with_store_write(self.store_write)
+        ToolContract::new(settings.processing_window)
+            .with_store_write(self.store_write)
+            .with_max_wait(self.executor.max_wait())
     }
 
     /// The minimum client retry deadline of `tool`: processing window + store write ([contract §5](idem_core::contract#http)).
@@ -221,6 +223,7 @@ impl IdempotentTools {
             },
             Err(refusal) => return Err(refused(Refusal::InvalidKey(refusal.to_string()), &name)),
         };
+        let wait = crate::wait::requested_wait(&context.meta.0.0, &params);
         let scope = Scope::from_parts([principal.as_str(), name.as_str()])
             .map_err(|e| refused(Refusal::InvalidScope(e.to_string()), &name))?;
         let fingerprint = fingerprint_of(&name, &mut params)
@@ -229,6 +232,11 @@ impl IdempotentTools {
         // The request's own task runs the claim, the tool and the completion: the executor's
         // spawner would add a task hop to each and protect nothing more.
         let executor = self.executor.without_spawner();
+        // `_meta["io.idem/wait"]`: a repeat that finds its operation in flight waits for it.
+        let executor = match wait {
+            Some(wait) => executor.waiting(wait),
+            None => executor,
+        };
         // Detached: rmcp drops this request's future when the client cancels or goes away; the
         // tool and its completion must not stop halfway. The task hands back, beside the
         // executor's result, the live answer of this call's own run, returned as it is (a replay

@@ -47,6 +47,7 @@ impl IdempotentTools {
         let contract = self.contract_of(settings);
         let window = contract.processing_window().as_millis() as u64;
         let deadline = contract.min_client_deadline().as_millis() as u64;
+        let max_wait = self.executor.max_wait().as_millis() as u64;
         let without = match settings.missing_key {
             MissingKey::Refuse => "a call without a key is refused",
             MissingKey::RunUnprotected => {
@@ -58,8 +59,11 @@ impl IdempotentTools {
              (params.idempotencyKey, or params._meta[\"{meta}\"]) and reuse it on every retry: \
              with a key the call runs once and a repeat returns the first result; {without}. \
              Processing window: {window} ms; minimum client retry deadline: {deadline} ms — an \
-             attempt shorter than that is cut off while the tool is still working.",
+             attempt shorter than that is cut off while the tool is still working. A retry sent \
+             while the first call runs may wait for its result: params._meta[\"{wait}\"] \
+             (seconds), up to {max_wait} ms.",
             meta = key::META_KEY,
+            wait = crate::wait::WAIT_META_KEY,
         );
         tool.description = Some(match tool.description.take() {
             Some(d) if !d.is_empty() => format!("{d}\n\n{note}").into(),
@@ -78,6 +82,7 @@ impl IdempotentTools {
             json!({
                 "processingWindowMs": window,
                 "minClientDeadlineMs": deadline,
+                "maxWaitMs": max_wait,
                 "keyRequired": settings.missing_key == MissingKey::Refuse,
             }),
         );
