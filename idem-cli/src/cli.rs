@@ -89,6 +89,10 @@ pub(crate) enum Command {
         /// Also run the same traffic against the same tool without idem, side by side.
         #[arg(long)]
         without_idem: bool,
+        /// Retries do not ask to wait for an in-flight answer (`Prefer: wait`): they get 409 and
+        /// retry after `Retry-After`.
+        #[arg(long)]
+        no_wait: bool,
     },
     /// Create or upgrade the store's schema (the only command besides `serve` that changes
     /// it; needs a role allowed to). On Redis: load the scripts and check the settings.

@@ -61,6 +61,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             concurrency,
             tool_latency_ms,
             without_idem,
+            no_wait,
         } => {
             let options = |store| DemoOptions {
                 store,
@@ -68,6 +69,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 concurrency,
                 tool_latency: Duration::from_millis(tool_latency_ms),
                 progress: true,
+                wait: !no_wait,
             };
             demo::run_cli(store, options, without_idem).await
         }
