@@ -123,7 +123,7 @@
 //!   record and a retry after a retryable failure run exactly once more; a slow operation that
 //!   outlived its lease, with nobody taking over, is recorded and replays.
 //! - **`wait_`** ([contract §5.2](idem_core::contract#waiting), through [`idem_core::Executor::waiting`]
-//!   and [`KeyStore::wait_for_change`](idem_core::KeyStore::wait_for_change)): a repeat that waits
+//!   and [`KeyStore::wait_for_change`]): a repeat that waits
 //!   on another handle is woken by the completion (it replays), the release (it claims and runs,
 //!   once) and a takeover (it waits on the new holder and replays its outcome), each within 5 s;
 //!   when nothing happens it answers `InFlight` after its bound, having written nothing. A store
