@@ -27,10 +27,11 @@ async fn check(store: StoreUrl) {
     );
     assert_eq!(with.unanswered, 0, "every operation answered: {with:?}");
     assert!(with.replays > 0, "the faults happened: {with:?}");
-    // Retries wait for the in-flight answer: (near) no 409. Only a crashed holder's retry,
-    // whose wait is bounded by the lease, may still see one.
+    // Retries wait for the in-flight answer: (near) no 409. An attempt shorter than one second
+    // cannot ask to wait (`Prefer: wait` is in whole seconds, after a 500 ms margin), so the
+    // hasty client's retries (a quarter of the operations) may still see one.
     assert!(
-        with.conflicts <= options.operations / 8,
+        with.conflicts <= options.operations / 4,
         "waiting retries are not told 409: {with:?}"
     );
     let no_wait = demo::run(
