@@ -130,13 +130,20 @@
 //!   a mismatch, an in-flight repeat and a fenced late holder run or store nothing; an expired
 //!   record and a retry after a retryable failure run exactly once more; a slow operation that
 //!   outlived its lease, with nobody taking over, is recorded and replays.
+//! - **`wait_`** ([contract §5.2](idem_core::contract#waiting), through [`idem_core::Executor::waiting`]
+//!   and [`KeyStore::wait_for_change`]): a repeat that waits
+//!   on another handle is woken by the completion (it replays), the release (it claims and runs,
+//!   once) and a takeover (it waits on the new holder and replays its outcome), each within 5 s;
+//!   when nothing happens it answers `InFlight` after its bound, having written nothing. A store
+//!   that overrides nothing passes by polling; to fix a failure of an override: subscribe before
+//!   reading, notify after every commit that changes the record, from every writer.
 //!
 //! # The suite can fail
 //!
 //! Its own tests (`conformance/tests/broken/`) hold deliberately broken stores, one per class of
 //! defect: a claim that reads, awaits, then writes (for every record, or only for existing ones);
 //! no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
-//! `scope + ":" + key` addressing; a purge that miscounts. Each fails the cases meant to catch it,
+//! `scope + ":" + key` addressing; a purge that miscounts; a wait that never wakes. Each fails the cases meant to catch it,
 //! through [`run_all`], [`run_matching`] and [`conformance_tests!`], and passes a basic case.
 
 use std::any::Any;

@@ -46,6 +46,7 @@ broken_suite! {
     purge_miscount => PurgeMiscount,
     extend_sets_the_lease => ExtendSetsTheLease,
     checkpoint_unfenced => CheckpointUnfenced,
+    never_wakes => NeverWakes,
 }
 
 /// Runs the generated test `module::case` in a child process; whether it passed, and its output.

@@ -81,6 +81,11 @@ fn an_unfenced_checkpoint_fails_the_checkpoint_fencing_cases() {
     check(Defect::CheckpointUnfenced);
 }
 
+#[test]
+fn a_wait_that_never_wakes_fails_the_wake_cases() {
+    check(Defect::NeverWakes);
+}
+
 /// `run_all` reports the same failures as `run_matching`, for every defect, and the whole suite
 /// never passes a broken store.
 #[test]

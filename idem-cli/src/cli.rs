@@ -103,6 +103,10 @@ pub(crate) enum Command {
         /// them, retried by a takeover; without checkpoints and with them, side by side.
         #[arg(long)]
         crash_between_effects: bool,
+        /// Retries do not ask to wait for an in-flight answer (`Prefer: wait`): they get 409 and
+        /// retry after `Retry-After`.
+        #[arg(long)]
+        no_wait: bool,
     },
     /// Create or upgrade the store's schema (the only command besides `serve` that changes
     /// it; needs a role allowed to). On Redis: load the scripts and check the settings.

@@ -81,6 +81,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             without_idem,
             callers,
             crash_between_effects: false,
+            no_wait,
         } => {
             let options = |store| DemoOptions {
                 store,
@@ -88,6 +89,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 concurrency,
                 tool_latency: Duration::from_millis(tool_latency_ms),
                 progress: true,
+                wait: !no_wait,
             };
             match callers.as_str() {
                 "stock" => idem_cli::demo_stock::run_cli(store, options).await,

@@ -94,7 +94,9 @@ impl ServeOptions {
     /// The tool's contract: its published processing window (its latency plus one second of
     /// margin) and the default store write budget.
     pub fn contract(&self) -> ToolContract {
-        ToolContract::new(self.tool_latency + Duration::from_secs(1))
+        let contract = ToolContract::new(self.tool_latency + Duration::from_secs(1));
+        // A repeat may wait as long as a claim's lease (the minimum client retry deadline).
+        contract.with_max_wait(contract.min_client_deadline())
     }
 
     /// The tool's published processing window.
@@ -134,9 +136,11 @@ pub fn tools(options: &ServeOptions) -> ToolListing {
         "Creates a support ticket. Side-effecting: send an Idempotency-Key header made from your \
          durable workflow step and reuse it on every retry.{without} Processing window: {window} \
          ms; minimum client retry deadline: {deadline} ms — a client attempt shorter than that is \
-         cut off while the tool is still working.",
+         cut off while the tool is still working. A retry sent while the first request runs may \
+         wait for its answer with `Prefer: wait=N` (seconds), up to {max_wait} ms.",
         window = options.processing_window().as_millis(),
         deadline = options.min_client_deadline().as_millis(),
+        max_wait = options.min_client_deadline().as_millis(),
     );
     tool.input_schema = json!({
         "type": "object",
@@ -179,6 +183,7 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
     }
     let executor = Executor::from_arc(backend.store())
         .with_policy(policy)
+        .with_max_wait(options.min_client_deadline())
         .with_clock(options.clock.clone())
         .with_spawner(|task| {
             tokio::spawn(task);

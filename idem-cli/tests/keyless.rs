@@ -268,6 +268,7 @@ async fn stock_callers_cause_no_double_effect_with_derived_keys() {
         concurrency: 6,
         tool_latency: std::time::Duration::from_millis(40),
         progress: false,
+        wait: true,
     };
     let arguments = demo_stock::run(&options, idem_core::KeySource::arguments())
         .await

@@ -31,6 +31,7 @@ pub mod retry;
 pub mod store;
 pub mod token;
 pub mod typed;
+pub mod wait;
 
 pub use async_trait::async_trait;
 pub use checkpoint::{Checkpoint, CheckpointError};
@@ -58,3 +59,4 @@ pub use refusal::{ErrorAnswer, Ran, Refusal};
 pub use store::{BoxError, KeyStore, ListFilter, StoreError};
 pub use token::Token;
 pub use typed::{OperationError, TypedExecution};
+pub use wait::Timer;

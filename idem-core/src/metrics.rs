@@ -40,6 +40,12 @@ pub const REFUSALS: &str = "idem_refusals_total";
 /// Counter of the reconciler's decisions, one per examined record; label `decision`:
 /// `completed`, `released`, `unknown`, `skipped`, `failed`.
 pub const RECONCILE_DECISIONS: &str = "idem_reconcile_decisions_total";
+/// Counter of waits for an in-flight answer ([contract §5.2](crate::contract#waiting)); label
+/// `result`: `replayed`, `claimed` (the record became claimable and this request won it),
+/// `timed_out` (the bound passed: `InFlight`).
+pub const WAITS: &str = "idem_waits_total";
+/// Histogram of how long waits for an in-flight answer lasted, in seconds.
+pub const WAIT_SECONDS: &str = "idem_wait_seconds";
 
 /// Counter of checkpoints operations saved ([contract §6.1](crate::contract#checkpoints)); label
 /// `result`: `saved`, `fenced`.
@@ -88,6 +94,16 @@ pub fn describe() {
         Unit::Count,
         "Checkpoints operations saved, by result"
     );
+    ::metrics::describe_counter!(
+        WAITS,
+        Unit::Count,
+        "Waits of repeated requests for an in-flight answer, by result"
+    );
+    ::metrics::describe_histogram!(
+        WAIT_SECONDS,
+        Unit::Seconds,
+        "Duration of waits for an in-flight answer"
+    );
 }
 
 /// Runs one store operation, recording its duration in [`STORE_OP_SECONDS`] and counting a
@@ -125,4 +141,9 @@ pub(crate) fn count_reconcile(decision: &'static str) {
 
 pub(crate) fn count_checkpoint(result: &'static str) {
     ::metrics::counter!(CHECKPOINTS, "result" => result).increment(1);
+}
+
+pub(crate) fn count_wait(result: &'static str, waited: std::time::Duration) {
+    ::metrics::counter!(WAITS, "result" => result).increment(1);
+    ::metrics::histogram!(WAIT_SECONDS).record(waited.as_secs_f64());
 }

@@ -98,8 +98,9 @@ use crate::machine::{
     CheckpointAnswer, CheckpointTooLarge, ClaimAnswer, CompleteAnswer, ExtendAnswer,
     OutcomeTooLarge, ReleaseAnswer, ZeroLease,
 };
+use crate::wait::Timer;
 use crate::{
-    Checkpoint, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope,
     Timestamp, Token,
 };
 
@@ -390,6 +391,33 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
     fn supports_checkpoints(&self) -> bool {
         false
     }
+
+    /// Resolves when the record of (scope, key) may no longer be `seen` (the record a waiting
+    /// request read: `processing`): completed, released, taken over, extended, expired or gone
+    /// ([contract §5.2](crate::contract#waiting)). Time is `clock`'s; sleep only on `timer`.
+    ///
+    /// The default polls [`KeyStore::get`] with backoff
+    /// ([`wait::poll_for_change`](crate::wait::poll_for_change)), so every store can be waited
+    /// on. A store whose engine can notify overrides it.
+    ///
+    /// ### To ensure correctness:
+    /// - Subscribe before reading the record, and return at once if that read already differs
+    ///   from `seen` ([`wait::changed`](crate::wait::changed)): a change between the waiter's
+    ///   read and the subscription is then never lost.
+    /// - Notify after the write is committed (PostgreSQL: `pg_notify` in the writing
+    ///   transaction), on completion, release and takeover, from every process that writes.
+    /// - Write nothing and hold nothing once the future is dropped (unsubscribe on drop).
+    /// - A spurious return is allowed; the executor reads the record again.
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        crate::wait::poll_for_change(self, scope, key, seen, clock, timer).await
+    }
 }
 
 /// A shared store is a store: `Arc<dyn KeyStore>` (or `Arc<S>`) goes wherever a `KeyStore` does.
@@ -490,5 +518,17 @@ impl<S: KeyStore + ?Sized> KeyStore for std::sync::Arc<S> {
 
     fn supports_checkpoints(&self) -> bool {
         (**self).supports_checkpoints()
+    }
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        (**self)
+            .wait_for_change(scope, key, seen, clock, timer)
+            .await
     }
 }

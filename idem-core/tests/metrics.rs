@@ -329,6 +329,8 @@ fn describe_gives_every_metric_a_description_and_a_unit() {
         (names::REFUSALS, "counter", Unit::Count),
         (names::RECONCILE_DECISIONS, "counter", Unit::Count),
         (names::CHECKPOINTS, "counter", Unit::Count),
+        (names::WAITS, "counter", Unit::Count),
+        (names::WAIT_SECONDS, "histogram", Unit::Seconds),
     ];
     want.sort_by(|a, b| a.0.cmp(b.0));
     assert_eq!(got.len(), want.len(), "{got:?}");

@@ -1,6 +1,5 @@
 //! [`IdempotencyLayer`]: the tower layer.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
@@ -62,6 +61,13 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 /// [`Replay::Verbatim`] mode, the tool's own response: see [`replay`](Self::replay)); same key
 /// with another body is 422, a repeat while the first runs is 409 with `Retry-After`, a store
 /// that is down is 503 — each an `application/problem+json` body.
+///
+/// A request with `Prefer: wait=N` that finds its operation in flight waits for the answer
+/// ([contract §5.2](idem_core::contract#waiting)): at most the least of N, the executor's
+/// [maximum wait](idem_core::Executor::with_max_wait) and the holder's remaining lease. The answer
+/// of a request that waited carries `Preference-Applied: wait=B`, B that bound without the lease
+/// (the replay, the tool's own answer if the record became claimable and it ran, or 409 if the
+/// bound passed).
 ///
 /// The claim, the inner service and the completion run in one spawned task per request: a client
 /// that disconnects (its deadline passed) cannot cancel a tool halfway; the outcome is recorded
@@ -296,6 +302,11 @@ where
                 poll_fn(|cx| inner.poll_ready(cx)).await?;
                 return inner.call(Request::from_parts(parts, body)).await;
             }
+            // `Prefer: wait=N`: a repeat that finds its operation in flight waits for the answer.
+            let executor = match crate::prefer::requested_wait(&parts.headers) {
+                Some(wait) if !wait.is_zero() => layer.executor.waiting(wait),
+                _ => layer.executor.clone(),
+            };
             let prepared = match prepare(&layer, &parts, body).await {
                 Ok(prepared) => prepared,
                 Err(problem) => {
@@ -322,8 +333,8 @@ where
             let task = tokio::spawn(async move {
                 let layer = task_layer;
                 let executor = match derived_policy {
-                    Some(policy) => Cow::Owned(layer.executor.clone().with_policy(policy)),
-                    None => Cow::Borrowed(&layer.executor),
+                    Some(policy) => executor.with_policy(policy),
+                    None => executor,
                 };
                 let mut failure: Option<S::Error> = None;
                 let mut original: Option<Response<Bytes>> = None;
@@ -355,9 +366,10 @@ where
                         }
                     })
                     .await;
-                (result, failure, original)
+                let waited = executor.waited().map(|_| executor.wait_bound());
+                (result, failure, original, waited)
             });
-            let (result, failure, original) = match task.await {
+            let (result, failure, original, waited) = match task.await {
                 Ok(done) => done,
                 Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
                 Err(_) => return Ok(Problem::StoreError.to_response()),
@@ -383,6 +395,12 @@ where
                 response.headers_mut().insert(
                     IDEMPOTENCY_KEY_SOURCE,
                     http::HeaderValue::from_static(origin.as_str()),
+                );
+            }
+            if let Some(bound) = waited {
+                response.headers_mut().insert(
+                    crate::prefer::PREFERENCE_APPLIED,
+                    crate::prefer::applied(bound),
                 );
             }
             Ok(response)

@@ -6,6 +6,7 @@ pub mod client;
 mod key;
 mod keyless;
 mod layer;
+mod prefer;
 mod problem;
 mod query;
 mod replay;
@@ -16,6 +17,7 @@ pub use keyless::IDEMPOTENCY_KEY_SOURCE;
 pub use layer::{
     DEFAULT_BODY_LIMIT, IDEMPOTENCY_REPLAYED, IdempotencyLayer, Idempotent, default_classify,
 };
+pub use prefer::{PREFER, PREFERENCE_APPLIED};
 pub use problem::{Problem, ProblemResponse};
 pub use query::canonical_query;
 pub use replay::Replay;

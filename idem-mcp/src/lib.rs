@@ -4,6 +4,7 @@
 pub mod client;
 pub mod key;
 pub mod server;
+mod wait;
 
 pub use client::{CallAnswer, CallError, IdempotentCaller, RetryPolicy};
 pub use idem_core;
@@ -13,3 +14,4 @@ pub use server::{
     FINGERPRINT_MISMATCH, IN_FLIGHT, IdempotentTools, KEY_SOURCE_META_KEY, NOT_KEPT_META_KEY,
     Principal, REPLAYED_META_KEY, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED, is_replay,
 };
+pub use wait::WAIT_META_KEY;

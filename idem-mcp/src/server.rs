@@ -178,7 +178,9 @@ impl IdempotentTools {
     }
 
     fn contract_of(&self, settings: &ToolSettings) -> ToolContract {
-        ToolContract::new(settings.processing_window).with_store_write(self.store_write)
+        ToolContract::new(settings.processing_window)
+            .with_store_write(self.store_write)
+            .with_max_wait(self.executor.max_wait())
     }
 
     /// The minimum client retry deadline of `tool`: processing window + store write ([contract §5](idem_core::contract#http)).
@@ -232,6 +234,7 @@ impl IdempotentTools {
             }
         };
         let origin = key.origin();
+        let wait = crate::wait::requested_wait(&context.meta.0.0, &params);
         let scope = Scope::from_parts([principal.as_str(), name.as_str()])
             .map_err(|e| refused(Refusal::InvalidScope(e.to_string()), &name))?;
         let fingerprint = fingerprint_of(&name, &mut params)
@@ -257,6 +260,10 @@ impl IdempotentTools {
                     ));
                 }
             }
+        }
+        // `_meta["io.idem/wait"]`: a repeat that finds its operation in flight waits for it.
+        if let Some(wait) = wait {
+            executor = executor.waiting(wait);
         }
         // Detached: rmcp drops this request's future when the client cancels or goes away; the
         // tool and its completion must not stop halfway. The task hands back, beside the

@@ -21,6 +21,7 @@ pub mod expiry;
 pub mod fencing;
 pub mod outcome;
 pub mod scope;
+pub mod wait;
 
 /// Every case; the one list both [`crate::conformance_tests!`] and [`crate::run_all`] read.
 #[doc(hidden)]
@@ -101,6 +102,10 @@ macro_rules! __case_list {
             checkpoint::checkpoint_gone_after_completion,
             checkpoint::checkpoint_gone_after_expiry_and_purge,
             checkpoint::checkpoint_over_the_limit_is_refused_and_nothing_written,
+            wait::wait_wakes_on_completion,
+            wait::wait_wakes_on_release,
+            wait::wait_wakes_on_takeover,
+            wait::wait_bound_passes_after_a_short_real_wait,
         }
     };
 }

@@ -16,8 +16,8 @@ use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState, Scope,
-    StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState,
+    Scope, StoreError, Timer, Timestamp, Token, async_trait,
 };
 
 /// How a record is addressed in the map: a pair of strings the defect may have mangled.
@@ -56,6 +56,8 @@ pub enum Defect {
     /// `checkpoint` appends to any live record, whatever its token or state (an
     /// `UPDATE … SET checkpoints = … WHERE scope = ? AND key = ?` without the fencing condition).
     CheckpointUnfenced,
+    /// `wait_for_change` subscribes to a notifier that never fires and does not poll.
+    NeverWakes,
 }
 
 /// Every defect.
@@ -71,6 +73,7 @@ pub const ALL: &[Defect] = &[
     Defect::PurgeMiscount,
     Defect::ExtendSetsTheLease,
     Defect::CheckpointUnfenced,
+    Defect::NeverWakes,
 ];
 
 /// A suite factory for a store with `defect`: every call returns a new handle to the same
@@ -361,6 +364,20 @@ impl KeyStore for Broken {
     fn supports_checkpoints(&self) -> bool {
         true
     }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        if self.defect == Defect::NeverWakes {
+            return std::future::pending().await;
+        }
+        idem_core::wait::poll_for_change(self, scope, key, seen, clock, timer).await
+    }
 }
 
 /// A case every defect passes: a failure of the cases in [`caught_by`] is the defect's, not a
@@ -421,6 +438,11 @@ pub fn caught_by(defect: Defect) -> &'static [&'static str] {
         Defect::CheckpointUnfenced => &[
             "checkpoint_stale_holder_is_fenced_after_takeover",
             "checkpoint_fenced_like_complete",
+        ],
+        Defect::NeverWakes => &[
+            "wait_wakes_on_completion",
+            "wait_wakes_on_release",
+            "wait_wakes_on_takeover",
         ],
     }
 }

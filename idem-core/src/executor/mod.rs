@@ -21,6 +21,7 @@ use crate::{
 mod attempt;
 mod checkpoints;
 mod steps;
+mod wait;
 
 pub use attempt::Attempt;
 pub(crate) use steps::{CompletionError, complete_or_not_kept};
@@ -110,6 +111,7 @@ pub struct Executor {
     clock: Arc<dyn Clock>,
     spawner: Option<Spawner>,
     codec: Option<Arc<dyn OutcomeCodec>>,
+    waiting: wait::Waiting,
 }
 
 impl fmt::Debug for Executor {
@@ -120,6 +122,8 @@ impl fmt::Debug for Executor {
             .field("clock", &self.clock)
             .field("spawner", &self.spawner.is_some())
             .field("codec", &self.codec)
+            .field("wait", &self.waiting.requested)
+            .field("max_wait", &self.max_wait())
             .finish()
     }
 }
@@ -138,6 +142,7 @@ impl Executor {
             clock: Arc::new(SystemClock),
             spawner: None,
             codec: None,
+            waiting: wait::Waiting::new(),
         }
     }
 
@@ -296,7 +301,7 @@ impl Executor {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = O>,
     {
-        let (answer, guard) = self.claim(scope, key, fingerprint).await?;
+        let (answer, guard) = self.claim_or_wait(scope, key, fingerprint).await?;
         let origin = key.origin().as_str();
         let (token, number, kind) = match answer {
             ClaimAnswer::Claimed {

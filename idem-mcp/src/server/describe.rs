@@ -52,14 +52,18 @@ impl IdempotentTools {
         let contract = self.contract_of(settings);
         let window = contract.processing_window().as_millis() as u64;
         let deadline = contract.min_client_deadline().as_millis() as u64;
+        let max_wait = self.executor.max_wait().as_millis() as u64;
         let without = without_key(settings);
         let note = format!(
             "Side-effecting. Send an idempotency key made from your durable workflow step \
              (params.idempotencyKey, or params._meta[\"{meta}\"]) and reuse it on every retry: \
              with a key the call runs once and a repeat returns the first result; {without}. \
              Processing window: {window} ms; minimum client retry deadline: {deadline} ms — an \
-             attempt shorter than that is cut off while the tool is still working.",
+             attempt shorter than that is cut off while the tool is still working. A retry sent \
+             while the first call runs may wait for its result: params._meta[\"{wait}\"] \
+             (seconds), up to {max_wait} ms.",
             meta = key::META_KEY,
+            wait = crate::wait::WAIT_META_KEY,
         );
         tool.description = Some(match tool.description.take() {
             Some(d) if !d.is_empty() => format!("{d}\n\n{note}").into(),
@@ -81,6 +85,7 @@ impl IdempotentTools {
                 "keyRequired": settings.key_source == KeySource::Refuse,
                 "keySource": settings.key_source.name(),
                 "keyWindowMs": settings.key_window.as_millis() as u64,
+                "maxWaitMs": max_wait,
             }),
         );
         if let KeySource::ModelArgument(name) = &settings.key_source {
