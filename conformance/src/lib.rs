@@ -35,7 +35,7 @@
 //! # The model-based test
 //!
 //! Beside the named cases, [`run_model`] drives random sequences of every operation (claim,
-//! concurrent claims, complete, release, extend, get, list, list_in_flight, purge_expired) and
+//! concurrent claims, complete, release, extend, checkpoint, get, list, list_in_flight, purge_expired) and
 //! clock moves against the pure rules of `idem_core::machine` over a map and against your store,
 //! compares every answer and every record, and on failure panics with the minimal failing
 //! sequence proptest's shrinking found. Unlike the cases, it needs a factory of fresh, empty,
@@ -118,17 +118,32 @@
 //!   record, not only for an absent key (one transaction that locks the row — `SELECT … FOR
 //!   UPDATE`, `BEGIN IMMEDIATE` — or a compare-and-set on the token, or a server-side script).
 //!   The executor cases count the operation at the sink: it runs exactly once.
+//! - **`checkpoint_`** ([contract §6.1](idem_core::contract#checkpoints), §3.10): a holder's
+//!   checkpoints are saved in order, byte for byte; fenced exactly like `complete` (a stale
+//!   holder after a takeover, a forged token, a released or completed record: `Fenced`, nothing
+//!   written; an elapsed lease nobody took over still saves); kept through a release, a retryable
+//!   outcome, a retry and a takeover; gone after completion, expiry and purge; one over
+//!   `max_checkpoint_bytes` is `CheckpointTooLarge` before anything is written. A store whose
+//!   `supports_checkpoints()` is false passes them by refusing every checkpoint with
+//!   `StoreError::CheckpointsUnsupported`, and is reported as not supporting them.
 //! - **`executor_`** ([contract §2](idem_core::contract#states) through [`idem_core::Executor`]): the same key twice is one effect;
 //!   a mismatch, an in-flight repeat and a fenced late holder run or store nothing; an expired
 //!   record and a retry after a retryable failure run exactly once more; a slow operation that
 //!   outlived its lease, with nobody taking over, is recorded and replays.
+//! - **`wait_`** ([contract §5.2](idem_core::contract#waiting), through [`idem_core::Executor::waiting`]
+//!   and [`KeyStore::wait_for_change`]): a repeat that waits
+//!   on another handle is woken by the completion (it replays), the release (it claims and runs,
+//!   once) and a takeover (it waits on the new holder and replays its outcome), each within 5 s;
+//!   when nothing happens it answers `InFlight` after its bound, having written nothing. A store
+//!   that overrides nothing passes by polling; to fix a failure of an override: subscribe before
+//!   reading, notify after every commit that changes the record, from every writer.
 //!
 //! # The suite can fail
 //!
 //! Its own tests (`conformance/tests/broken/`) hold deliberately broken stores, one per class of
 //! defect: a claim that reads, awaits, then writes (for every record, or only for existing ones);
 //! no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
-//! `scope + ":" + key` addressing; a purge that miscounts. Each fails the cases meant to catch it,
+//! `scope + ":" + key` addressing; a purge that miscounts; a wait that never wakes. Each fails the cases meant to catch it,
 //! through [`run_all`], [`run_matching`] and [`conformance_tests!`], and passes a basic case.
 
 use std::any::Any;
@@ -178,6 +193,7 @@ pub struct Harness {
     clock: ManualClock,
     case: &'static str,
     run: String,
+    not_supported: Arc<std::sync::Mutex<Option<&'static str>>>,
 }
 
 impl fmt::Debug for Harness {
@@ -197,7 +213,15 @@ impl Harness {
             clock: ManualClock::starting_now(),
             case,
             run: format!("{:016x}", rand::random::<u64>()),
+            not_supported: Arc::default(),
         }
+    }
+
+    /// Notes that the store does not support `feature` (e.g. `"checkpoints"`), which the case
+    /// checked it refuses with a typed error: the case passes and is reported as not
+    /// supported ([`Report::not_supported`], [`CaseResult::not_supported`]).
+    pub fn not_supported(&self, feature: &'static str) {
+        *self.not_supported.lock().unwrap_or_else(|e| e.into_inner()) = Some(feature);
     }
 
     /// A new store handle (for a real backend, new connections).
@@ -266,20 +290,23 @@ pub fn run_case(
     factory: impl StoreFactory,
     case: fn(Harness) -> BoxFuture<'static, ()>,
 ) {
-    run_case_shared(name, Arc::new(factory), case)
+    if let Some(feature) = run_case_shared(name, Arc::new(factory), case) {
+        eprintln!("{name}: the store does not support {feature} (it says so); not a failure");
+    }
 }
 
 fn run_case_shared(
     name: &'static str,
     factory: Arc<dyn StoreFactory>,
     case: fn(Harness) -> BoxFuture<'static, ()>,
-) {
+) -> Option<&'static str> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
         .build()
         .expect("a tokio runtime");
     let harness = Harness::new(name, factory);
+    let not_supported = harness.not_supported.clone();
     runtime.block_on(async move {
         // Spawned, so the case's futures run on the worker threads in parallel.
         let task = tokio::spawn(case(harness));
@@ -290,6 +317,7 @@ fn run_case_shared(
             Err(_) => panic!("case {name} did not finish within {CASE_TIMEOUT:?}"),
         }
     });
+    *not_supported.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The result of [`run_all`].
@@ -299,6 +327,10 @@ pub struct Report {
     pub passed: Vec<&'static str>,
     /// The cases that failed, with their failure message.
     pub failed: Vec<(&'static str, String)>,
+    /// The cases that passed because the store says it does not support their feature (and
+    /// refuses it with a typed error), with the feature: e.g. `("checkpoint_…", "checkpoints")`.
+    /// They are also in `passed`.
+    pub not_supported: Vec<(&'static str, &'static str)>,
 }
 
 impl Report {
@@ -320,6 +352,9 @@ impl fmt::Display for Report {
         }
         for (name, why) in &self.failed {
             writeln!(f, "FAIL  {name}: {why}")?;
+        }
+        for (name, feature) in &self.not_supported {
+            writeln!(f, "n/a   {name}: the store does not support {feature}")?;
         }
         write!(
             f,
@@ -350,6 +385,9 @@ pub struct CaseResult {
     pub failure: Option<String>,
     /// How long it took.
     pub elapsed: Duration,
+    /// The feature the store says it does not support (e.g. `"checkpoints"`), when the case
+    /// passed only by checking that the store refuses it with a typed error.
+    pub not_supported: Option<&'static str>,
 }
 
 impl CaseResult {
@@ -377,16 +415,22 @@ pub fn run_streaming(
     for case in cases::ALL.iter().filter(|c| filter(c.name)) {
         let f = factory.clone();
         let started = std::time::Instant::now();
-        let failure = catch_unwind(AssertUnwindSafe(|| run_case_shared(case.name, f, case.run)))
-            .err()
-            .map(|payload| panic_message(payload.as_ref()));
+        let ran = catch_unwind(AssertUnwindSafe(|| run_case_shared(case.name, f, case.run)));
+        let (failure, not_supported) = match ran {
+            Ok(not_supported) => (None, not_supported),
+            Err(payload) => (Some(panic_message(payload.as_ref())), None),
+        };
         let result = CaseResult {
             name: case.name,
             group: case.group,
             failure,
             elapsed: started.elapsed(),
+            not_supported,
         };
         on_case(&result);
+        if let Some(feature) = result.not_supported {
+            report.not_supported.push((case.name, feature));
+        }
         match result.failure {
             None => report.passed.push(case.name),
             Some(why) => report.failed.push((case.name, why)),

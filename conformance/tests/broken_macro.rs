@@ -42,8 +42,11 @@ broken_suite! {
     expiry_ignored => ExpiryIgnored,
     case_insensitive_address => CaseInsensitiveAddress,
     concatenated_address => ConcatenatedAddress,
+    spaces_dropped_address => SpacesDroppedAddress,
     purge_miscount => PurgeMiscount,
     extend_sets_the_lease => ExtendSetsTheLease,
+    checkpoint_unfenced => CheckpointUnfenced,
+    never_wakes => NeverWakes,
 }
 
 /// Runs the generated test `module::case` in a child process; whether it passed, and its output.

@@ -57,6 +57,11 @@ fn case_insensitive_addressing_fails_the_case_case() {
 }
 
 #[test]
+fn addressing_without_spaces_fails_the_derived_keys_case() {
+    check(Defect::SpacesDroppedAddress);
+}
+
+#[test]
 fn concatenated_addressing_fails_the_separator_case() {
     check(Defect::ConcatenatedAddress);
 }
@@ -69,6 +74,16 @@ fn purge_miscount_fails_the_exact_purge_case() {
 #[test]
 fn an_extend_that_sets_the_lease_fails_the_extend_cases() {
     check(Defect::ExtendSetsTheLease);
+}
+
+#[test]
+fn an_unfenced_checkpoint_fails_the_checkpoint_fencing_cases() {
+    check(Defect::CheckpointUnfenced);
+}
+
+#[test]
+fn a_wait_that_never_wakes_fails_the_wake_cases() {
+    check(Defect::NeverWakes);
 }
 
 /// `run_all` reports the same failures as `run_matching`, for every defect, and the whole suite

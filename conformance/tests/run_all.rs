@@ -42,3 +42,110 @@ fn run_streaming_reports_each_case_as_it_finishes() {
     assert_eq!(seen, report.passed, "one call per case, in order");
     assert!(report.failed.is_empty());
 }
+
+/// A store without checkpoints (the trait's defaults: `supports_checkpoints()` is false, every
+/// checkpoint refused with `CheckpointsUnsupported`) passes the checkpoint cases and is reported
+/// as not supporting them.
+#[test]
+fn a_store_without_checkpoints_is_reported_as_not_supporting_them() {
+    let shared = MemoryStore::new();
+    let report = idem_conformance::run_matching(
+        move || {
+            let store = Plain(shared.clone());
+            async move { store }
+        },
+        |name| name.starts_with("checkpoint_"),
+    );
+    report.assert_all_passed();
+    assert!(report.passed.len() >= 7, "{report}");
+    let names: Vec<_> = report.not_supported.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, report.passed, "{report}");
+    assert!(
+        report
+            .not_supported
+            .iter()
+            .all(|(_, f)| *f == "checkpoints"),
+        "{report}"
+    );
+    assert!(report.to_string().contains("does not support checkpoints"));
+}
+
+/// A store written against the trait before checkpoints: everything forwarded but them.
+#[derive(Debug)]
+struct Plain(MemoryStore);
+
+#[idem_core::async_trait]
+impl idem_core::KeyStore for Plain {
+    async fn claim(
+        &self,
+        scope: &idem_core::Scope,
+        key: &idem_core::IdempotencyKey,
+        fingerprint: &idem_core::Fingerprint,
+        policy: &idem_core::Policy,
+        now: idem_core::Timestamp,
+    ) -> Result<idem_core::ClaimAnswer, idem_core::StoreError> {
+        self.0.claim(scope, key, fingerprint, policy, now).await
+    }
+    async fn complete(
+        &self,
+        scope: &idem_core::Scope,
+        key: &idem_core::IdempotencyKey,
+        token: idem_core::Token,
+        outcome: &idem_core::Outcome,
+        policy: &idem_core::Policy,
+        now: idem_core::Timestamp,
+    ) -> Result<idem_core::CompleteAnswer, idem_core::StoreError> {
+        self.0
+            .complete(scope, key, token, outcome, policy, now)
+            .await
+    }
+    async fn release(
+        &self,
+        scope: &idem_core::Scope,
+        key: &idem_core::IdempotencyKey,
+        token: idem_core::Token,
+        now: idem_core::Timestamp,
+    ) -> Result<idem_core::ReleaseAnswer, idem_core::StoreError> {
+        self.0.release(scope, key, token, now).await
+    }
+    async fn extend(
+        &self,
+        scope: &idem_core::Scope,
+        key: &idem_core::IdempotencyKey,
+        token: idem_core::Token,
+        lease: std::time::Duration,
+        now: idem_core::Timestamp,
+    ) -> Result<idem_core::ExtendAnswer, idem_core::StoreError> {
+        self.0.extend(scope, key, token, lease, now).await
+    }
+    async fn get(
+        &self,
+        scope: &idem_core::Scope,
+        key: &idem_core::IdempotencyKey,
+        now: idem_core::Timestamp,
+    ) -> Result<Option<idem_core::Record>, idem_core::StoreError> {
+        self.0.get(scope, key, now).await
+    }
+    async fn list_in_flight(
+        &self,
+        older_than: idem_core::Timestamp,
+        limit: usize,
+    ) -> Result<Vec<idem_core::Record>, idem_core::StoreError> {
+        self.0.list_in_flight(older_than, limit).await
+    }
+    async fn list(
+        &self,
+        filter: &idem_core::ListFilter,
+        now: idem_core::Timestamp,
+        limit: usize,
+    ) -> Result<Vec<idem_core::Record>, idem_core::StoreError> {
+        self.0.list(filter, now, limit).await
+    }
+    async fn purge_expired(
+        &self,
+        now: idem_core::Timestamp,
+        limit: usize,
+    ) -> Result<usize, idem_core::StoreError> {
+        self.0.purge_expired(now, limit).await
+    }
+}

@@ -67,6 +67,11 @@ pub(crate) enum Command {
         /// exposed; it has no authentication).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<SocketAddr>,
+        /// What a request without an Idempotency-Key gets: `client` (refused, 400: the client
+        /// must send a key), `arguments` (a key derived from title and account_id: the same
+        /// ticket within an hour is one ticket) or `unprotected` (runs every time).
+        #[arg(long, value_name = "SOURCE", default_value = "client", value_parser = idem_cli::serve::parse_key_source)]
+        key_source: idem_core::KeySource,
     },
     /// Simulated agents retry a real tool under injected faults; effects counted at the sink.
     ///
@@ -89,6 +94,19 @@ pub(crate) enum Command {
         /// Also run the same traffic against the same tool without idem, side by side.
         #[arg(long)]
         without_idem: bool,
+        /// Who calls: `orchestrated` agents that send a key made from their workflow step, or
+        /// `stock` callers that send none (the tool derives the key from the arguments; side by
+        /// side with the key refused and with the tool unprotected).
+        #[arg(long, default_value = "orchestrated", value_parser = ["orchestrated", "stock"])]
+        callers: String,
+        /// Instead: a checkout with two effects (payment, email) whose holder crashes between
+        /// them, retried by a takeover; without checkpoints and with them, side by side.
+        #[arg(long)]
+        crash_between_effects: bool,
+        /// Retries do not ask to wait for an in-flight answer (`Prefer: wait`): they get 409 and
+        /// retry after `Retry-After`.
+        #[arg(long)]
+        no_wait: bool,
     },
     /// Create or upgrade the store's schema (the only command besides `serve` that changes
     /// it; needs a role allowed to). On Redis: load the scripts and check the settings.

@@ -30,6 +30,9 @@ pub struct DemoOptions {
     pub tool_latency: Duration,
     /// Print progress to stderr.
     pub progress: bool,
+    /// Retries ask the tool to wait for an in-flight answer (`Prefer: wait`, the client's
+    /// default); `false`: they are answered 409 and retry after `Retry-After` (`--no-wait`).
+    pub wait: bool,
 }
 
 /// What one run produced.
@@ -51,6 +54,11 @@ pub struct DemoReport {
     pub tickets: i64,
     /// Operations with more than one ticket.
     pub double_effects: i64,
+    /// Time from an operation's first send to its answer (all its concurrent sends answered),
+    /// median, in milliseconds.
+    pub answer_p50_ms: u64,
+    /// The same, 99th percentile.
+    pub answer_p99_ms: u64,
 }
 
 /// The faults, one per operation in turn.
@@ -87,9 +95,30 @@ struct Counters {
     conflicts: AtomicUsize,
     unanswered: AtomicUsize,
     done: AtomicUsize,
+    answer_ms: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Counters {
+    fn answered(&self, since: std::time::Instant) {
+        let ms = since.elapsed().as_millis() as u64;
+        self.answer_ms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ms);
+    }
+
+    /// The `p`-th percentile (nearest rank) of the answer times.
+    fn answer_percentile(&self, p: usize) -> u64 {
+        let mut ms = self
+            .answer_ms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        ms.sort_unstable();
+        let rank = (ms.len() * p).div_ceil(100).max(1);
+        ms.get(rank - 1).copied().unwrap_or(0)
+    }
+
     fn record(&self, answer: &Result<idem_http::client::ToolAnswer, ClientError>) {
         match answer {
             Ok(a) => {
@@ -169,6 +198,14 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
         client.with_header(TENANT_HEADER, &tenant),
         hasty.with_header(TENANT_HEADER, &tenant),
     );
+    let (client, hasty, crashing) = match options.wait {
+        true => (client, hasty, crashing),
+        false => (
+            client.without_wait(),
+            hasty.without_wait(),
+            crashing.without_wait(),
+        ),
+    };
 
     let progress = Progress::new(options.progress, options.operations);
     let counters = Arc::new(Counters::default());
@@ -183,9 +220,11 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
         tasks.spawn(async move {
             let _permit = permit;
             let counters = shared;
+            let sent = std::time::Instant::now();
             match Fault::of(i) {
                 Fault::CallAgain => {
                     counters.record(&client.call(&key, &args).await);
+                    counters.answered(sent);
                     counters.record(&client.call(&key, &args).await);
                 }
                 Fault::ShortDeadline => counters.record(&hasty.call(&key, &args).await),
@@ -195,6 +234,9 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
                     counters.record(&b);
                 }
                 Fault::CrashedHolder => counters.record(&crashing.call(&key, &args).await),
+            }
+            if Fault::of(i) != Fault::CallAgain {
+                counters.answered(sent);
             }
             counters.done.fetch_add(1, Ordering::Relaxed);
         });
@@ -214,6 +256,8 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
         unanswered: counters.unanswered.load(Ordering::Relaxed),
         tickets: backend.ticket_count(&tenant).await?,
         double_effects: backend.double_effects(&tenant).await?,
+        answer_p50_ms: counters.answer_percentile(50),
+        answer_p99_ms: counters.answer_percentile(99),
     })
 }
 
@@ -277,6 +321,8 @@ pub fn table(with: &DemoReport, without: Option<&DemoReport>) -> String {
             r.unanswered as i64,
             r.tickets,
             r.double_effects,
+            r.answer_p50_ms as i64,
+            r.answer_p99_ms as i64,
         ]
     };
     let names = [
@@ -288,6 +334,8 @@ pub fn table(with: &DemoReport, without: Option<&DemoReport>) -> String {
         "unanswered",
         "tickets at the sink",
         "double effects",
+        "answer p50 (ms)",
+        "answer p99 (ms)",
     ];
     let mut out = format!("{:<26}{:>12}", "", "with idem");
     if without.is_some() {
@@ -334,6 +382,14 @@ pub async fn run_cli(
     );
     println!(
         "faults: attempt deadlines shorter than the tool, duplicate concurrent sends, a repeat after success, holders that crash mid-flight"
+    );
+    println!(
+        "retries {} (answer = time from an operation's first send to its answer)",
+        match options.wait {
+            true =>
+                "wait for an in-flight answer (Prefer: wait; --no-wait for 409 and Retry-After)",
+            false => "are answered 409 while the first runs (--no-wait)",
+        }
     );
     let with = run(&options, true).await.map_err(demo_failure)?;
     let without = if without_idem {

@@ -33,6 +33,11 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: never in a file or a pipe, never with NO_COLOR.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -55,12 +60,28 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             tool_latency_ms,
             tokens,
             metrics,
-        } => serve(store_or_default(), addr, tool_latency_ms, tokens, metrics).await,
+            key_source,
+        } => {
+            let options = ServeOptions {
+                tool_latency: Duration::from_millis(tool_latency_ms),
+                key_source,
+                ..ServeOptions::default()
+            };
+            serve(store_or_default(), addr, options, tokens, metrics).await
+        }
+        Command::Demo {
+            operations,
+            crash_between_effects: true,
+            ..
+        } => idem_cli::crash_between::run_cli(store, operations).await,
         Command::Demo {
             operations,
             concurrency,
             tool_latency_ms,
             without_idem,
+            callers,
+            crash_between_effects: false,
+            no_wait,
         } => {
             let options = |store| DemoOptions {
                 store,
@@ -68,8 +89,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 concurrency,
                 tool_latency: Duration::from_millis(tool_latency_ms),
                 progress: true,
+                wait: !no_wait,
             };
-            demo::run_cli(store, options, without_idem).await
+            match callers.as_str() {
+                "stock" => idem_cli::demo_stock::run_cli(store, options).await,
+                _ => demo::run_cli(store, options, without_idem).await,
+            }
         }
         Command::Migrate { json } => {
             let store = store_or_default();
@@ -274,7 +299,7 @@ async fn conformance(store: StoreUrl, as_json: bool) -> Result<(), Failure> {
 async fn serve(
     store: StoreUrl,
     addr: SocketAddr,
-    latency_ms: u64,
+    options: ServeOptions,
     tokens: Option<PathBuf>,
     metrics: Option<SocketAddr>,
 ) -> Result<(), Failure> {
@@ -318,11 +343,7 @@ async fn serve(
                 Ok(e) => Failure::from(*e),
                 Err(e) => Failure::store(format!("cannot set up the store {store}: {e}")),
             })?;
-    let options = ServeOptions {
-        tool_latency: Duration::from_millis(latency_ms),
-        tokens,
-        ..ServeOptions::default()
-    };
+    let options = ServeOptions { tokens, ..options };
     let app = router(backend, options);
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -39,9 +39,16 @@ pub async fn migrate(url: &StoreUrl) -> Result<Vec<String>, Failure> {
 /// [`idem_core::codec::sealed_info`]) is shown as `"encrypted": {"algorithm", "key_id"}`, never as
 /// ciphertext.
 pub fn record_json(r: &Record) -> Value {
+    let mut v = record_fields(r);
+    v["checkpoints"] = crate::steps::checkpoints_json(r, rfc3339);
+    v
+}
+
+fn record_fields(r: &Record) -> Value {
     json!({
         "scope": r.scope.as_str(),
         "key": r.key.as_str(),
+        "key_source": r.key_origin().as_str(),
         "state": r.state.as_str(),
         "fingerprint": r.fingerprint.as_str(),
         "attempt": r.attempt,
@@ -102,6 +109,7 @@ pub async fn show(
     for field in [
         "scope",
         "key",
+        "key_source",
         "state",
         "attempt",
         "token",
@@ -117,6 +125,7 @@ pub async fn show(
         };
         out.push_str(&format!("{field:<12} {value}\n"));
     }
+    let steps = crate::steps::checkpoints_text(&record, rfc3339);
     match record.outcome {
         Some(o) => {
             out.push_str(&format!(
@@ -135,6 +144,7 @@ pub async fn show(
         }
         None => out.push_str(&format!("{:<12} none\n", "outcome")),
     }
+    out.push_str(&steps);
     Ok(out)
 }
 
@@ -160,16 +170,17 @@ pub async fn ls(
         return Ok(pretty(&Value::Array(all)));
     }
     let mut out = format!(
-        "{:<17} {:>7} {:<24} {:<24} {}\n",
-        "STATE", "ATTEMPT", "UPDATED", "LEASE UNTIL", "SCOPE  KEY"
+        "{:<17} {:>7} {:<24} {:<24} {:<14} {}\n",
+        "STATE", "ATTEMPT", "UPDATED", "LEASE UNTIL", "KEY SOURCE", "SCOPE  KEY"
     );
     for r in &records {
         out.push_str(&format!(
-            "{:<17} {:>7} {:<24} {:<24} {}  {}\n",
+            "{:<17} {:>7} {:<24} {:<24} {:<14} {}  {}\n",
             r.state.as_str(),
             r.attempt,
             rfc3339(r.updated_at),
             rfc3339(r.lease_until),
+            r.key_origin().as_str(),
             r.scope,
             r.key
         ));

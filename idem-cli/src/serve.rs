@@ -19,7 +19,7 @@ use std::time::Duration;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem_core::contract::{ListedTool, ToolListing};
-use idem_core::{Clock, Executor, Policy, Reconciler, SystemClock, ToolContract};
+use idem_core::{Clock, Executor, KeySource, Policy, Reconciler, SystemClock, ToolContract};
 use idem_http::{IdempotencyLayer, Problem};
 use serde_json::json;
 
@@ -55,6 +55,23 @@ pub struct ServeOptions {
     /// Bearer tokens mapped to tenants; `None` trusts `X-Tenant-Id` as sent (see the module
     /// docs).
     pub tokens: Option<Arc<Tokens>>,
+    /// What a request without `Idempotency-Key` gets ([contract §5.1](idem_core::contract#keyless)):
+    /// refused (the default), a key derived from `title` and `account_id`, or no protection.
+    pub key_source: KeySource,
+}
+
+/// Parses `idem serve --key-source`: `client` (a request without a key is refused: the client
+/// must send one), `arguments` (the key is derived from `title` and `account_id`; the same
+/// ticket within an hour is one ticket) or `unprotected` (runs every time).
+pub fn parse_key_source(name: &str) -> Result<KeySource, String> {
+    match name {
+        "client" => Ok(KeySource::Refuse),
+        "arguments" => Ok(KeySource::arguments_at(["/title", "/account_id"])),
+        "unprotected" => Ok(KeySource::Unprotected),
+        other => Err(format!(
+            "unknown key source {other:?}: client, arguments or unprotected"
+        )),
+    }
 }
 
 /// With [`ServeOptions::demo_faults`], a request with `x-idem-demo-fault: hang` makes the first
@@ -68,6 +85,7 @@ impl Default for ServeOptions {
             clock: Arc::new(SystemClock),
             demo_faults: false,
             tokens: None,
+            key_source: KeySource::Refuse,
         }
     }
 }
@@ -76,7 +94,9 @@ impl ServeOptions {
     /// The tool's contract: its published processing window (its latency plus one second of
     /// margin) and the default store write budget.
     pub fn contract(&self) -> ToolContract {
-        ToolContract::new(self.tool_latency + Duration::from_secs(1))
+        let contract = ToolContract::new(self.tool_latency + Duration::from_secs(1));
+        // A repeat may wait as long as a claim's lease (the minimum client retry deadline).
+        contract.with_max_wait(contract.min_client_deadline())
     }
 
     /// The tool's published processing window.
@@ -101,13 +121,26 @@ struct AppState {
 /// The tool's description, as `GET /tools` lists it.
 pub fn tools(options: &ServeOptions) -> ToolListing {
     let mut tool = ListedTool::new("create_ticket", &options.contract());
+    let without = match &options.key_source {
+        KeySource::Arguments(_) => {
+            " A request without one is keyed by its title and account_id: within 3600 s the same \
+             ticket is one ticket (the first answer is replayed), so a deliberate repeat must \
+             differ in one of them."
+        }
+        KeySource::Unprotected => {
+            " A request without one runs unprotected: a retry of it may create a second ticket."
+        }
+        _ => " A request without one is refused.",
+    };
     tool.description = format!(
         "Creates a support ticket. Side-effecting: send an Idempotency-Key header made from your \
-         durable workflow step and reuse it on every retry. Processing window: {window} ms; \
-         minimum client retry deadline: {deadline} ms — a client attempt shorter than that is \
-         cut off while the tool is still working.",
+         durable workflow step and reuse it on every retry.{without} Processing window: {window} \
+         ms; minimum client retry deadline: {deadline} ms — a client attempt shorter than that is \
+         cut off while the tool is still working. A retry sent while the first request runs may \
+         wait for its answer with `Prefer: wait=N` (seconds), up to {max_wait} ms.",
         window = options.processing_window().as_millis(),
         deadline = options.min_client_deadline().as_millis(),
+        max_wait = options.min_client_deadline().as_millis(),
     );
     tool.input_schema = json!({
         "type": "object",
@@ -150,6 +183,7 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
     }
     let executor = Executor::from_arc(backend.store())
         .with_policy(policy)
+        .with_max_wait(options.min_client_deadline())
         .with_clock(options.clock.clone())
         .with_spawner(|task| {
             tokio::spawn(task);
@@ -161,7 +195,8 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
             .get::<Tenant>()
             .map(|t| t.0.clone())
             .ok_or_else(|| Problem::Unauthenticated("no tenant for the request".into()))
-    });
+    })
+    .key_source(options.key_source.clone());
     let tokens = options.tokens.clone();
     let listing = tools(&options);
     let state = Arc::new(AppState {

@@ -632,3 +632,27 @@ async fn purge_reports_json_and_writes_no_carriage_return_into_a_pipe() {
     assert_eq!(v["batches"], 3);
     assert_eq!(count(), 2, "only the live records are left");
 }
+
+/// Logs written to a file or a pipe carry no ANSI colour codes (colour is for a terminal only).
+#[test]
+fn serve_logs_to_a_pipe_without_colour_codes() {
+    let dir = Dir::new();
+    let (_, url) = dir.db("serve.db");
+    assert_eq!(code(&run(&["migrate", "--store", &url])), 0);
+    let mut child = idem()
+        .args(["serve", "--addr", "127.0.0.1:0", "--store", &url])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().expect("a log line").unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(first.contains("X-Tenant-Id"), "{first}");
+    assert!(
+        !first.contains('\u{1b}'),
+        "colour codes in a piped log: {first:?}"
+    );
+}

@@ -157,7 +157,13 @@ async fn serve_metrics_counts_claims_replays_and_refusals() {
         .text()
         .await
         .unwrap();
-    let claims = |result| sample(&scrape, "idem_claims_total", &[("result", result)]);
+    let claims = |result| {
+        sample(
+            &scrape,
+            "idem_claims_total",
+            &[("result", result), ("key_source", "sent")],
+        )
+    };
     assert_eq!(claims("claimed"), Some(1.0), "{scrape}");
     assert_eq!(claims("replayed"), Some(1.0), "{scrape}");
     assert_eq!(claims("mismatch"), Some(1.0), "{scrape}");

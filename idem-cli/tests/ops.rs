@@ -211,6 +211,57 @@ async fn keys_show_says_encrypted(f: Fixture) {
     assert!(!String::from_utf8_lossy(&out.stdout).contains(ct));
 }
 
+/// The steps of a record: names, times and sizes; values in clear only when not encoded.
+async fn keys_show_lists_the_checkpoints(f: Fixture) {
+    let key = IdempotencyKey::new("stepping").unwrap();
+    let fp = Fingerprint::of("t", &json!({})).unwrap();
+    let now = Timestamp::now();
+    let ClaimAnswer::Claimed { token, .. } = f
+        .store
+        .claim(&f.scope, &key, &fp, &Policy::default(), now)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let ct = "Q0lQSEVSVEVYVC1NQVJLRVI=";
+    let sealed = format!(
+        r#"{{"idem_sealed":{{"v":1,"alg":"A256GCM","kid":"2026-01","nonce":"AAAAAAAAAAAAAAAA","ct":"{ct}"}}}}"#
+    );
+    for (name, value) in [
+        ("charged", r#"{"charge":"ch_1"}"#),
+        ("emailed", sealed.as_str()),
+    ] {
+        let step = idem_core::Checkpoint::new(name, value, now).unwrap();
+        f.store
+            .checkpoint(&f.scope, &key, token, &step, &Policy::default())
+            .await
+            .unwrap();
+    }
+    let out = f.keys(&["show", f.scope.as_str(), "stepping"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("checkpoints  2")
+            && stdout.contains("1. charged")
+            && stdout.contains(r#"17 bytes  {"charge":"ch_1"}"#)
+            && stdout.contains("2. emailed")
+            && stdout.contains("encrypted (A256GCM, key id 2026-01)")
+            && !stdout.contains(ct),
+        "{stdout}"
+    );
+    let out = f.keys(&["show", f.scope.as_str(), "stepping", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let steps = v["checkpoints"].as_array().unwrap();
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[0]["name"], "charged");
+    assert_eq!(steps[0]["value"]["charge"], "ch_1");
+    assert_eq!(steps[0]["size"], 17);
+    assert_eq!(steps[1]["encrypted"]["key_id"], "2026-01");
+    assert!(steps[1].get("value").is_none());
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(ct));
+}
+
 async fn keys_release_gives_a_stuck_key_back(f: Fixture) {
     let out = f.keys(&["release", f.scope.as_str(), "stuck-1"]);
     assert!(out.status.success(), "{:?}", text(&out));
@@ -339,6 +390,7 @@ on_sql_backends! {
     keys_ls_filters_by_state_scope_and_age,
     keys_show_prints_the_record,
     keys_show_says_encrypted,
+    keys_show_lists_the_checkpoints,
     keys_release_gives_a_stuck_key_back,
     keys_resolve_completes_a_stuck_key,
     refusals_are_one_clear_line_and_change_nothing,

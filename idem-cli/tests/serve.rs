@@ -34,6 +34,7 @@ async fn start(backend: &str, latency: Duration) -> Option<Server> {
         clock: Arc::new(clock.clone()),
         demo_faults: false,
         tokens: None,
+        key_source: idem_core::KeySource::Refuse,
     };
     let app = router(backend.clone(), options);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -244,6 +245,11 @@ async fn tools_publish_window_and_deadline(s: Server) {
     assert_eq!(tool["name"], "create_ticket");
     let window = tool["processing_window_ms"].as_u64().unwrap();
     let deadline = tool["min_client_deadline_ms"].as_u64().unwrap();
+    assert_eq!(
+        tool["max_wait_ms"].as_u64(),
+        Some(deadline),
+        "a repeat may wait up to the lease"
+    );
     assert!(deadline > window && window >= 1500, "{tool}");
     let description = tool["description"].as_str().unwrap();
     assert!(

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 pub struct ToolContract {
     processing_window: Duration,
     store_write: Duration,
+    max_wait: Option<Duration>,
 }
 
 impl ToolContract {
@@ -34,7 +35,20 @@ impl ToolContract {
         Self {
             processing_window,
             store_write: Self::DEFAULT_STORE_WRITE,
+            max_wait: None,
         }
+    }
+
+    /// The same contract publishing `max_wait`, the longest a repeat may wait for an in-flight
+    /// answer ([§5.2](crate::contract#waiting), [`Executor::with_max_wait`](crate::Executor::with_max_wait)).
+    pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The maximum wait the tool publishes, if it publishes one.
+    pub fn max_wait(&self) -> Option<Duration> {
+        self.max_wait
     }
 
     /// The same contract with another store write budget.
@@ -93,6 +107,10 @@ pub struct ListedTool {
     /// tool publishes none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_client_deadline_ms: Option<u64>,
+    /// [`ToolContract::max_wait`] in milliseconds: the longest the tool lets a repeat wait for
+    /// an in-flight answer (`Prefer: wait`); absent when the tool publishes none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
 }
 
 impl ListedTool {
@@ -104,7 +122,13 @@ impl ListedTool {
             input_schema: serde_json::Value::Null,
             processing_window_ms: Some(contract.processing_window().as_millis() as u64),
             min_client_deadline_ms: Some(contract.min_client_deadline().as_millis() as u64),
+            max_wait_ms: contract.max_wait().map(|d| d.as_millis() as u64),
         }
+    }
+
+    /// The maximum wait the tool publishes, if it does.
+    pub fn max_wait(&self) -> Option<Duration> {
+        self.max_wait_ms.map(Duration::from_millis)
     }
 
     /// The minimum client retry deadline the tool publishes, if it does.

@@ -165,17 +165,164 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
+/// Parses a key as a store holds it: [`IdempotencyKey::from_stored`] (a sent key or a derived one).
 impl std::str::FromStr for IdempotencyKey {
     type Err = KeyError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::new(s)
+        Self::from_stored(s)
     }
 }
 
+/// Reads a key as a store holds it: [`IdempotencyKey::from_stored`] (a sent key or a derived one).
 impl<'de> Deserialize<'de> for IdempotencyKey {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        Self::new(s).map_err(serde::de::Error::custom)
+        Self::from_stored(s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Where a key came from ([contract §5.1](crate::contract#keyless)): sent by the caller, or
+/// derived by the tool for a call that sent none. The key itself says it (a derived key starts
+/// with its source's prefix and a space, which no sent key can hold), so a store keeps it
+/// without a column of its own.
+///
+/// ```
+/// use idem_core::{IdempotencyKey, KeyOrigin};
+/// assert_eq!(IdempotencyKey::new("wf-1:step-3").unwrap().origin(), KeyOrigin::Sent);
+/// let derived = IdempotencyKey::from_model_argument("retry-me-7").unwrap();
+/// assert_eq!(derived.as_str(), "model: retry-me-7");
+/// assert_eq!(derived.origin(), KeyOrigin::ModelArgument);
+/// // A caller cannot send it: a sent key holds no space.
+/// assert!(IdempotencyKey::new(derived.as_str()).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum KeyOrigin {
+    /// The caller sent the key (header, `_meta`, `params.idempotencyKey`).
+    Sent,
+    /// Derived from the call's arguments (`args: ` and 64 hex digits).
+    Arguments,
+    /// The argument the tool asks the model to fill (`model: ` and the value, or `model: sha256 `
+    /// and its digest when the value is not short visible ASCII).
+    ModelArgument,
+    /// The MCP session id and JSON-RPC request id (`request: ` and 64 hex digits).
+    Request,
+}
+
+impl KeyOrigin {
+    /// The label of metrics, events and answers: `sent`, `arguments`, `model_argument`,
+    /// `request`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Arguments => "arguments",
+            Self::ModelArgument => "model_argument",
+            Self::Request => "request",
+        }
+    }
+
+    /// The prefix of a key derived from this source, space included; `None` for a sent key.
+    fn prefix(self) -> Option<&'static str> {
+        match self {
+            Self::Sent => None,
+            Self::Arguments => Some("args: "),
+            Self::ModelArgument => Some("model: "),
+            Self::Request => Some("request: "),
+        }
+    }
+
+    const DERIVED: [KeyOrigin; 3] = [Self::Arguments, Self::ModelArgument, Self::Request];
+}
+
+impl fmt::Display for KeyOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl IdempotencyKey {
+    /// Reads a key back as a store holds it: a key a caller sent ([`IdempotencyKey::new`]) or one
+    /// a tool derived ([`KeyOrigin`]: its prefix, a space, then 1 or more bytes of printable
+    /// ASCII, 255 bytes in all). For stores, `Record` deserialisation and operator tools; a key
+    /// from a caller goes through [`IdempotencyKey::new`], which refuses the derived forms.
+    pub fn from_stored(key: impl Into<String>) -> Result<Self, KeyError> {
+        let key = key.into();
+        let sent = match Self::new(key.as_str()) {
+            Ok(_) => return Ok(Self(key)),
+            Err(e) => e,
+        };
+        let derived = KeyOrigin::DERIVED.iter().any(|origin| {
+            origin.prefix().is_some_and(|prefix| {
+                key.strip_prefix(prefix).is_some_and(|rest| {
+                    !rest.is_empty() && rest.bytes().all(|b| (0x20..=0x7e).contains(&b))
+                })
+            })
+        });
+        if derived && key.len() <= MAX_KEY_BYTES {
+            Ok(Self(key))
+        } else {
+            Err(sent)
+        }
+    }
+
+    /// Where this key came from: [`KeyOrigin::Sent`], or the source that derived it.
+    pub fn origin(&self) -> KeyOrigin {
+        KeyOrigin::DERIVED
+            .into_iter()
+            .find(|origin| origin.prefix().is_some_and(|p| self.0.starts_with(p)))
+            .unwrap_or(KeyOrigin::Sent)
+    }
+
+    /// The key of a call that sent none, derived from its selected arguments (the
+    /// [`KeySource::Arguments`](crate::KeySource::Arguments) of its tool): `args: ` and the
+    /// SHA-256 of their canonical JSON (as in the fingerprint: key order, white space and `1.0`
+    /// versus `1` do not matter). Equal arguments in one scope give one key.
+    pub fn from_arguments(arguments: &serde_json::Value) -> Result<Self, crate::FingerprintError> {
+        // A digest of its own domain: the same JSON never gives a fingerprint's digest.
+        let digest = crate::Fingerprint::of_value("idem.key.arguments", arguments)?;
+        Ok(Self::derived(KeyOrigin::Arguments, digest.as_str()))
+    }
+
+    /// The key of a call whose model filled the tool's key argument with `value`
+    /// ([`KeySource::ModelArgument`](crate::KeySource::ModelArgument)): `model: ` and the value
+    /// when it is visible ASCII and fits, else `model: sha256 ` and its digest (the second space
+    /// keeps the two forms apart). An empty value is [`KeyError::Empty`].
+    pub fn from_model_argument(value: &str) -> Result<Self, KeyError> {
+        if value.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        let prefix = KeyOrigin::ModelArgument.prefix().unwrap_or_default();
+        let plain = prefix.len() + value.len() <= MAX_KEY_BYTES
+            && value.bytes().all(|b| (0x21..=0x7e).contains(&b));
+        Ok(if plain {
+            Self::derived(KeyOrigin::ModelArgument, value)
+        } else {
+            let digest = crate::Fingerprint::of_bytes(value.as_bytes());
+            Self::derived(
+                KeyOrigin::ModelArgument,
+                &format!("sha256 {}", digest.as_str()),
+            )
+        })
+    }
+
+    /// The key of an MCP call from its session id and JSON-RPC request id
+    /// ([`KeySource::Request`](crate::KeySource::Request)): `request: ` and the SHA-256 of both
+    /// (length-prefixed, so no two pairs give one key). Only a resend of the very same request
+    /// (same session, same id) meets it again.
+    pub fn from_request(session: &str, request_id: &str) -> Self {
+        let text = format!("{}:{session}{request_id}", session.len());
+        let digest = crate::Fingerprint::of_bytes(text.as_bytes());
+        Self::derived(KeyOrigin::Request, digest.as_str())
+    }
+
+    /// `origin`'s prefix followed by `body` (printable ASCII, short enough: checked by callers).
+    fn derived(origin: KeyOrigin, body: &str) -> Self {
+        let prefix = origin.prefix().unwrap_or_default();
+        let mut key = String::with_capacity(prefix.len() + body.len());
+        key.push_str(prefix);
+        key.push_str(body);
+        debug_assert!(Self::from_stored(key.as_str()).is_ok());
+        Self(key)
     }
 }
 
@@ -284,155 +431,4 @@ impl<'de> Deserialize<'de> for Scope {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn key_accepts_visible_ascii_bounds() {
-        assert!(IdempotencyKey::new("!").is_ok());
-        assert!(IdempotencyKey::new("~").is_ok());
-        assert!(IdempotencyKey::new("a".repeat(255)).is_ok());
-    }
-
-    #[test]
-    fn key_refusals_name_their_rule() {
-        assert_eq!(IdempotencyKey::new(""), Err(KeyError::Empty));
-        assert_eq!(
-            IdempotencyKey::new("a".repeat(256)),
-            Err(KeyError::TooLong { len: 256 })
-        );
-        assert_eq!(
-            IdempotencyKey::new("ab c"),
-            Err(KeyError::InvalidCharacter {
-                index: 2,
-                byte: b' '
-            })
-        );
-        assert_eq!(
-            IdempotencyKey::new("a\u{7f}"),
-            Err(KeyError::InvalidCharacter {
-                index: 1,
-                byte: 0x7f
-            })
-        );
-        assert_eq!(
-            IdempotencyKey::new("é"),
-            Err(KeyError::InvalidCharacter {
-                index: 0,
-                byte: 0xc3
-            })
-        );
-        assert!(KeyError::Empty.to_string().contains("empty"));
-        assert!(KeyError::TooLong { len: 300 }.to_string().contains("255"));
-        assert!(
-            KeyError::InvalidCharacter { index: 0, byte: 9 }
-                .to_string()
-                .contains("visible ASCII")
-        );
-    }
-
-    #[test]
-    fn step_keys_are_stable_valid_and_distinct() {
-        let a = IdempotencyKey::for_step("wf-1", "s-1", "t").unwrap();
-        assert_eq!(a.as_str(), "wf-1:s-1:t");
-        assert_eq!(IdempotencyKey::for_step("", "s", "t"), Err(KeyError::Empty));
-        let long = "r".repeat(300);
-        let k = IdempotencyKey::for_step(&long, "s-1", "t").unwrap();
-        assert!(k.as_str().len() <= 255);
-        assert_eq!(k, IdempotencyKey::for_step(&long, "s-1", "t").unwrap());
-        let unicode = IdempotencyKey::for_step("wf-é", "s-1", "t").unwrap();
-        assert!(unicode.as_str().starts_with('~'));
-        assert_ne!(
-            IdempotencyKey::for_step("a:b", "c", "t").unwrap(),
-            IdempotencyKey::for_step("a", "b:c", "t").unwrap()
-        );
-        // Many parts long enough together: every part digested.
-        let k =
-            IdempotencyKey::for_step(&"a".repeat(120), &"b".repeat(120), &"c".repeat(20)).unwrap();
-        assert_eq!(k.as_str().matches('~').count(), 3);
-    }
-
-    #[test]
-    fn step_keys_of_ordinary_and_digested_parts_are_unchanged() {
-        for (parts, key) in [
-            (
-                ("wf-8812", "step-3", "create_ticket"),
-                "wf-8812:step-3:create_ticket",
-            ),
-            (("run 1", "s", "t"), "~b945d8cb026e35c608337842:s:t"),
-            (
-                ("wf-é", "step:3", "create ticket"),
-                "~c5596133ed572d3460c87bff:~8a69fc71ccd8184822b6cae0:~40ae166db7786683b06c5f32",
-            ),
-        ] {
-            assert_eq!(
-                IdempotencyKey::for_step(parts.0, parts.1, parts.2)
-                    .unwrap()
-                    .as_str(),
-                key
-            );
-        }
-    }
-
-    /// The collision of issue 13: a part that already looks like a digest.
-    #[test]
-    fn a_part_that_looks_like_a_digest_is_not_confused_with_one() {
-        let digested = IdempotencyKey::for_step("run 1", "s", "t").unwrap();
-        let lookalike = digest_part("run 1");
-        assert!(digested.as_str().starts_with(&lookalike));
-        let forged = IdempotencyKey::for_step(&lookalike, "s", "t").unwrap();
-        assert_ne!(digested, forged);
-        // Also when the whole key is digested for length.
-        let long = "r".repeat(300);
-        let all = IdempotencyKey::for_step(&long, "s", "t").unwrap();
-        let parts: Vec<&str> = all.as_str().split(':').collect();
-        assert_ne!(
-            all,
-            IdempotencyKey::for_step(parts[0], parts[1], parts[2]).unwrap()
-        );
-    }
-
-    fn triple() -> impl proptest::strategy::Strategy<Value = (String, String, String)> {
-        // Few characters, so that equal parts, separators, tildes and hex digits are frequent.
-        let part = || proptest::prop_oneof!["[~:a-f0-9 é]{1,6}", "~[0-9a-f]{24}", "[a-z]{80,130}",];
-        (part(), part(), part())
-    }
-
-    proptest::proptest! {
-        /// Injective: equal keys only for equal triples, including for the triple spelled by a
-        /// key's own parts (the forgery of a digest).
-        #[test]
-        fn for_step_is_injective(a in triple(), b in triple()) {
-            let key = |t: &(String, String, String)| IdempotencyKey::for_step(&t.0, &t.1, &t.2).unwrap();
-            let (ka, kb) = (key(&a), key(&b));
-            proptest::prop_assert_eq!(ka == kb, a == b);
-            let parts: Vec<String> = ka.as_str().split(':').map(str::to_owned).collect();
-            proptest::prop_assert_eq!(parts.len(), 3);
-            let spelled = (parts[0].clone(), parts[1].clone(), parts[2].clone());
-            proptest::prop_assert_eq!(key(&spelled) == ka, spelled == a);
-        }
-    }
-
-    #[test]
-    fn key_deserialization_validates() {
-        assert!(serde_json::from_str::<IdempotencyKey>("\"ok-key\"").is_ok());
-        assert!(serde_json::from_str::<IdempotencyKey>("\"\"").is_err());
-    }
-
-    #[test]
-    fn scope_rules() {
-        assert_eq!(Scope::new(""), Err(ScopeError::Empty));
-        assert!(matches!(
-            Scope::new("a\nb"),
-            Err(ScopeError::ControlCharacter { index: 1 })
-        ));
-        assert!(matches!(
-            Scope::new("x".repeat(513)),
-            Err(ScopeError::TooLong { len: 513 })
-        ));
-        assert_eq!(
-            Scope::from_parts(["a%b", "c/d"]).unwrap().as_str(),
-            "a%25b/c%2Fd"
-        );
-    }
-}
+mod tests;

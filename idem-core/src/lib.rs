@@ -9,6 +9,7 @@ macro_rules! transition {
     };
 }
 
+pub mod checkpoint;
 pub mod clock;
 pub mod codec;
 pub mod contract;
@@ -17,6 +18,7 @@ pub mod error;
 pub mod executor;
 pub mod fingerprint;
 pub mod key;
+pub mod key_source;
 pub mod machine;
 pub mod maintenance;
 pub mod memory;
@@ -30,8 +32,10 @@ pub mod retry;
 pub mod store;
 pub mod token;
 pub mod typed;
+pub mod wait;
 
 pub use async_trait::async_trait;
+pub use checkpoint::{Checkpoint, CheckpointError};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{CodecError, OutcomeCodec};
 pub use contract::ToolContract;
@@ -39,8 +43,11 @@ pub use downstream::downstream_key;
 pub use error::Error;
 pub use executor::{Attempt, BackgroundTask, Execution, Executor};
 pub use fingerprint::{Fingerprint, FingerprintError, canonical_json};
-pub use key::{IdempotencyKey, KeyError, Scope, ScopeError};
-pub use machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+pub use key::{IdempotencyKey, KeyError, KeyOrigin, Scope, ScopeError};
+pub use key_source::KeySource;
+pub use machine::{
+    CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
 pub use maintenance::{ConfigWarning, Maintenance};
 pub use memory::MemoryStore;
 pub use outcome::{OUTCOME_NOT_KEPT, Outcome, OutcomeClass};
@@ -54,3 +61,4 @@ pub use refusal::{ErrorAnswer, Ran, Refusal};
 pub use store::{BoxError, KeyStore, ListFilter, StoreError};
 pub use token::Token;
 pub use typed::{OperationError, TypedExecution};
+pub use wait::Timer;

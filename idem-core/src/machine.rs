@@ -20,19 +20,21 @@
 //! | `failed_retryable` | yes | `Claimed { kind: Retry, seq + 1, attempt + 1 }` | back to `processing` |
 //!
 //! Every claim that writes sets `lease_until = now + lease`, `expires_at = now + ttl`, clears the
-//! outcome and draws a fresh random token id.
+//! outcome and draws a fresh random token id. A retry or a takeover keeps the record's
+//! checkpoints (the operation resumes from them); a new or replaced record has none.
 //!
-//! ## `complete`, `release`, `extend`
+//! ## `complete`, `release`, `extend`, `checkpoint`
 //!
 //! Each acts only on a live `processing` record holding exactly the caller's token; anything else
 //! (no record, expired, another state, another token) is `Fenced` and writes nothing.
 //!
 //! | call | write |
 //! | --- | --- |
-//! | `complete`, definitive outcome | `completed` with the outcome, `expires_at = now + ttl` |
+//! | `complete`, definitive outcome | `completed` with the outcome, `expires_at = now + ttl`, checkpoints dropped |
 //! | `complete`, retryable outcome, [`CachePolicy::DefinitiveOnly`] | `failed_retryable` with the outcome, `expires_at = now + ttl` |
-//! | `complete`, retryable outcome, [`CachePolicy::CacheAll`] | `completed` with the outcome, `expires_at = now + ttl` |
+//! | `complete`, retryable outcome, [`CachePolicy::CacheAll`] | `completed` with the outcome, `expires_at = now + ttl`, checkpoints dropped |
 //! | `release` | `failed_retryable`, no outcome |
+//! | `checkpoint` | the checkpoint appended to the record's checkpoints ([`checkpoint`]) |
 //! | `extend(lease)` | `lease_until = max(lease_until, now + lease)`: a lease is never shortened, the later deadline wins; `expires_at` moves so it stays at least as far past the lease as it was |
 //!
 //! An outcome larger than [`Policy::max_outcome_bytes`] is refused before any of this, whatever
@@ -44,6 +46,10 @@
 //! completes it with [`Outcome::not_kept`] instead ([contract §2](crate::contract#states)), through the same `complete`.
 
 use std::time::Duration;
+
+mod checkpoint;
+
+pub use checkpoint::{CheckpointAnswer, CheckpointTooLarge, check_checkpoint_size, checkpoint};
 
 use crate::{
     CachePolicy, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Policy, Record, RecordState,
@@ -220,6 +226,7 @@ pub fn claim(
             created_at: now,
             updated_at: now,
             expires_at: now + policy.ttl(),
+            checkpoints: Vec::new(),
         };
         return Transition {
             answer: ClaimAnswer::Claimed {
@@ -343,6 +350,12 @@ pub fn complete(
         RecordState::Completed => CompleteAnswer::Completed,
         _ => CompleteAnswer::MarkedRetryable,
     };
+    // A completed operation's checkpoints end with it; a retryable outcome keeps them for the
+    // next attempt.
+    let checkpoints = match state {
+        RecordState::Completed => Vec::new(),
+        _ => record.checkpoints.clone(),
+    };
     Ok(Transition {
         answer,
         write: Some(Record {
@@ -350,6 +363,7 @@ pub fn complete(
             outcome: Some(outcome.clone()),
             updated_at: now,
             expires_at: now + policy.ttl(),
+            checkpoints,
             ..record.clone()
         }),
     })

@@ -7,11 +7,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::machine::{
-    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer, Transition,
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    Transition,
 };
+use crate::wait::{LocalNotifier, Timer, changed};
 use crate::{
-    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
-    Timestamp, Token,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
+    Scope,
+    StoreError, Timestamp, Token,
 };
 
 type Map = HashMap<(Scope, IdempotencyKey), Record>;
@@ -24,6 +27,8 @@ type Map = HashMap<(Scope, IdempotencyKey), Record>;
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     records: Arc<Mutex<Map>>,
+    /// Wakes the waiters of a key after each write ([contract §5.2](crate::contract#waiting)).
+    notifier: LocalNotifier,
 }
 
 impl MemoryStore {
@@ -57,10 +62,21 @@ impl MemoryStore {
         let mut map = self.lock();
         let id = (scope.clone(), key.clone());
         let transition = rule(map.get(&id))?;
+        let wrote = transition.write.is_some();
         if let Some(record) = transition.write {
             map.insert(id, record);
         }
+        drop(map);
+        if wrote {
+            self.notifier.notify(scope, key);
+        }
         Ok(transition.answer)
+    }
+
+    /// How many waits on its records are subscribed right now (one per waited key, however many
+    /// requests wait on it).
+    pub fn wait_subscriptions(&self) -> usize {
+        self.notifier.subscriptions()
     }
 }
 
@@ -180,5 +196,39 @@ impl KeyStore for MemoryStore {
 
     fn backend(&self) -> &'static str {
         "memory"
+    }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        self.apply(scope, key, |found| {
+            Ok(machine::checkpoint(found, token, checkpoint, policy)?)
+        })
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        true
+    }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        _timer: &Timer,
+    ) -> Result<(), StoreError> {
+        let subscription = self.notifier.subscribe(scope, key);
+        if changed(seen, self.get(scope, key, clock.now()).await?.as_ref()) {
+            return Ok(());
+        }
+        subscription.notified().await;
+        Ok(())
     }
 }

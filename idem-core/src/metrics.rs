@@ -15,8 +15,9 @@ use ::metrics::Unit;
 
 use crate::store::StoreError;
 
-/// Counter of claim answers; label `result`: `claimed`, `replayed`, `in_flight`, `mismatch`,
-/// `taken_over`.
+/// Counter of claim answers; labels `result`: `claimed`, `replayed`, `in_flight`, `mismatch`,
+/// `taken_over`; and `key_source`, where the key came from ([`KeyOrigin`](crate::KeyOrigin)):
+/// `sent`, `arguments`, `model_argument`, `request`.
 pub const CLAIMS: &str = "idem_claims_total";
 /// Counter of completions; label `result`: `completed`, `retryable`, `fenced`.
 pub const COMPLETIONS: &str = "idem_completions_total";
@@ -25,8 +26,8 @@ pub const COMPLETIONS: &str = "idem_completions_total";
 pub const STORE_ERRORS: &str = "idem_store_errors_total";
 /// Histogram of store operation durations in seconds; labels `backend`
 /// ([`KeyStore::backend`](crate::KeyStore::backend)) and `op`: `claim`, `complete`, `release`,
-/// `extend`, `get`, `list_in_flight`, `list`, `purge_expired` (the [`KeyStore`](crate::KeyStore)
-/// methods).
+/// `extend`, `get`, `list_in_flight`, `list`, `purge_expired`, `checkpoint` (the
+/// [`KeyStore`](crate::KeyStore) methods).
 pub const STORE_OP_SECONDS: &str = "idem_store_op_seconds";
 /// Counter of requests passed through unprotected (no key where the key is optional); label
 /// `transport`: `http`, `mcp`.
@@ -39,6 +40,16 @@ pub const REFUSALS: &str = "idem_refusals_total";
 /// Counter of the reconciler's decisions, one per examined record; label `decision`:
 /// `completed`, `released`, `unknown`, `skipped`, `failed`.
 pub const RECONCILE_DECISIONS: &str = "idem_reconcile_decisions_total";
+/// Counter of waits for an in-flight answer ([contract §5.2](crate::contract#waiting)); label
+/// `result`: `replayed`, `claimed` (the record became claimable and this request won it),
+/// `timed_out` (the bound passed: `InFlight`).
+pub const WAITS: &str = "idem_waits_total";
+/// Histogram of how long waits for an in-flight answer lasted, in seconds.
+pub const WAIT_SECONDS: &str = "idem_wait_seconds";
+
+/// Counter of checkpoints operations saved ([contract §6.1](crate::contract#checkpoints)); label
+/// `result`: `saved`, `fenced`.
+pub const CHECKPOINTS: &str = "idem_checkpoints_total";
 
 /// Describes every idem metric (help text and unit) to the installed recorder. Call it after
 /// installing the recorder; calling it again is harmless.
@@ -78,6 +89,21 @@ pub fn describe() {
         Unit::Count,
         "Decisions of the reconciler on stale records, by decision"
     );
+    ::metrics::describe_counter!(
+        CHECKPOINTS,
+        Unit::Count,
+        "Checkpoints operations saved, by result"
+    );
+    ::metrics::describe_counter!(
+        WAITS,
+        Unit::Count,
+        "Waits of repeated requests for an in-flight answer, by result"
+    );
+    ::metrics::describe_histogram!(
+        WAIT_SECONDS,
+        Unit::Seconds,
+        "Duration of waits for an in-flight answer"
+    );
 }
 
 /// Runs one store operation, recording its duration in [`STORE_OP_SECONDS`] and counting a
@@ -111,4 +137,13 @@ pub fn count_unprotected(transport: &'static str) {
 
 pub(crate) fn count_reconcile(decision: &'static str) {
     ::metrics::counter!(RECONCILE_DECISIONS, "decision" => decision).increment(1);
+}
+
+pub(crate) fn count_checkpoint(result: &'static str) {
+    ::metrics::counter!(CHECKPOINTS, "result" => result).increment(1);
+}
+
+pub(crate) fn count_wait(result: &'static str, waited: std::time::Duration) {
+    ::metrics::counter!(WAITS, "result" => result).increment(1);
+    ::metrics::histogram!(WAIT_SECONDS).record(waited.as_secs_f64());
 }

@@ -51,6 +51,9 @@ pub enum PolicyError {
     /// The outcome limit was zero.
     #[error("policy: max_outcome_bytes must be at least 1")]
     ZeroOutcomeLimit,
+    /// The checkpoint limit was zero.
+    #[error("policy: max_checkpoint_bytes must be at least 1")]
+    ZeroCheckpointLimit,
 }
 
 /// The knobs of contract [§1](crate::contract#words)–[§2](crate::contract#states). Always valid: build one with [`Policy::builder`] or take
@@ -74,6 +77,7 @@ pub struct Policy {
     cache: CachePolicy,
     stale: StalePolicy,
     max_outcome_bytes: usize,
+    max_checkpoint_bytes: usize,
 }
 
 impl Policy {
@@ -83,6 +87,8 @@ impl Policy {
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
     /// Default outcome limit: 1 MiB.
     pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 1024 * 1024;
+    /// Default checkpoint limit: 64 KiB.
+    pub const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 64 * 1024;
 
     /// A builder starting from the defaults.
     pub fn builder() -> PolicyBuilder {
@@ -114,6 +120,12 @@ impl Policy {
         self.max_outcome_bytes
     }
 
+    /// The largest checkpoint stored, in bytes: its name plus its value as stored (encoded by
+    /// the executor's codec where there is one) ([contract §6.1](crate::contract#checkpoints)).
+    pub fn max_checkpoint_bytes(&self) -> usize {
+        self.max_checkpoint_bytes
+    }
+
     /// A builder starting from this policy.
     pub fn to_builder(self) -> PolicyBuilder {
         PolicyBuilder(self)
@@ -128,6 +140,7 @@ impl Default for Policy {
             cache: CachePolicy::default(),
             stale: StalePolicy::default(),
             max_outcome_bytes: Self::DEFAULT_MAX_OUTCOME_BYTES,
+            max_checkpoint_bytes: Self::DEFAULT_MAX_CHECKPOINT_BYTES,
         }
     }
 }
@@ -167,6 +180,12 @@ impl PolicyBuilder {
         self
     }
 
+    /// Sets the checkpoint size limit, in bytes (at least 1).
+    pub fn max_checkpoint_bytes(mut self, bytes: usize) -> Self {
+        self.0.max_checkpoint_bytes = bytes;
+        self
+    }
+
     /// Checks and returns the policy. Durations are compared as stores keep them, in whole
     /// milliseconds: a lease below 1 ms is [`PolicyError::ZeroLease`], and a ttl that is not at
     /// least 1 ms longer than the lease once both are truncated to milliseconds is
@@ -184,6 +203,9 @@ impl PolicyBuilder {
         }
         if p.max_outcome_bytes == 0 {
             return Err(PolicyError::ZeroOutcomeLimit);
+        }
+        if p.max_checkpoint_bytes == 0 {
+            return Err(PolicyError::ZeroCheckpointLimit);
         }
         Ok(p)
     }
@@ -209,6 +231,10 @@ mod tests {
         assert_eq!(
             Policy::builder().max_outcome_bytes(0).build(),
             Err(PolicyError::ZeroOutcomeLimit)
+        );
+        assert_eq!(
+            Policy::builder().max_checkpoint_bytes(0).build(),
+            Err(PolicyError::ZeroCheckpointLimit)
         );
         assert_eq!(
             Policy::default().to_builder().build(),

@@ -60,6 +60,11 @@ pub enum Finding {
 
 /// Asks the downstream system whether an operation's effect happened: e.g. "is there a ticket
 /// whose external id is `downstream_key(scope, key, "helpdesk")`?".
+///
+/// For an operation with several effects, the record's [checkpoints](crate::checkpoint) say
+/// which steps were done ([`Record::last_checkpoint`], decoded by the reconciler's codec): ask
+/// about the step after the last one. [`Finding::NotHappened`] then releases the record with
+/// its checkpoints, and the next attempt resumes after them.
 #[async_trait]
 pub trait Probe: Send + Sync {
     /// Looks `record`'s operation up downstream.
@@ -84,7 +89,8 @@ pub struct ReconcileReport {
     pub completed: usize,
     /// Released for a retry.
     pub released: usize,
-    /// Left for later: the probe could not tell.
+    /// Left for later: the probe could not tell (each with its checkpoints decoded, the last
+    /// one saying which step the operation had reached).
     pub unknown: Vec<Record>,
     /// Skipped: no longer the stale claim that was listed (completed, released, retried,
     /// expired or taken meanwhile). Nothing was probed; any claim won by accident was given back.
@@ -238,11 +244,39 @@ impl<P: Probe> Reconciler<P> {
                 return Ok(());
             }
         };
+        // The steps the operation saved, as they stand now that the old holder is fenced out,
+        // decoded: the probe is asked about the step after the last one (contract §6.1).
+        let after = timed(
+            store.backend(),
+            "get",
+            store.get(&record.scope, &record.key, self.clock.now()),
+        )
+        .await?;
+        let saved = after
+            .filter(|r| r.token == token)
+            .map_or_else(|| record.checkpoints.clone(), |r| r.checkpoints);
+        let cx = crate::codec::CodecContext::new(&record.scope, &record.key);
+        let decoded: Result<Vec<_>, _> = saved
+            .iter()
+            .map(|c| crate::checkpoint::decode_checkpoint(self.codec.as_deref(), &cx, c))
+            .collect();
+        let (checkpoints, finding) = match decoded {
+            Ok(checkpoints) => (checkpoints, None),
+            Err(e) => {
+                tracing::error!(scope = %record.scope, key = %record.key, error = %e, "the record's checkpoints could not be decoded; not probed, left processing");
+                (saved, Some(Finding::Unknown))
+            }
+        };
         let taken = Record {
             token,
+            checkpoints,
             ..record.clone()
         };
-        match self.probe.probe(&taken).await {
+        let finding = match finding {
+            Some(finding) => finding,
+            None => self.probe.probe(&taken).await,
+        };
+        match finding {
             Finding::Happened(outcome) => {
                 let now = self.clock.now();
                 let completion = complete_or_not_kept(

@@ -2,8 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::{checkpoints_from_column, checkpoints_to_column};
 use crate::{
-    Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope, StoreError, Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope, StoreError, Timestamp,
+    Token,
 };
 
 /// The state of a record ([contract §2](crate::contract#states)).
@@ -80,9 +82,19 @@ pub struct Record {
     pub updated_at: Timestamp,
     /// From this instant on the record is treated exactly as if it did not exist.
     pub expires_at: Timestamp,
+    /// The steps the operation saved so far, in order ([contract §6.1](crate::contract#checkpoints)):
+    /// kept through a release, a retryable outcome and a takeover; none once `completed`.
+    #[serde(default)]
+    pub checkpoints: Vec<Checkpoint>,
 }
 
 impl Record {
+    /// Where the record's key came from: sent by the caller or derived by the tool
+    /// ([contract §5.1](crate::contract#keyless)), as [`IdempotencyKey::origin`] reads it.
+    pub fn key_origin(&self) -> crate::KeyOrigin {
+        self.key.origin()
+    }
+
     /// Whether the record has expired at `now` (`now >= expires_at`): an expired record is absent.
     pub fn is_expired(&self, now: Timestamp) -> bool {
         now >= self.expires_at
@@ -91,6 +103,12 @@ impl Record {
     /// Whether the lease of a `processing` record has run out at `now` (`now >= lease_until`).
     pub fn lease_elapsed(&self, now: Timestamp) -> bool {
         now >= self.lease_until
+    }
+
+    /// The last step the operation saved ([contract §6.1](crate::contract#checkpoints)): the
+    /// step a resumed attempt or a reconciliation probe continues after.
+    pub fn last_checkpoint(&self) -> Option<&Checkpoint> {
+        self.checkpoints.last()
     }
 
     /// Whether `list_in_flight(at, …)` lists it: `processing`, lease elapsed and not expired at
@@ -117,7 +135,7 @@ impl Record {
 /// #     fingerprint: Fingerprint::parse(&"a".repeat(64)).unwrap(), state: RecordState::Processing,
 /// #     token: Token::with_id(1, 7), attempt: 1, lease_until: Timestamp::from_millis(5),
 /// #     outcome: None, created_at: Timestamp::from_millis(0), updated_at: Timestamp::from_millis(0),
-/// #     expires_at: Timestamp::from_millis(u64::MAX) };
+/// #     expires_at: Timestamp::from_millis(u64::MAX), checkpoints: Vec::new() };
 /// let columns = RawRecord::from_record(&record);
 /// assert_eq!(columns.expires_at, i64::MAX);
 /// assert_eq!(columns.into_record().unwrap(), record);
@@ -152,6 +170,9 @@ pub struct RawRecord {
     pub updated_at: i64,
     /// [`Record::expires_at`], in milliseconds.
     pub expires_at: i64,
+    /// [`Record::checkpoints`] as a JSON array ([`crate::checkpoint`]); `None` when there are
+    /// none.
+    pub checkpoints: Option<String>,
 }
 
 impl RawRecord {
@@ -173,6 +194,7 @@ impl RawRecord {
             created_at: timestamp_to_column(record.created_at),
             updated_at: timestamp_to_column(record.updated_at),
             expires_at: timestamp_to_column(record.expires_at),
+            checkpoints: checkpoints_to_column(&record.checkpoints),
         }
     }
 
@@ -180,7 +202,7 @@ impl RawRecord {
     /// never guessed.
     pub fn into_record(self) -> Result<Record, StoreError> {
         let scope = Scope::new(self.scope).map_err(|e| corrupt("scope", e))?;
-        let key = IdempotencyKey::new(self.key).map_err(|e| corrupt("key", e))?;
+        let key = IdempotencyKey::from_stored(self.key).map_err(|e| corrupt("key", e))?;
         let fingerprint =
             Fingerprint::parse(&self.fingerprint).map_err(|e| corrupt("fingerprint", e))?;
         let state = RecordState::parse(&self.state)
@@ -201,6 +223,7 @@ impl RawRecord {
             created_at: timestamp_from_column("created_at", self.created_at)?,
             updated_at: timestamp_from_column("updated_at", self.updated_at)?,
             expires_at: timestamp_from_column("expires_at", self.expires_at)?,
+            checkpoints: checkpoints_from_column(self.checkpoints.as_deref())?,
         })
     }
 }
@@ -323,6 +346,9 @@ mod tests {
             created_at: Timestamp::from_millis(10),
             updated_at: Timestamp::from_millis(20),
             expires_at: Timestamp::from_millis(30),
+            checkpoints: vec![
+                Checkpoint::new("charged", "{\"id\": 1}", Timestamp::from_millis(15)).unwrap(),
+            ],
         }
     }
 
@@ -375,7 +401,7 @@ mod tests {
     #[test]
     fn every_bad_column_is_corrupt_and_named() {
         type Spoil = fn(&mut RawRecord);
-        let cases: [(&str, Spoil); 15] = [
+        let cases: [(&str, Spoil); 16] = [
             ("scope", |r| r.scope = String::new()),
             ("key", |r| r.key = String::new()),
             ("fingerprint", |r| r.fingerprint = "ABC".into()),
@@ -393,6 +419,7 @@ mod tests {
             ("outcome_body", |r| {
                 r.outcome_body = Some("{not json".into())
             }),
+            ("checkpoints", |r| r.checkpoints = Some("[{".into())),
         ];
         for (column, spoil) in cases {
             let mut raw = RawRecord::from_record(&record());

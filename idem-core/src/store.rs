@@ -95,10 +95,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::machine::{
-    ClaimAnswer, CompleteAnswer, ExtendAnswer, OutcomeTooLarge, ReleaseAnswer, ZeroLease,
+    CheckpointAnswer, CheckpointTooLarge, ClaimAnswer, CompleteAnswer, ExtendAnswer,
+    OutcomeTooLarge, ReleaseAnswer, ZeroLease,
 };
+use crate::wait::Timer;
 use crate::{
-    Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, Timestamp, Token,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope,
+    Timestamp, Token,
 };
 
 /// A boxed error kept as the source of a [`StoreError`].
@@ -150,6 +153,16 @@ pub enum StoreError {
     /// `extend` was given a lease of zero whole milliseconds; nothing was written.
     #[error(transparent)]
     ZeroLease(#[from] ZeroLease),
+    /// The checkpoint is over the policy's size limit; nothing was written.
+    #[error(transparent)]
+    CheckpointTooLarge(#[from] CheckpointTooLarge),
+    /// The store does not keep checkpoints ([`KeyStore::supports_checkpoints`] is false);
+    /// nothing was written.
+    #[error("the store ({backend}) does not support checkpoints")]
+    CheckpointsUnsupported {
+        /// The store's [`KeyStore::backend`].
+        backend: &'static str,
+    },
 }
 
 impl StoreError {
@@ -191,7 +204,7 @@ impl StoreError {
     }
 
     /// A short label for metrics: `unavailable`, `backend`, `corrupt`, `misconfigured`,
-    /// `outcome_too_large`, `zero_lease`.
+    /// `outcome_too_large`, `zero_lease`, `checkpoint_too_large`, `checkpoints_unsupported`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Unavailable { .. } => "unavailable",
@@ -200,6 +213,8 @@ impl StoreError {
             Self::Misconfigured { .. } => "misconfigured",
             Self::OutcomeTooLarge(_) => "outcome_too_large",
             Self::ZeroLease(_) => "zero_lease",
+            Self::CheckpointTooLarge(_) => "checkpoint_too_large",
+            Self::CheckpointsUnsupported { .. } => "checkpoints_unsupported",
         }
     }
 }
@@ -336,6 +351,73 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
     fn backend(&self) -> &'static str {
         "custom"
     }
+
+    /// Saves `checkpoint` for the holder of `token`, per [`crate::machine::checkpoint`]
+    /// ([contract §6.1](crate::contract#checkpoints)); `checkpoint.saved_at()` is the caller's
+    /// `now`, against which expiry is decided.
+    ///
+    /// The default answers [`StoreError::CheckpointsUnsupported`] and writes nothing: a store
+    /// that keeps checkpoints overrides both this and [`KeyStore::supports_checkpoints`].
+    ///
+    /// ### To ensure correctness:
+    ///
+    /// - Refuse a checkpoint over `policy.max_checkpoint_bytes()`
+    ///   ([`crate::machine::check_checkpoint_size`]) with [`StoreError::CheckpointTooLarge`]
+    ///   before writing anything.
+    /// - Fence exactly like [`KeyStore::complete`]: append only if the record is live,
+    ///   `processing` and holds exactly `token`, checked in the same atomic step as the write;
+    ///   otherwise answer `Fenced` and write nothing.
+    /// - Keep the checkpoints in order, the value byte for byte, through a release, a retryable
+    ///   outcome kept as `failed_retryable`, an extend, a retry and a takeover; drop them when
+    ///   the record becomes `completed`, and never carry them into a record that replaces an
+    ///   expired one. [`KeyStore::get`] returns them in [`Record::checkpoints`].
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        let _ = (scope, key, token, checkpoint, policy);
+        Err(StoreError::CheckpointsUnsupported {
+            backend: self.backend(),
+        })
+    }
+
+    /// Whether this store keeps checkpoints ([`KeyStore::checkpoint`]). The default is `false`;
+    /// the conformance suite checks every checkpoint rule of a store that answers `true`, and
+    /// reports a store that answers `false` as not supporting them.
+    fn supports_checkpoints(&self) -> bool {
+        false
+    }
+
+    /// Resolves when the record of (scope, key) may no longer be `seen` (the record a waiting
+    /// request read: `processing`): completed, released, taken over, extended, expired or gone
+    /// ([contract §5.2](crate::contract#waiting)). Time is `clock`'s; sleep only on `timer`.
+    ///
+    /// The default polls [`KeyStore::get`] with backoff
+    /// ([`wait::poll_for_change`](crate::wait::poll_for_change)), so every store can be waited
+    /// on. A store whose engine can notify overrides it.
+    ///
+    /// ### To ensure correctness:
+    /// - Subscribe before reading the record, and return at once if that read already differs
+    ///   from `seen` ([`wait::changed`](crate::wait::changed)): a change between the waiter's
+    ///   read and the subscription is then never lost.
+    /// - Notify after the write is committed (PostgreSQL: `pg_notify` in the writing
+    ///   transaction), on completion, release and takeover, from every process that writes.
+    /// - Write nothing and hold nothing once the future is dropped (unsubscribe on drop).
+    /// - A spurious return is allowed; the executor reads the record again.
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        crate::wait::poll_for_change(self, scope, key, seen, clock, timer).await
+    }
 }
 
 /// A shared store is a store: `Arc<dyn KeyStore>` (or `Arc<S>`) goes wherever a `KeyStore` does.
@@ -419,5 +501,34 @@ impl<S: KeyStore + ?Sized> KeyStore for std::sync::Arc<S> {
 
     fn backend(&self) -> &'static str {
         (**self).backend()
+    }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        (**self)
+            .checkpoint(scope, key, token, checkpoint, policy)
+            .await
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        (**self).supports_checkpoints()
+    }
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        (**self)
+            .wait_for_change(scope, key, seen, clock, timer)
+            .await
     }
 }

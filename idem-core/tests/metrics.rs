@@ -105,9 +105,94 @@ async fn the_executor_times_claim_extend_and_complete() {
     assert_eq!(m.op("claim"), 2);
     assert_eq!(m.op("extend"), 1);
     assert_eq!(m.op("complete"), 1);
-    assert_eq!(m.count(names::CLAIMS, &[("result", "claimed")]), 1);
-    assert_eq!(m.count(names::CLAIMS, &[("result", "replayed")]), 1);
+    let claims = |result| m.count(names::CLAIMS, &[("result", result), ("key_source", "sent")]);
+    assert_eq!(claims("claimed"), 1);
+    assert_eq!(claims("replayed"), 1);
     assert_eq!(m.count(names::COMPLETIONS, &[("result", "completed")]), 1);
+}
+
+/// Each claim answer is counted with where its key came from ([contract §5.1](idem_core::contract#keyless)):
+/// a sent key and each derived one, and the effect ran once per key.
+#[tokio::test]
+async fn claims_carry_the_key_source() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let executor = Executor::new(MemoryStore::new()).with_policy(policy());
+    let scope = Scope::new("tenant/tool").unwrap();
+    let args = json!({"title": "Printer on fire"});
+    let fp = Fingerprint::of("tool", &args).unwrap();
+    let keys = [
+        IdempotencyKey::new("wf-1:step-1").unwrap(),
+        IdempotencyKey::from_arguments(&args).unwrap(),
+        IdempotencyKey::from_model_argument("ticket-for-printer").unwrap(),
+        IdempotencyKey::from_request("session-1", "7"),
+    ];
+    let mut runs = 0;
+    for key in &keys {
+        for _ in 0..2 {
+            executor
+                .run(&scope, key, &fp, |_| {
+                    runs += 1;
+                    async { Outcome::definitive(200, &json!({"ok": true})).unwrap() }
+                })
+                .await
+                .unwrap();
+        }
+        let other = Fingerprint::of("tool", &json!({"title": "other"})).unwrap();
+        let mismatch = executor.run(&scope, key, &other, |_| async {
+            unreachable!("a mismatch never runs")
+        });
+        assert!(mismatch.await.is_err());
+    }
+    assert_eq!(runs, keys.len(), "each key ran once, its repeat replayed");
+    let m = snapshot(&snapshotter);
+    for source in ["sent", "arguments", "model_argument", "request"] {
+        for result in ["claimed", "replayed", "mismatch"] {
+            let labels = [("result", result), ("key_source", source)];
+            assert_eq!(m.count(names::CLAIMS, &labels), 1, "{labels:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn checkpoints_are_counted_saved_and_fenced() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemoryStore::new();
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let executor = Executor::new(store.clone())
+        .with_clock(clock.clone())
+        .with_policy(
+            policy()
+                .to_builder()
+                .stale(idem_core::StalePolicy::Takeover)
+                .build()
+                .unwrap(),
+        );
+    let scope = Scope::new("tenant/tool").unwrap();
+    let key = IdempotencyKey::new("k-cp").unwrap();
+    let fp = Fingerprint::of("tool", &json!({})).unwrap();
+    let claim = store
+        .claim(&scope, &key, &fp, executor.policy(), clock.now())
+        .await
+        .unwrap();
+    let stale = executor.attempt_for(&scope, &key, &claim).unwrap();
+    stale.checkpoint("charged", &1).await.unwrap();
+    clock.advance(Duration::from_secs(31));
+    executor
+        .run(&scope, &key, &fp, |attempt| async move {
+            assert_eq!(attempt.checkpoints().len(), 1);
+            Outcome::definitive(200, &json!({})).unwrap()
+        })
+        .await
+        .unwrap();
+    assert!(stale.checkpoint("emailed", &2).await.is_err());
+    let m = snapshot(&snapshotter);
+    assert_eq!(m.count(names::CHECKPOINTS, &[("result", "saved")]), 1);
+    assert_eq!(m.count(names::CHECKPOINTS, &[("result", "fenced")]), 1);
+    assert_eq!(m.op("checkpoint"), 2);
 }
 
 /// Decides by key: `happened-*`, `not-*`, anything else unknown.
@@ -161,7 +246,11 @@ async fn the_reconciler_counts_each_decision_and_times_its_store_operations() {
     assert_eq!(decision(&m, "skipped"), 0);
     assert_eq!(decision(&m, "failed"), 0);
     assert_eq!(m.op("list_in_flight"), 1);
-    assert_eq!(m.op("get"), 4);
+    assert_eq!(
+        m.op("get"),
+        8,
+        "one read before each takeover, one after it (the checkpoints the probe sees)"
+    );
     assert_eq!(m.op("claim"), 4, "one takeover each");
     assert_eq!(m.op("complete"), 1);
     assert_eq!(m.op("release"), 2);
@@ -239,6 +328,9 @@ fn describe_gives_every_metric_a_description_and_a_unit() {
         (names::UNPROTECTED, "counter", Unit::Count),
         (names::REFUSALS, "counter", Unit::Count),
         (names::RECONCILE_DECISIONS, "counter", Unit::Count),
+        (names::CHECKPOINTS, "counter", Unit::Count),
+        (names::WAITS, "counter", Unit::Count),
+        (names::WAIT_SECONDS, "histogram", Unit::Seconds),
     ];
     want.sort_by(|a, b| a.0.cmp(b.0));
     assert_eq!(got.len(), want.len(), "{got:?}");

@@ -5,7 +5,9 @@
 //! complete, and the claim that answers a replay, straight on another `MemoryStore`); p50, p99
 //! and mean per kind, and the layer's overhead beyond the bare handler and beyond the bare
 //! handler plus the store's round trips (issue 17's target: at most 15 % or 20 µs, whichever is
-//! larger).
+//! larger). Requests without a key under `KeySource::arguments()` (the key derived from the
+//! canonical body, contract §5.1) are interleaved too, against the sent-key calls (issue 27:
+//! deriving adds at most a few µs at p50).
 //!
 //! ```text
 //! cargo bench -p idem-http --bench layer
@@ -22,8 +24,8 @@ use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use http_body_util::BodyExt;
 use idem_core::{
-    ClaimAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy,
-    Scope, Timestamp,
+    ClaimAnswer, Executor, Fingerprint, IdempotencyKey, KeySource, KeyStore, MemoryStore, Outcome,
+    Policy, Scope, Timestamp,
 };
 use idem_http::IdempotencyLayer;
 use serde_json::{Value, json};
@@ -37,6 +39,10 @@ async fn create_ticket(axum::Json(args): axum::Json<Value>) -> (StatusCode, axum
 }
 
 fn request(key: Option<&str>) -> Request<Body> {
+    request_titled(key, "bench")
+}
+
+fn request_titled(key: Option<&str>, title: &str) -> Request<Body> {
     let mut req = Request::builder()
         .method("POST")
         .uri("/tools/create_ticket")
@@ -44,7 +50,7 @@ fn request(key: Option<&str>) -> Request<Body> {
     if let Some(key) = key {
         req = req.header("idempotency-key", key);
     }
-    req.body(Body::from(r#"{"title":"bench","priority":2}"#))
+    req.body(Body::from(format!(r#"{{"title":"{title}","priority":2}}"#)))
         .unwrap()
 }
 
@@ -118,15 +124,25 @@ async fn run(n: usize) {
     });
     let mut layered = Router::new()
         .route("/tools/create_ticket", post(create_ticket))
-        .route_layer(IdempotencyLayer::new(executor, |_| Ok("bench".to_owned())));
+        .route_layer(IdempotencyLayer::new(executor.clone(), |_| {
+            Ok("bench".to_owned())
+        }));
+    let mut derived = Router::new()
+        .route("/tools/create_ticket", post(create_ticket))
+        .route_layer(
+            IdempotencyLayer::new(executor, |_| Ok("bench-derived".to_owned()))
+                .key_source(KeySource::arguments()),
+        );
 
     let store = MemoryStore::new();
     for i in 0..200 {
         call(&mut bare, request(None)).await;
         call(&mut layered, request(Some(&format!("warm-{i}")))).await;
         store_round_trips(&store, &format!("warm-{i}"), false).await;
+        call(&mut derived, request_titled(None, &format!("warm-{i}"))).await;
     }
     let (mut b, mut first, mut replay) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut derived_first, mut derived_replay) = (Vec::new(), Vec::new());
     let (mut store_first, mut store_replay) = (Vec::new(), Vec::new());
     for i in 0..n {
         let key = format!("op-{i}");
@@ -139,7 +155,13 @@ async fn run(n: usize) {
             store_replay.push(store_round_trips(&store, &before, true).await);
             replay.push(call(&mut layered, request(Some(&before))).await);
         }
+        derived_first.push(call(&mut derived, request_titled(None, &key)).await);
+        if i > 0 {
+            let before = format!("op-{}", i - 1);
+            derived_replay.push(call(&mut derived, request_titled(None, &before)).await);
+        }
     }
+    let (derived_first, derived_replay) = (stats(&mut derived_first), stats(&mut derived_replay));
     let (b, first, replay) = (stats(&mut b), stats(&mut first), stats(&mut replay));
     let (store_first, store_replay) = (stats(&mut store_first), stats(&mut store_replay));
     println!(
@@ -153,6 +175,8 @@ async fn run(n: usize) {
         ("bare axum handler", &b),
         ("layer, first execution", &first),
         ("layer, replay", &replay),
+        ("layer, derived key, first execution", &derived_first),
+        ("layer, derived key, replay", &derived_replay),
         ("store alone: claim + complete", &store_first),
         ("store alone: claim → replay", &store_replay),
     ] {
@@ -168,6 +192,18 @@ async fn run(n: usize) {
             s.p50 / b.p50,
             s.p99 - b.p99,
             s.p99 / b.p99
+        );
+    }
+    for (name, d, s) in [
+        ("first execution", &derived_first, &first),
+        ("replay", &derived_replay, &replay),
+    ] {
+        println!(
+            "  derived key vs sent, {name:<16} p50 +{:.1} µs ({:.2}×)  p99 +{:.1} µs ({:.2}×)",
+            d.p50 - s.p50,
+            d.p50 / s.p50,
+            d.p99 - s.p99,
+            d.p99 / s.p99
         );
     }
     for (name, s, st) in [

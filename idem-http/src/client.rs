@@ -149,6 +149,7 @@ pub struct ToolClient {
     policy: RetryPolicy,
     min_client_deadline: Option<Duration>,
     headers: http::HeaderMap,
+    wait: bool,
 }
 
 /// Installs ring as rustls' process-wide crypto provider, when the application installed none.
@@ -203,6 +204,7 @@ impl ToolClient {
             policy,
             min_client_deadline,
             headers: http::HeaderMap::new(),
+            wait: true,
         })
     }
 
@@ -269,6 +271,15 @@ impl ToolClient {
         Ok(Self::new(url, policy, Some(min))?.with_http_client(http))
     }
 
+    /// The same client without `Prefer: wait`: an attempt that finds the operation in flight is
+    /// answered 409 at once and retried after `Retry-After`. By default each attempt asks the
+    /// tool to wait for the in-flight answer within the attempt's own timeout (its whole seconds
+    /// after a 500 ms margin, [contract §5.2](idem_core::contract#waiting)).
+    pub fn without_wait(mut self) -> Self {
+        self.wait = false;
+        self
+    }
+
     /// The tool's minimum client deadline, if known.
     pub fn min_client_deadline(&self) -> Option<Duration> {
         self.min_client_deadline
@@ -296,10 +307,15 @@ impl ToolClient {
             }
             attempts += 1;
             let timeout = self.policy.attempt_timeout.min(deadline - now);
-            let sent = self
-                .http
-                .post(&self.url)
-                .headers(self.headers.clone())
+            let mut request = self.http.post(&self.url).headers(self.headers.clone());
+            if let Some(wait) = self
+                .wait
+                .then(|| crate::prefer::prefer_wait_within(timeout))
+                .flatten()
+            {
+                request = request.header(crate::prefer::PREFER, wait);
+            }
+            let sent = request
                 .header(IDEMPOTENCY_KEY, key_header(key))
                 .header(http::header::CONTENT_TYPE, "application/json")
                 .body(body.clone())

@@ -11,12 +11,16 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{ErrorAnswer, Execution, Executor, Fingerprint, Outcome, OutcomeClass, Scope};
+use idem_core::{
+    ErrorAnswer, Execution, Executor, Fingerprint, KeyOrigin, KeySource, Outcome, OutcomeClass,
+    Scope,
+};
 use serde_json::Value;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::answer::{internal_failure, respond, to_outcome, to_verbatim_outcome};
+use crate::keyless::{IDEMPOTENCY_KEY_SOURCE, Keyless};
 use crate::replay::Replay;
 use crate::{IDEMPOTENCY_KEY, Problem, ProblemResponse, read_key};
 
@@ -58,6 +62,13 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 /// with another body is 422, a repeat while the first runs is 409 with `Retry-After`, a store
 /// that is down is 503 — each an `application/problem+json` body.
 ///
+/// A request with `Prefer: wait=N` that finds its operation in flight waits for the answer
+/// ([contract §5.2](idem_core::contract#waiting)): at most the least of N, the executor's
+/// [maximum wait](idem_core::Executor::with_max_wait) and the holder's remaining lease. The answer
+/// of a request that waited carries `Preference-Applied: wait=B`, B that bound without the lease
+/// (the replay, the tool's own answer if the record became claimable and it ran, or 409 if the
+/// bound passed).
+///
 /// The claim, the inner service and the completion run in one spawned task per request: a client
 /// that disconnects (its deadline passed) cannot cancel a tool halfway; the outcome is recorded
 /// and its retry gets the replay. The
@@ -65,9 +76,10 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 /// record in the same transaction as its effect and call
 /// [`Attempt::mark_recorded`](idem_core::Attempt::mark_recorded).
 ///
-/// Per layer: [`key_optional`](Self::key_optional) lets requests without a key through
-/// unprotected, and [`fingerprint_with`](Self::fingerprint_with) chooses the part of the body
-/// that identifies a request.
+/// Per layer: [`key_source`](Self::key_source) chooses what a request without a key gets
+/// (refused by default; a key derived from its body; or unprotected), and
+/// [`fingerprint_with`](Self::fingerprint_with) chooses the part of the body that identifies a
+/// request.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     executor: Executor,
@@ -75,7 +87,7 @@ pub struct IdempotencyLayer {
     classify: Arc<ClassifyFn>,
     body_limit: usize,
     replay: Replay,
-    key_optional: bool,
+    keyless: Keyless,
     fingerprint: Option<Arc<FingerprintFn>>,
 }
 
@@ -85,7 +97,8 @@ impl fmt::Debug for IdempotencyLayer {
             .field("executor", &self.executor)
             .field("body_limit", &self.body_limit)
             .field("replay", &self.replay)
-            .field("key_optional", &self.key_optional)
+            .field("key_source", &self.keyless.source)
+            .field("key_window", &self.keyless.window)
             .field("fingerprint_with", &self.fingerprint.is_some())
             .finish_non_exhaustive()
     }
@@ -108,7 +121,7 @@ impl IdempotencyLayer {
             classify: Arc::new(default_classify),
             body_limit: DEFAULT_BODY_LIMIT,
             replay: Replay::Envelope,
-            key_optional: false,
+            keyless: Keyless::default(),
             fingerprint: None,
         }
     }
@@ -127,14 +140,59 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Makes the key optional on the routes this layer wraps: a request without an
-    /// `Idempotency-Key` header passes straight through to the tool, unprotected (it runs every
-    /// time; no body limit, principal or record), and is counted in the metric
-    /// `idem_unprotected_total{transport="http"}`. A request with a key is handled as always,
-    /// and an invalid key is still refused (400). Apply a layer with an optional key to the
-    /// routes that allow it and one without to the others.
-    pub fn key_optional(mut self) -> Self {
-        self.key_optional = true;
+    /// Chooses what a request without an `Idempotency-Key` header gets on the routes this layer
+    /// wraps ([contract §5.1](idem_core::contract#keyless)); a key the request sends always wins,
+    /// and an invalid one is refused (400) whatever the source.
+    ///
+    /// - [`KeySource::Refuse`] (the default): 400 `key-required`, nothing runs.
+    /// - [`KeySource::Arguments`]: the key is derived from the canonical JSON body (all of it, or
+    ///   the values at the source's JSON pointers, or what [`key_from`](Self::key_from) picks),
+    ///   in the request's scope (principal and path). The same body within the
+    ///   [`key_window`](Self::key_window) replays: what a client with a retry policy and no key
+    ///   needs; a deliberate repeat must differ in what the key covers.
+    /// - [`KeySource::ModelArgument`]: the key is the body's field of that name (a string the
+    ///   model fills), taken out of the body before the fingerprint and before the tool sees it;
+    ///   a body without it is 400 `key-required`.
+    /// - [`KeySource::Unprotected`]: the request passes straight through to the tool,
+    ///   unprotected (it runs every time; no body limit, principal or record), counted in
+    ///   `idem_unprotected_total{transport="http"}`.
+    /// - [`KeySource::Request`] is MCP's (HTTP has no request id): refused as `Refuse`.
+    ///
+    /// The answer to a request under a derived key carries `Idempotency-Key-Source: arguments`
+    /// (or `model_argument`), on the first execution and on every replay.
+    ///
+    /// ```
+    /// # use idem_core::{Executor, MemoryStore};
+    /// use idem_core::KeySource;
+    /// use idem_http::IdempotencyLayer;
+    /// # let executor = Executor::new(MemoryStore::new());
+    /// // A client that retries without a key: the same order body within an hour is one order.
+    /// let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".into()))
+    ///     .key_source(KeySource::arguments_at(["/account", "/items"]));
+    /// ```
+    pub fn key_source(mut self, source: KeySource) -> Self {
+        self.keyless.source = source;
+        self
+    }
+
+    /// The window of a derived key: how long its record is kept, so how long the same request
+    /// without a key replays (default [`KeySource::DEFAULT_WINDOW`], 1 hour). It must exceed the
+    /// executor's lease; a request under a derived key is otherwise refused with 500.
+    pub fn key_window(mut self, window: std::time::Duration) -> Self {
+        self.keyless.window = window;
+        self
+    }
+
+    /// Derives the key of a request without one from the value `choose` returns (as
+    /// [`fingerprint_with`](Self::fingerprint_with) chooses the fingerprint's part) instead of the
+    /// whole body; sets the key source to [`KeySource::Arguments`]. An `Err` refuses the
+    /// request.
+    pub fn key_from(
+        mut self,
+        choose: impl Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync + 'static,
+    ) -> Self {
+        self.keyless.source = KeySource::arguments();
+        self.keyless.choose = Some(Arc::new(choose));
         self
     }
 
@@ -237,13 +295,18 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            if layer.key_optional && !parts.headers.contains_key(IDEMPOTENCY_KEY) {
+            if layer.keyless.unprotected() && !parts.headers.contains_key(IDEMPOTENCY_KEY) {
                 idem_core::metrics::count_unprotected("http");
                 tracing::debug!(method = %parts.method, path = parts.uri.path(), "no Idempotency-Key on a route where it is optional: passed through unprotected");
                 let mut inner = inner;
                 poll_fn(|cx| inner.poll_ready(cx)).await?;
                 return inner.call(Request::from_parts(parts, body)).await;
             }
+            // `Prefer: wait=N`: a repeat that finds its operation in flight waits for the answer.
+            let executor = match crate::prefer::requested_wait(&parts.headers) {
+                Some(wait) if !wait.is_zero() => layer.executor.waiting(wait),
+                _ => layer.executor.clone(),
+            };
             let prepared = match prepare(&layer, &parts, body).await {
                 Ok(prepared) => prepared,
                 Err(problem) => {
@@ -257,6 +320,11 @@ where
                 fingerprint,
                 body,
             } = prepared;
+            let origin = key.origin();
+            let derived_policy = match policy_for(&layer, origin) {
+                Ok(policy) => policy,
+                Err(response) => return Ok(response),
+            };
             let request = Request::from_parts(parts, ReqB::from(body));
             let task_layer = layer.clone();
             // Detached, so a caller that goes away cannot cancel the tool halfway. The task
@@ -264,12 +332,15 @@ where
             // and, in verbatim mode, the tool's whole response for the caller whose request ran it.
             let task = tokio::spawn(async move {
                 let layer = task_layer;
+                let executor = match derived_policy {
+                    Some(policy) => executor.with_policy(policy),
+                    None => executor,
+                };
                 let mut failure: Option<S::Error> = None;
                 let mut original: Option<Response<Bytes>> = None;
                 let (failure_slot, original_slot) = (&mut failure, &mut original);
                 let (replay, classify) = (&layer.replay, &*layer.classify);
-                let result = layer
-                    .executor
+                let result = executor
                     .run(&scope, &key, &fingerprint, |attempt| async move {
                         let mut request = request;
                         request.extensions_mut().insert(attempt);
@@ -295,9 +366,10 @@ where
                         }
                     })
                     .await;
-                (result, failure, original)
+                let waited = executor.waited().map(|_| executor.wait_bound());
+                (result, failure, original, waited)
             });
-            let (result, failure, original) = match task.await {
+            let (result, failure, original, waited) = match task.await {
                 Ok(done) => done,
                 Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
                 Err(_) => return Ok(Problem::StoreError.to_response()),
@@ -309,7 +381,7 @@ where
                 Some(response) => response.map(ResB::from),
                 None => respond(&layer.replay, outcome, false),
             };
-            Ok(match result {
+            let mut response = match result {
                 Ok(Execution::Executed { outcome, .. }) => answer(&outcome),
                 Ok(Execution::Replayed { outcome }) => respond(&layer.replay, &outcome, true),
                 // The tool ran and answered, but the answer could not be recorded: the caller still
@@ -318,7 +390,20 @@ where
                     ErrorAnswer::Answer(outcome) => answer(outcome),
                     ErrorAnswer::Refuse(refusal) => refusal.to_response(),
                 },
-            })
+            };
+            if origin != KeyOrigin::Sent {
+                response.headers_mut().insert(
+                    IDEMPOTENCY_KEY_SOURCE,
+                    http::HeaderValue::from_static(origin.as_str()),
+                );
+            }
+            if let Some(bound) = waited {
+                response.headers_mut().insert(
+                    crate::prefer::PREFERENCE_APPLIED,
+                    crate::prefer::applied(bound),
+                );
+            }
+            Ok(response)
         })
     }
 }
@@ -336,7 +421,11 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    let key = read_key(&parts.headers)?;
+    let sent = match read_key(&parts.headers) {
+        Ok(key) => Some(key),
+        Err(Problem::KeyRequired) if layer.keyless.derives() => None,
+        Err(problem) => return Err(problem),
+    };
     let principal = (layer.principal)(parts)?;
     let path = parts.uri.path();
     let scope = Scope::from_parts([principal.as_str(), path])
@@ -364,19 +453,56 @@ where
             )));
         }
     };
-    let json: serde_json::Value = serde_json::from_slice(&body)
+    let mut json: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| Problem::InvalidBody(format!("the body is not JSON: {e}")))?;
+    // The model argument is not the request's: out of the fingerprint and of the tool's body.
+    let model_value = layer.keyless.take_model_argument(&mut json);
+    let body = match model_value {
+        Some(_) => {
+            Bytes::from(serde_json::to_vec(&json).map_err(|e| Problem::InvalidBody(e.to_string()))?)
+        }
+        None => body,
+    };
     let fingerprint = match &layer.fingerprint {
         Some(choose) => Fingerprint::of_value(&operation(parts), &choose(parts, &json)?),
         None => Fingerprint::of_value(&operation(parts), &json),
     }
     .map_err(|e| Problem::InvalidBody(e.to_string()))?;
+    let key = match sent {
+        Some(key) => key,
+        None => layer.keyless.key(parts, &json, model_value)?,
+    };
     Ok(Prepared {
         scope,
         key,
         fingerprint,
         body,
     })
+}
+
+/// The policy of a request under a key from `origin`, if not the executor's: a derived key's
+/// record lives for the key window. A window that does not fit the lease is a misconfiguration:
+/// 500, nothing runs.
+fn policy_for<B: From<Bytes>>(
+    layer: &IdempotencyLayer,
+    origin: KeyOrigin,
+) -> Result<Option<idem_core::Policy>, Response<B>> {
+    if origin == KeyOrigin::Sent {
+        return Ok(None);
+    }
+    let policy = layer
+        .executor
+        .policy()
+        .to_builder()
+        .ttl(layer.keyless.window)
+        .build();
+    match policy {
+        Ok(policy) => Ok(Some(policy)),
+        Err(e) => {
+            tracing::error!(error = %e, "the key window does not fit the executor's lease; nothing ran");
+            Err(Problem::StoreError.to_response())
+        }
+    }
 }
 
 /// The operation's name in the fingerprint: `METHOD /path`, then `?` and the

@@ -349,7 +349,10 @@ async fn an_optional_key_lets_keyless_requests_through_every_time() {
     let sink = Arc::new(Sink::default());
     let url = serve(
         Router::new()
-            .route("/pay", post(pay).layer(layer(&store).key_optional()))
+            .route(
+                "/pay",
+                post(pay).layer(layer(&store).key_source(idem_core::KeySource::Unprotected)),
+            )
             .route("/pay-strict", post(pay).layer(layer(&store))),
         sink.clone(),
     )

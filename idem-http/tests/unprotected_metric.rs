@@ -65,7 +65,8 @@ async fn keyless_requests_on_an_optional_key_route_are_counted() {
     let executor = Executor::new(MemoryStore::new()).with_spawner(|task| {
         tokio::spawn(task);
     });
-    let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned())).key_optional();
+    let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned()))
+        .key_source(idem_core::KeySource::Unprotected);
     let app = Router::new()
         .route("/pay", post(pay).layer(layer))
         .with_state(runs.clone());

@@ -4,7 +4,9 @@
 //! in-process transport: the whole JSON-RPC path, no sockets). Bare calls, first executions (a
 //! new key) and replays are interleaved call by call; p50, p90, p99, p99.9 and mean per kind,
 //! and the wrapper's overhead beyond the bare call (issue 17's target: at most 15 % or 20 µs,
-//! whichever is larger).
+//! whichever is larger). Calls without a key to the tool under `KeySource::arguments()` (the key
+//! derived from the canonical arguments, contract §5.1) are interleaved too, against the
+//! sent-key calls (issue 27: deriving adds at most a few µs at p50).
 //!
 //! ```text
 //! cargo bench -p idem-mcp --bench mcp
@@ -15,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use idem_core::{MemoryStore, Policy};
+use idem_core::{KeySource, MemoryStore, Policy};
 use idem_mcp::{IdempotentTools, META_KEY, ToolSettings, is_replay};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -83,9 +85,9 @@ async fn connect(idem: Option<IdempotentTools>) -> RunningService<RoleClient, Cl
     ClientConfig::default().serve(client_io).await.unwrap()
 }
 
-fn params(key: Option<&str>) -> CallToolRequestParams {
+fn params(key: Option<&str>, title: &str) -> CallToolRequestParams {
     let mut params = CallToolRequestParams::new("create_ticket");
-    let args = json!({"title": "bench", "priority": 2});
+    let args = json!({"title": title, "priority": 2});
     params.arguments = args.as_object().cloned();
     if let Some(key) = key {
         let mut meta = RequestMetaObject::new();
@@ -101,7 +103,17 @@ async fn call(
     key: Option<&str>,
     replay: Option<bool>,
 ) -> Duration {
-    let request = params(key);
+    call_titled(client, key, "bench", replay).await
+}
+
+/// [`call`] with the argument `title`.
+async fn call_titled(
+    client: &RunningService<RoleClient, ClientConfig>,
+    key: Option<&str>,
+    title: &str,
+    replay: Option<bool>,
+) -> Duration {
+    let request = params(key, title);
     let t = Instant::now();
     let result = client.call_tool(request).await.unwrap();
     let took = t.elapsed();
@@ -142,12 +154,21 @@ async fn run(n: usize) {
         )
         .allow_anonymous("bench");
     let wrapped = connect(Some(tools)).await;
+    let keyless = IdempotentTools::with_store(MemoryStore::new(), Policy::default())
+        .tool(
+            "create_ticket",
+            ToolSettings::window(Duration::from_secs(2)).key_source(KeySource::arguments()),
+        )
+        .allow_anonymous("bench");
+    let derived = connect(Some(keyless)).await;
 
     for i in 0..200 {
         call(&bare, None, None).await;
         call(&wrapped, Some(&format!("warm-{i}")), Some(false)).await;
+        call_titled(&derived, None, &format!("warm-{i}"), Some(false)).await;
     }
     let (mut b, mut first, mut replay) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut derived_first, mut derived_replay) = (Vec::new(), Vec::new());
     for i in 0..n {
         let key = format!("op-{i}");
         b.push(call(&bare, None, None).await);
@@ -157,22 +178,30 @@ async fn run(n: usize) {
             let before = format!("op-{}", i - 1);
             replay.push(call(&wrapped, Some(&before), Some(true)).await);
         }
+        derived_first.push(call_titled(&derived, None, &key, Some(false)).await);
+        if i > 0 {
+            let before = format!("op-{}", i - 1);
+            derived_replay.push(call_titled(&derived, None, &before, Some(true)).await);
+        }
     }
+    let (derived_first, derived_replay) = (stats(&mut derived_first), stats(&mut derived_replay));
     let (b, first, replay) = (stats(&mut b), stats(&mut first), stats(&mut replay));
     println!(
         "idem-mcp bench: {n} calls of each kind, rmcp client and server in-process (tokio::io::duplex), MemoryStore"
     );
     println!(
-        "  {:<28}{:>9}{:>9}{:>9}{:>9}{:>9}",
+        "  {:<32}{:>9}{:>9}{:>9}{:>9}{:>9}",
         "", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "mean µs"
     );
     for (name, s) in [
         ("bare rmcp tool", &b),
         ("wrapped, first execution", &first),
         ("wrapped, replay", &replay),
+        ("derived key, first execution", &derived_first),
+        ("derived key, replay", &derived_replay),
     ] {
         println!(
-            "  {name:<28}{:>9.1}{:>9.1}{:>9.1}{:>9.1}{:>9.1}",
+            "  {name:<32}{:>9.1}{:>9.1}{:>9.1}{:>9.1}{:>9.1}",
             s.p50, s.p90, s.p99, s.p999, s.mean
         );
     }
@@ -185,6 +214,19 @@ async fn run(n: usize) {
             s.p99 / b.p99
         );
     }
+    for (name, d, s) in [
+        ("first execution", &derived_first, &first),
+        ("replay", &derived_replay, &replay),
+    ] {
+        println!(
+            "  derived key vs sent, {name:<16} p50 +{:.1} µs ({:.2}×)  p99 +{:.1} µs ({:.2}×)",
+            d.p50 - s.p50,
+            d.p50 / s.p50,
+            d.p99 - s.p99,
+            d.p99 / s.p99
+        );
+    }
+    derived.cancel().await.unwrap();
     bare.cancel().await.unwrap();
     wrapped.cancel().await.unwrap();
 }

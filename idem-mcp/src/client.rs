@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::key::META_KEY;
 use crate::server::{IN_FLIGHT, STORE_UNAVAILABLE, TOOL_META_KEY, is_replay};
+use crate::wait::WAIT_META_KEY;
 
 pub use idem_core::retry::RetryPolicy;
 
@@ -101,12 +102,26 @@ pub fn min_client_deadline(tool: &Tool) -> Option<Duration> {
 pub struct IdempotentCaller {
     peer: Peer<RoleClient>,
     policy: RetryPolicy,
+    wait: bool,
 }
 
 impl IdempotentCaller {
     /// A caller through `peer` (e.g. `running_service.peer().clone()`).
     pub fn new(peer: Peer<RoleClient>, policy: RetryPolicy) -> Self {
-        Self { peer, policy }
+        Self {
+            peer,
+            policy,
+            wait: true,
+        }
+    }
+
+    /// The same caller without `_meta["io.idem/wait"]`: an attempt that finds the operation in
+    /// flight is answered "in flight" at once and retried after `retryAfterMs`. By default each
+    /// attempt asks the tool to wait for the in-flight result within the attempt's own timeout
+    /// (less a 500 ms margin, [contract §5.2](idem_core::contract#waiting)).
+    pub fn without_wait(mut self) -> Self {
+        self.wait = false;
+        self
     }
 
     /// The key of step `step_id` of workflow run `workflow_run_id` calling `tool`
@@ -167,6 +182,12 @@ impl IdempotentCaller {
             }
             attempts += 1;
             let timeout = policy.attempt_timeout.min(deadline - now);
+            if let (true, Some(meta)) = (self.wait, params.meta.as_mut()) {
+                match crate::wait::wait_within(timeout) {
+                    Some(wait) => meta.0.0.insert(WAIT_META_KEY.to_owned(), wait),
+                    None => meta.0.0.remove(WAIT_META_KEY),
+                };
+            }
             // Dropping the attempt on timeout sends `notifications/cancelled`; a server using
             // `IdempotentTools` finishes the tool anyway and records its result for the retry.
             let sent =

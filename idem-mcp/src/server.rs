@@ -7,10 +7,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::metrics::count_refusal;
 use idem_core::{
-    ErrorAnswer, Execution, Executor, Fingerprint, KeyStore, Outcome, OutcomeClass, Policy,
-    Refusal, Scope, ToolContract,
+    ErrorAnswer, Execution, Executor, Fingerprint, KeyOrigin, KeyStore, Outcome, OutcomeClass,
+    Policy, Refusal, Scope, ToolContract,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -19,19 +18,19 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde_json::Value;
 
-use crate::key;
-
 mod describe;
+mod keyless;
 mod record;
 mod refusal;
 mod settings;
 
 pub use describe::{CAPABILITY, TOOL_META_KEY};
-pub use record::{NOT_KEPT_META_KEY, REPLAYED_META_KEY, is_replay};
+pub use record::{KEY_SOURCE_META_KEY, NOT_KEPT_META_KEY, REPLAYED_META_KEY, is_replay};
 pub use refusal::{FINGERPRINT_MISMATCH, IN_FLIGHT, STORE_UNAVAILABLE, UNAUTHENTICATED};
-pub use settings::{MissingKey, Principal, ToolSettings, default_principal};
+pub use settings::{Principal, ToolSettings, default_principal};
 
-use record::{from_outcome, live_or, mark, to_outcome};
+use keyless::{KeyOf, key_of_call, refused};
+use record::{from_outcome, live_or, mark, mark_source, to_outcome};
 use refusal::refuse;
 use settings::PrincipalFn;
 
@@ -48,7 +47,13 @@ use settings::PrincipalFn;
 /// For a registered tool, [`IdempotentTools::call`]:
 /// 1. reads the key ([`crate::key`]: `params.idempotencyKey`, then
 ///    `params._meta["io.idem/idempotencyKey"]`), refusing an invalid one with `-32602`; without a
-///    key it follows the tool's [`MissingKey`];
+///    key it follows the tool's [`KeySource`](idem_core::KeySource) (`ToolSettings::key_source`,
+///    [contract §5.1](idem_core::contract#keyless)): refused with `-32602` (the default), a key
+///    derived from the arguments, from the model argument (taken out of the arguments before
+///    anything else sees them; its absence is refused with `-32602`), from the session and
+///    request id, or run unprotected (counted in `idem_unprotected_total`). A derived key's
+///    record is kept for the tool's `key_window`; the answer says the key's source in
+///    `_meta["io.idem/keySource"]`;
 /// 2. scopes the record by the principal (see [`IdempotentTools::principal_with`]; the default
 ///    looks for a [`Principal`]) and the tool name. A call without a principal is refused with
 ///    [`UNAUTHENTICATED`] (nothing claimed, the tool not run), unless the server opted into one
@@ -75,6 +80,8 @@ pub struct IdempotentTools {
     principal: Arc<PrincipalFn>,
     anonymous: Option<String>,
     store_write: Duration,
+    /// The session of a transport without session ids (stdio): random per value.
+    session: Arc<str>,
 }
 
 impl fmt::Debug for IdempotentTools {
@@ -105,6 +112,7 @@ impl IdempotentTools {
             principal: Arc::new(default_principal),
             anonymous: None,
             store_write: DEFAULT_STORE_WRITE,
+            session: idem_core::Token::new(0).id_hex().into(),
         }
     }
 
@@ -170,7 +178,9 @@ impl IdempotentTools {
     }
 
     fn contract_of(&self, settings: &ToolSettings) -> ToolContract {
-        ToolContract::new(settings.processing_window).with_store_write(self.store_write)
+        ToolContract::new(settings.processing_window)
+            .with_store_write(self.store_write)
+            .with_max_wait(self.executor.max_wait())
     }
 
     /// The minimum client retry deadline of `tool`: processing window + store write ([contract §5](idem_core::contract#http)).
@@ -202,25 +212,29 @@ impl IdempotentTools {
         Fut: Future<Output = Result<CallToolResponse, ErrorData>> + Send + 'static,
     {
         let name = params.name.to_string();
-        let Some(settings) = self.tools.get(&name).copied() else {
+        let Some(settings) = self.tools.get(&name).cloned() else {
             return tool(params, context).await;
         };
         // Before anything else: without a principal (and no opt-in) nothing runs, keyed or not.
         let Some(principal) = (self.principal)(&context).or_else(|| self.anonymous.clone()) else {
             return Err(refused(Refusal::Unauthenticated(String::new()), &name));
         };
-        let key = match key::key_of(&params, &context.meta.0.0) {
-            Ok(Some(key)) => key,
-            Ok(None) => match settings.missing_key {
-                MissingKey::Refuse => return Err(refused(Refusal::KeyRequired, &name)),
-                MissingKey::RunUnprotected => {
-                    idem_core::metrics::count_unprotected("mcp");
-                    tracing::warn!(tool = %name, "side-effecting tool called without an idempotency key; running it unprotected");
-                    return tool(params, context).await;
-                }
-            },
-            Err(refusal) => return Err(refused(Refusal::InvalidKey(refusal.to_string()), &name)),
+        let key = match key_of_call(
+            &settings.key_source,
+            &name,
+            &mut params,
+            &context,
+            &self.session,
+        )? {
+            KeyOf::Key(key) => key,
+            KeyOf::Unprotected => {
+                idem_core::metrics::count_unprotected("mcp");
+                tracing::warn!(tool = %name, "side-effecting tool called without an idempotency key; running it unprotected");
+                return tool(params, context).await;
+            }
         };
+        let origin = key.origin();
+        let wait = crate::wait::requested_wait(&context.meta.0.0, &params);
         let scope = Scope::from_parts([principal.as_str(), name.as_str()])
             .map_err(|e| refused(Refusal::InvalidScope(e.to_string()), &name))?;
         let fingerprint = fingerprint_of(&name, &mut params)
@@ -228,7 +242,29 @@ impl IdempotentTools {
 
         // The request's own task runs the claim, the tool and the completion: the executor's
         // spawner would add a task hop to each and protect nothing more.
-        let executor = self.executor.without_spawner();
+        let mut executor = self.executor.without_spawner();
+        if origin != KeyOrigin::Sent {
+            // A derived key's record lives for the tool's window.
+            let policy = executor
+                .policy()
+                .to_builder()
+                .ttl(settings.key_window)
+                .build();
+            match policy {
+                Ok(policy) => executor = executor.with_policy(policy),
+                Err(e) => {
+                    tracing::error!(tool = %name, error = %e, "the tool's key window does not fit the executor's lease; nothing ran");
+                    return Err(ErrorData::internal_error(
+                        format!("{name} is misconfigured: its key window: {e}; nothing ran"),
+                        None,
+                    ));
+                }
+            }
+        }
+        // `_meta["io.idem/wait"]`: a repeat that finds its operation in flight waits for it.
+        if let Some(wait) = wait {
+            executor = executor.waiting(wait);
+        }
         // Detached: rmcp drops this request's future when the client cancels or goes away; the
         // tool and its completion must not stop halfway. The task hands back, beside the
         // executor's result, the live answer of this call's own run, returned as it is (a replay
@@ -259,7 +295,7 @@ impl IdempotentTools {
             }
         };
         let mut take_live = || live.take();
-        match result {
+        let answer = match result {
             Ok(Execution::Replayed { outcome }) => from_outcome(&outcome),
             Ok(Execution::Executed { outcome, .. }) => {
                 live_or(take_live(), &outcome).map(|r| mark(r, false))
@@ -274,7 +310,8 @@ impl IdempotentTools {
                 }
                 ErrorAnswer::Refuse(refusal) => Err(refuse(&refusal, &name)),
             },
-        }
+        };
+        answer.map(|response| mark_source(response, origin))
     }
 
     /// [`call`](Self::call) with an rmcp `ToolRouter` as the dispatch: the whole `call_tool` of
@@ -312,10 +349,4 @@ fn fingerprint_of(
         params.arguments = Some(arguments);
     }
     fingerprint
-}
-
-/// A refusal the transport makes before the executor, counted in `idem_refusals_total`.
-fn refused(refusal: Refusal, tool: &str) -> ErrorData {
-    count_refusal("mcp", refusal.name());
-    refuse(&refusal, tool)
 }

@@ -7,10 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_conformance::kit::{Fault, FaultStore, Op};
-use idem_core::{KeyStore, ListFilter, MemoryStore, Policy, Timestamp};
+use idem_core::{KeySource, KeyStore, ListFilter, MemoryStore, Policy, Timestamp};
 use idem_mcp::{
-    IdempotentTools, META_KEY, MissingKey, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED,
-    is_replay,
+    IdempotentTools, META_KEY, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED, is_replay,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{
@@ -97,7 +96,7 @@ fn tools(store: MemoryStore) -> IdempotentTools {
     IdempotentTools::with_store(store, Policy::default())
         .tool(
             "unprotected",
-            ToolSettings::window(Duration::from_secs(2)).missing_key(MissingKey::RunUnprotected),
+            ToolSettings::window(Duration::from_secs(2)).key_source(KeySource::Unprotected),
         )
         .tool("flaky", ToolSettings::window(Duration::from_secs(2)))
         .tool("rejects", ToolSettings::window(Duration::from_secs(2)))

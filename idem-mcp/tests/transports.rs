@@ -241,7 +241,12 @@ async fn concurrent_calls_with_one_key_one_ticket_with_real_latency(transport: T
         .iter()
         .flat_map(|client| [client.peer().clone(), client.peer().clone()])
         .map(|peer| {
-            let (caller, key) = (IdempotentCaller::new(peer, policy), key.clone());
+            // Without waiting, so the overlap shows as "in flight" answers (tests/wait.rs
+            // covers the calls that wait).
+            let (caller, key) = (
+                IdempotentCaller::new(peer, policy).without_wait(),
+                key.clone(),
+            );
             tokio::spawn(async move {
                 caller
                     .call("create_ticket", args("concurrent"), &key, None)

@@ -16,7 +16,7 @@ pub(crate) use idem_core::record::{timestamp_to_column as ts, to_column as big};
 
 pub(crate) type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
-/// Binds a whole record as `$1..$14`, in [`crate::schema::COLUMNS`] order.
+/// Binds a whole record as `$1..$15`, in [`crate::schema::COLUMNS`] order.
 pub(crate) fn bind_record<'q>(q: PgQuery<'q>, r: &Record) -> PgQuery<'q> {
     let r = RawRecord::from_record(r);
     // outcome_status is an INTEGER column; a status is a u16.
@@ -37,6 +37,7 @@ pub(crate) fn bind_record<'q>(q: PgQuery<'q>, r: &Record) -> PgQuery<'q> {
         .bind(r.created_at)
         .bind(r.updated_at)
         .bind(r.expires_at)
+        .bind(r.checkpoints)
 }
 
 fn col<'r, T>(row: &'r PgRow, name: &str) -> Result<T, StoreError>
@@ -69,6 +70,7 @@ pub(crate) fn record_from_row(row: &PgRow) -> Result<Record, StoreError> {
         created_at: col(row, "created_at")?,
         updated_at: col(row, "updated_at")?,
         expires_at: col(row, "expires_at")?,
+        checkpoints: col(row, "checkpoints")?,
     }
     .into_record()
 }

@@ -9,7 +9,8 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 /// The columns, in the order every `SELECT` returns them and every full-record bind sends them.
 pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token_seq, token_id, attempt, \
-     lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at";
+     lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at, \
+     checkpoints";
 
 /// One versioned migration. `{table}` is replaced by the quoted, schema-qualified table name,
 /// `{schema}` by the quoted schema name and `{name}` by the bare table name (for index and
@@ -68,6 +69,16 @@ CREATE INDEX IF NOT EXISTS {name}_updated_idx ON {table} (updated_at);
 DROP INDEX IF EXISTS {schema}.{name}_updated_idx;
 "#,
     },
+    Migration {
+        version: 4,
+        description: "checkpoints column",
+        // The operation's checkpoints (contract §6.1) as a JSON array in TEXT (never jsonb,
+        // which would reorder keys: values read back byte for byte); NULL when there are none.
+        // Adding a nullable column without a default rewrites no row.
+        sql: r#"
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS checkpoints TEXT;
+"#,
+    },
 ];
 
 /// The SQL of one store, built once from its (checked) schema and table names.
@@ -81,6 +92,7 @@ pub(crate) struct Statements {
     pub(crate) select_any: SqlStr,
     pub(crate) replace: SqlStr,
     pub(crate) complete: SqlStr,
+    pub(crate) checkpoint: SqlStr,
     pub(crate) release: SqlStr,
     pub(crate) extend: SqlStr,
     pub(crate) get: SqlStr,
@@ -106,7 +118,7 @@ impl Statements {
         // (idem_core::contract §7).
         let insert = format!(
             "INSERT INTO {t} ({COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
              ON CONFLICT (scope, key) DO NOTHING"
         );
         let select_any = format!("SELECT {COLUMNS} FROM {t} WHERE scope = $1 AND key = $2");
@@ -115,15 +127,24 @@ impl Statements {
         let replace = format!(
             "UPDATE {t} SET fingerprint = $3, state = $4, token_seq = $5, token_id = $6, attempt = $7, \
              lease_until = $8, outcome_status = $9, outcome_body = $10, outcome_class = $11, \
-             created_at = $12, updated_at = $13, expires_at = $14 \
-             WHERE scope = $1 AND key = $2 AND token_seq = $15 AND token_id = $16 AND state = $17 \
-             AND lease_until = $18 AND expires_at = $19"
+             created_at = $12, updated_at = $13, expires_at = $14, checkpoints = $15 \
+             WHERE scope = $1 AND key = $2 AND token_seq = $16 AND token_id = $17 AND state = $18 \
+             AND lease_until = $19 AND expires_at = $20"
         );
         let held = "scope = $1 AND key = $2 AND state = 'processing' AND token_seq = $3 \
                     AND token_id = $4 AND expires_at > $5";
+        // A completed record's checkpoints end with it; a `failed_retryable` one keeps them.
         let complete = format!(
             "UPDATE {t} SET state = $6, outcome_status = $7, outcome_body = $8, outcome_class = $9, \
-             updated_at = $5, expires_at = $10 WHERE {held}"
+             updated_at = $5, expires_at = $10, \
+             checkpoints = CASE WHEN $6 = 'completed' THEN NULL ELSE checkpoints END WHERE {held}"
+        );
+        // machine::checkpoint in one fenced statement: the item $6 is appended to the JSON
+        // array, or starts it.
+        let checkpoint = format!(
+            "UPDATE {t} SET updated_at = $5, checkpoints = CASE \
+             WHEN checkpoints IS NULL OR checkpoints = '[]' THEN '[' || $6::text || ']' \
+             ELSE left(checkpoints, -1) || ',' || $6::text || ']' END WHERE {held}"
         );
         let release = format!(
             "UPDATE {t} SET state = 'failed_retryable', outcome_status = NULL, outcome_body = NULL, \
@@ -162,6 +183,7 @@ impl Statements {
             select_any: trusted(select_any),
             replace: trusted(replace),
             complete: trusted(complete),
+            checkpoint: trusted(checkpoint),
             release: trusted(release),
             extend: trusted(extend),
             get: trusted(get),

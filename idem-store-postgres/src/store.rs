@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use idem_core::machine::{
-    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, RecordState, Scope,
-    StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
+    RecordState, Scope, StoreError, Timestamp, Token, async_trait,
 };
 
 use crate::PostgresStore;
@@ -218,5 +218,37 @@ impl KeyStore for PostgresStore {
 
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        let item = idem_core::checkpoint::checkpoint_item(checkpoint);
+        let updated = retry_conflicts("checkpoint", || {
+            sqlx::query(self.sql.checkpoint.clone())
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .bind(big(token.seq))
+                .bind(token.id_hex())
+                .bind(ts(checkpoint.saved_at()))
+                .bind(item.as_str())
+                .execute(&self.pool)
+        })
+        .await?
+        .rows_affected();
+        Ok(match updated {
+            0 => CheckpointAnswer::Fenced,
+            _ => CheckpointAnswer::Saved,
+        })
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        true
     }
 }

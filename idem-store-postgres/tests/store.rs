@@ -363,8 +363,9 @@ async fn indexes(pool: &sqlx::PgPool, schema: &str, table: &str) -> Vec<(String,
 }
 
 /// A table made by the previous release (schema version 2, with its `(updated_at)` index) and
-/// holding records upgrades in place: `migrate` drops that index only, concurrently safe and
-/// idempotent, and every record reads, replays, completes and lists as before.
+/// holding records upgrades in place: `migrate` drops that index and adds the checkpoints
+/// column only, concurrently safe and idempotent, and every record reads, replays, completes and
+/// lists as before; the held record takes checkpoints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_2_table_upgrades_in_place() {
     let Some(url) = common::url() else { return };
@@ -403,23 +404,56 @@ async fn a_version_2_table_upgrades_in_place() {
     );
     let policy = Policy::default();
     let now = t0();
-    let ClaimAnswer::Claimed { token, .. } =
-        store.claim(&scope, &done, &fp, &policy, now).await.unwrap()
+    // Records made by the rules every store runs (on a `MemoryStore`), written as version 2's
+    // columns: what an existing user's table holds.
+    let memory = idem_core::MemoryStore::new();
+    let ClaimAnswer::Claimed { token, .. } = memory
+        .claim(&scope, &done, &fp, &policy, now)
+        .await
+        .unwrap()
     else {
         panic!()
     };
     let outcome = Outcome::definitive(201, &serde_json::json!({"ticket": 7})).unwrap();
-    store
+    memory
         .complete(&scope, &done, token, &outcome, &policy, now)
         .await
         .unwrap();
     let ClaimAnswer::Claimed {
         token: held_token, ..
-    } = store.claim(&scope, &held, &fp, &policy, now).await.unwrap()
+    } = memory
+        .claim(&scope, &held, &fp, &policy, now)
+        .await
+        .unwrap()
     else {
         panic!()
     };
-    let before = store.get(&scope, &done, now).await.unwrap().unwrap();
+    let before = memory.get(&scope, &done, now).await.unwrap().unwrap();
+    for k in [&done, &held] {
+        let record = memory.get(&scope, k, now).await.unwrap().unwrap();
+        let r = idem_core::record::RawRecord::from_record(&record);
+        sqlx::query(AssertSqlSafe(format!(
+            r#"INSERT INTO idem_test."{table}" VALUES
+               ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"#
+        )))
+        .bind(r.scope)
+        .bind(r.key)
+        .bind(r.fingerprint)
+        .bind(r.state)
+        .bind(r.token_seq)
+        .bind(r.token_id)
+        .bind(r.attempt)
+        .bind(r.lease_until)
+        .bind(r.outcome_status.map(|s| s as i32))
+        .bind(r.outcome_body)
+        .bind(r.outcome_class)
+        .bind(r.created_at)
+        .bind(r.updated_at)
+        .bind(r.expires_at)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
 
     let runs = (0..3).map(|_| {
         let store = store.clone();
@@ -457,6 +491,24 @@ async fn a_version_2_table_upgrades_in_place() {
     let stale = store.list_in_flight(later, 10).await.unwrap();
     assert_eq!(stale.len(), 1);
     assert_eq!(stale[0].key, held);
+    assert!(stale[0].checkpoints.is_empty());
+    let step = idem_core::Checkpoint::new("charged", "{\"id\": 1}", later).unwrap();
+    assert_eq!(
+        store
+            .checkpoint(&scope, &held, held_token, &step, &policy)
+            .await
+            .unwrap(),
+        idem_core::CheckpointAnswer::Saved
+    );
+    assert_eq!(
+        store
+            .get(&scope, &held, later)
+            .await
+            .unwrap()
+            .unwrap()
+            .checkpoints,
+        vec![step]
+    );
     assert_eq!(
         store
             .complete(&scope, &held, held_token, &outcome, &policy, later)

@@ -2,7 +2,7 @@
 //! [`idem_core::record::RawRecord`]: Redis keeps every field as text, numbers in decimal.
 //!
 //! Two layouts are read (see `scripts.rs`): format 2, the metadata packed in field `m` and the
-//! outcome in `o`, which every script writes; and format 1, one field per column, which earlier
+//! outcome in `o` (and the checkpoints in `c`), which every script writes; and format 1, one field per column, which earlier
 //! versions wrote and which a record keeps until its next write.
 
 use std::collections::HashMap;
@@ -114,6 +114,7 @@ pub(crate) fn record(
         created_at: int(&fields, "ca")?,
         updated_at: int(&fields, "ua")?,
         expires_at: int(&fields, "ea")?,
+        checkpoints: optional_text(&fields, "c")?,
     }
     .into_record()
     .map(Some)
@@ -155,6 +156,7 @@ fn record_v2(
         }
         None => (None, None, None),
     };
+    let checkpoints = optional_text(&fields, "c")?;
     let (scope, key) = names()?;
     RawRecord {
         scope,
@@ -171,6 +173,7 @@ fn record_v2(
         created_at,
         updated_at,
         expires_at,
+        checkpoints,
     }
     .into_record()
 }

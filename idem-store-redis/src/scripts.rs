@@ -22,7 +22,8 @@
 //!   on (`<base>:r:<member>` against the lease index `<base>:lease`): it is not sent.
 //!
 //! Record layout (format 2, written by every script): field `m`, the metadata packed in one
-//! string, and field `o`, the outcome, when there is one:
+//! string, field `o`, the outcome, when there is one, and field `c`, the checkpoints (a JSON
+//! array, `idem_core::checkpoint`), when there are some:
 //!
 //! ```text
 //! m = st ck fp tid n seq '|' att '|' lu '|' ca '|' ea '|' ua
@@ -169,6 +170,9 @@ local function write(kind, fp, ca, newseq, att, rec)
   redis.call('HSET', KEYS[1], 'm', meta('p', kind, fp, tid, tid, ea_new, lu_new, newseq, att, ca, ARGV[2]))
   drop_v1(KEYS[1], rec)
   if r[2] then redis.call('HDEL', KEYS[1], 'o') end
+  -- A record that replaces an expired one starts without its checkpoints; a retry and a
+  -- takeover keep them.
+  if kind == 'e' then redis.call('HDEL', KEYS[1], 'c') end
   local mb = member()
   if not rec or tonumber(ea_new) < (tonumber(rec.ea) or 0) then push(mb) end
   redis.call('ZADD', KEYS[2], lu_new, mb)
@@ -236,7 +240,11 @@ if m and string.byte(m) == 112 and string.find(m, ARGV[4], 67, true) == 67
     end
     redis.call('ZREM', KEYS[2], mb)
     if ARGV[8] == '' then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
-    if ARGV[5] == 'c' then return 'completed' end
+    -- A completed record's checkpoints end with it; a failed_retryable one keeps them.
+    if ARGV[5] == 'c' then
+      redis.call('HDEL', KEYS[1], 'c')
+      return 'completed'
+    end
     return 'marked_retryable'
   end
 end
@@ -260,7 +268,10 @@ local mb = member()
 if tonumber(ARGV[7]) < tonumber(rec.ea) then push(mb) end
 redis.call('ZREM', KEYS[2], mb)
 gc(KEYS[1], ARGV[8])
-if ARGV[5] == 'c' then return 'completed' end
+if ARGV[5] == 'c' then
+  redis.call('HDEL', KEYS[1], 'c')
+  return 'completed'
+end
 return 'marked_retryable'
 "#;
 
@@ -279,6 +290,27 @@ redis.call('HSET', KEYS[1], 'm', meta('f', rec.ck, rec.fp, rec.tid, ARGV[1], rec
 drop_v1(KEYS[1], rec)
 if r[3] then redis.call('HDEL', KEYS[1], 'o') end
 return 'released'
+"#;
+
+/// KEYS: record, lease index (unused; its name gives the record's member to the helpers).
+/// ARGV: nonce, now, seq, token id, the checkpoint as one element of the JSON array
+/// (`idem_core::checkpoint::checkpoint_item`).
+/// Fenced like a completion; appends the element to field `c` (or starts it) and sets
+/// updated_at. Returns `saved` or `fenced`.
+const CHECKPOINT: &str = r#"
+local now = tonumber(ARGV[2])
+local r = redis.call('HMGET', KEYS[1], 'm', 'st', 'c')
+if not r[1] and not r[2] then return 'fenced' end
+local rec = load(KEYS[1], r[1])
+if not rec then return 'corrupt' end
+local mine = rec.seq == ARGV[3] and rec.tid == ARGV[4]
+if mine and rec.n == ARGV[1] then return 'saved' end
+if not (mine and rec.st == 'p' and (tonumber(rec.ea) or 0) > now) then return 'fenced' end
+local c = r[3]
+if c and #c > 2 then c = string.sub(c, 1, #c - 1) .. ',' .. ARGV[5] .. ']' else c = '[' .. ARGV[5] .. ']' end
+redis.call('HSET', KEYS[1], 'm', meta('p', rec.ck, rec.fp, rec.tid, ARGV[1], rec.ea, rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]), 'c', c)
+drop_v1(KEYS[1], rec)
+return 'saved'
 "#;
 
 /// KEYS: record, lease index.
@@ -415,6 +447,7 @@ pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| hot_script(COMPLETE_HOT, COMPLETE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RELEASE));
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(EXTEND));
+pub(crate) static CHECKPOINT_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CHECKPOINT));
 pub(crate) static PURGE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| hot_script("", &format!("{EXPIRES_AT}{PURGE}")));
 pub(crate) static PURGE_SLICE_SCRIPT: LazyLock<Script> =
@@ -422,8 +455,9 @@ pub(crate) static PURGE_SLICE_SCRIPT: LazyLock<Script> =
 pub(crate) static CONFIRM_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CONFIRM));
 
 /// Every script, for preloading.
-pub(crate) fn all() -> [&'static Script; 7] {
+pub(crate) fn all() -> [&'static Script; 8] {
     [
+        &CHECKPOINT_SCRIPT,
         &CONFIRM_SCRIPT,
         &CLAIM_SCRIPT,
         &COMPLETE_SCRIPT,

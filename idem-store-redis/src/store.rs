@@ -5,11 +5,11 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use idem_core::machine::{
-    self, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    self, CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, RecordState, Scope,
-    StalePolicy, StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
+    RecordState, Scope, StalePolicy, StoreError, Timestamp, Token, async_trait,
 };
 use redis::{
     Cmd, ErrorKind, FromRedisValue, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value,
@@ -19,7 +19,9 @@ use crate::connect::Conn;
 use crate::error::classify;
 use crate::keys::RecordKeys;
 use crate::record::{self, Fields, class_char};
-use crate::scripts::{CLAIM_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
+use crate::scripts::{
+    CHECKPOINT_SCRIPT, CLAIM_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT,
+};
 use crate::{RedisStore, millis};
 
 /// A token id or nonce as the scripts keep it: 32 hex digits, written straight into the command.
@@ -442,5 +444,40 @@ impl KeyStore for RedisStore {
 
     fn backend(&self) -> &'static str {
         "redis"
+    }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let nonce = Hex32::random();
+        let mut cmd = evalsha(&CHECKPOINT_SCRIPT, &keys);
+        cmd.arg(nonce)
+            .arg(checkpoint.saved_at().as_millis())
+            .arg(token.seq)
+            .arg(Hex32(token.id))
+            .arg(idem_core::checkpoint::checkpoint_item(checkpoint));
+        let reply: String = run(&CHECKPOINT_SCRIPT, &cmd, &mut self.conn(), "checkpoint").await?;
+        match reply.as_str() {
+            "saved" => {
+                self.confirm("checkpoint", &keys.record, &nonce.text())
+                    .await?;
+                Ok(CheckpointAnswer::Saved)
+            }
+            "fenced" => Ok(CheckpointAnswer::Fenced),
+            other => Err(StoreError::corrupt(format!(
+                "redis checkpoint script: unknown answer {other:?}"
+            ))),
+        }
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        true
     }
 }

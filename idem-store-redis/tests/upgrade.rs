@@ -8,10 +8,12 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::machine::{ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::machine::{
+    CheckpointAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
 use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, RecordState,
-    Scope, Timestamp, Token,
+    Checkpoint, ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy,
+    RecordState, Scope, Timestamp, Token,
 };
 use idem_store_redis::{BUCKETS, redis};
 
@@ -513,4 +515,80 @@ async fn outcomes_without_the_replay_header_keep_working() {
         .query_async(&mut conn)
         .await
         .unwrap();
+}
+
+/// A format-1 processing record takes a checkpoint from its old holder: the write rewrites it in
+/// format 2 (fields `m` and `c`), keeps its native expiry, and the checkpoint reads back byte for
+/// byte; a second one appends; the completion drops them (field `c` gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn format_1_records_take_checkpoints() {
+    let Some((store, prefix, mut conn)) = common::prefixed_store("idem-upgrade-cp").await else {
+        return;
+    };
+    let scope = Scope::new("tenant/tool").unwrap();
+    let key = IdempotencyKey::new("charging").unwrap();
+    let now = Timestamp::from_millis(NOW);
+    let policy = Policy::builder()
+        .ttl(Duration::from_secs(600))
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    write_v1(
+        &mut conn,
+        &prefix,
+        "charging",
+        "processing",
+        NOW + 10_000,
+        NOW + 500_000,
+        None,
+    )
+    .await;
+    let token = Token::with_id(1, TID);
+    let first = Checkpoint::new("charged", r#"{ "id": "ch_1", "n": "é" }"#, now).unwrap();
+    assert_eq!(
+        store
+            .checkpoint(&scope, &key, token, &first, &policy)
+            .await
+            .unwrap(),
+        CheckpointAnswer::Saved
+    );
+    assert_eq!(fields(&mut conn, &prefix, "charging").await, ["c", "m"]);
+    assert!(
+        pttl(&mut conn, &prefix, "charging").await > 0,
+        "native expiry kept"
+    );
+    let second = Checkpoint::new("emailed", "true", now).unwrap();
+    store
+        .checkpoint(&scope, &key, token, &second, &policy)
+        .await
+        .unwrap();
+    let r = store.get(&scope, &key, now).await.unwrap().unwrap();
+    assert_eq!(r.checkpoints, vec![first, second]);
+    let stale = Token::with_id(1, TID ^ 1);
+    let late = Checkpoint::new("late", "1", now).unwrap();
+    assert_eq!(
+        store
+            .checkpoint(&scope, &key, stale, &late, &policy)
+            .await
+            .unwrap(),
+        CheckpointAnswer::Fenced
+    );
+    let outcome = Outcome::definitive(200, &serde_json::json!({"ok": true})).unwrap();
+    assert_eq!(
+        store
+            .complete(&scope, &key, token, &outcome, &policy, now)
+            .await
+            .unwrap(),
+        CompleteAnswer::Completed
+    );
+    assert_eq!(fields(&mut conn, &prefix, "charging").await, ["m", "o"]);
+    assert!(
+        store
+            .get(&scope, &key, now)
+            .await
+            .unwrap()
+            .unwrap()
+            .checkpoints
+            .is_empty()
+    );
 }

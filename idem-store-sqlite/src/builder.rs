@@ -98,7 +98,8 @@ impl SqliteStoreBuilder {
             max_connections: self.max_connections,
             idle: Mutex::new(vec![first]),
             permits: Arc::new(Semaphore::new(self.max_connections)),
-            writer: file_write_lock(canonical),
+            writer: file_write_lock(canonical.clone()),
+            notifier: crate::wake::file_notifier(canonical),
         };
         Ok(SqliteStore {
             inner: Arc::new(inner),

@@ -7,6 +7,7 @@ mod pool;
 mod row;
 mod schema;
 mod store;
+mod wake;
 
 use std::fmt;
 use std::path::Path;

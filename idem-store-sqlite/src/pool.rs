@@ -23,6 +23,8 @@ pub(crate) struct Inner {
     pub(crate) idle: Mutex<Vec<Connection>>,
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) writer: Arc<Mutex<()>>,
+    /// Wakes this process's waiters on a record after each write (`wake`).
+    pub(crate) notifier: idem_core::wait::LocalNotifier,
 }
 
 /// The process-wide write lock of a database file. Within one process, writers wait on it with

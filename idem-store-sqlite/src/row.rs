@@ -1,9 +1,11 @@
 //! A record as a row: reading (strictly, anything odd is `Corrupt`) and writing.
 
-use idem_core::machine::{self, CompleteAnswer};
+use idem_core::checkpoint::checkpoint_item;
+use idem_core::machine::{self, CheckpointAnswer, CompleteAnswer};
 use idem_core::record::{RawRecord, timestamp_to_column, to_column};
 use idem_core::{
-    IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp, Token,
+    Checkpoint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp,
+    Token,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -32,6 +34,7 @@ fn read_row(row: &Row<'_>) -> rusqlite::Result<RawRecord> {
         created_at: row.get(11)?,
         updated_at: row.get(12)?,
         expires_at: row.get(13)?,
+        checkpoints: row.get(14)?,
     })
 }
 
@@ -67,7 +70,7 @@ pub(crate) fn read_all(
 }
 
 /// The record's columns in the schema's order, as the insert and update statements bind them.
-fn columns(r: &RawRecord) -> [&dyn rusqlite::ToSql; 14] {
+fn columns(r: &RawRecord) -> [&dyn rusqlite::ToSql; 15] {
     [
         &r.scope,
         &r.key,
@@ -83,6 +86,7 @@ fn columns(r: &RawRecord) -> [&dyn rusqlite::ToSql; 14] {
         &r.created_at,
         &r.updated_at,
         &r.expires_at,
+        &r.checkpoints,
     ]
 }
 
@@ -178,5 +182,33 @@ pub(crate) fn complete(
         (0, _) => CompleteAnswer::Fenced,
         (_, RecordState::Completed) => CompleteAnswer::Completed,
         _ => CompleteAnswer::MarkedRetryable,
+    })
+}
+
+/// [`machine::checkpoint`] as one fenced `UPDATE` (a live `processing` record held by `token`
+/// appends the checkpoint; anything else is `Fenced` and nothing is written).
+pub(crate) fn checkpoint(
+    conn: &Connection,
+    sql: &Sql,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    token: Token,
+    checkpoint: &Checkpoint,
+) -> Result<CheckpointAnswer, StoreError> {
+    let updated = conn
+        .prepare_cached(&sql.checkpoint)
+        .map_err(at("checkpoint: prepare"))?
+        .execute(params![
+            scope.as_str(),
+            key.as_str(),
+            to_column(token.seq),
+            token.id_hex(),
+            checkpoint_item(checkpoint),
+            ts_to_sql(checkpoint.saved_at()),
+        ])
+        .map_err(at("checkpoint"))?;
+    Ok(match updated {
+        0 => CheckpointAnswer::Fenced,
+        _ => CheckpointAnswer::Saved,
     })
 }

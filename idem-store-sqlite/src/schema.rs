@@ -56,6 +56,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX "{n}_in_flight" ON {t} (state, lease_until, scope, key)
         WHERE state = 'processing';
     "#,
+    // 4: the operation's checkpoints (contract §6.1), a JSON array (`idem_core::checkpoint`);
+    // NULL when there are none.
+    r#"
+    ALTER TABLE {t} ADD COLUMN checkpoints TEXT;
+    "#,
 ];
 
 /// A validated table name: a plain SQL identifier, safe to splice into SQL text.
@@ -140,7 +145,8 @@ impl std::str::FromStr for TableName {
 
 /// The columns every read selects, in the order `row::RawRow` reads them.
 pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token_seq, token_id, attempt, \
-     lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at";
+     lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at, \
+     checkpoints";
 
 /// The statements of one table, built once per store.
 #[derive(Debug)]
@@ -150,6 +156,7 @@ pub(crate) struct Sql {
     pub insert_new: String,
     pub update_held: String,
     pub complete: String,
+    pub checkpoint: String,
     pub list_in_flight: String,
     pub purge: String,
     table: String,
@@ -162,30 +169,42 @@ impl Sql {
             select: format!("SELECT {COLUMNS} FROM {t} WHERE scope = ?1 AND key = ?2"),
             insert: format!(
                 "INSERT INTO {t} ({COLUMNS}) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
             ),
             // A claim of a key that was absent when read outside the write lock: inserts unless a
             // record appeared meanwhile (then the claim reads and decides again).
             insert_new: format!(
                 "INSERT INTO {t} ({COLUMNS}) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
                  ON CONFLICT (scope, key) DO NOTHING"
             ),
             // machine::complete as one fenced statement: only a live `processing` record held by
             // this token (?3, ?4) is written, and only the columns a completion changes, so the
-            // indexes it does not touch (primary key) are not rewritten.
+            // indexes it does not touch (primary key) are not rewritten. A completed record's
+            // checkpoints end with it; a `failed_retryable` one keeps them.
             complete: format!(
                 "UPDATE {t} SET state = ?6, outcome_status = ?7, outcome_body = ?8, \
-                 outcome_class = ?9, updated_at = ?5, expires_at = ?10 \
+                 outcome_class = ?9, updated_at = ?5, expires_at = ?10, \
+                 checkpoints = CASE WHEN ?6 = 'completed' THEN NULL ELSE checkpoints END \
                  WHERE scope = ?1 AND key = ?2 AND state = 'processing' AND token_seq = ?3 \
                  AND token_id = ?4 AND expires_at > ?5"
+            ),
+            // machine::checkpoint as one fenced statement (fenced like `complete`): the item ?5
+            // is appended to the JSON array, or starts it.
+            checkpoint: format!(
+                "UPDATE {t} SET updated_at = ?6, checkpoints = CASE \
+                 WHEN checkpoints IS NULL OR checkpoints = '[]' THEN '[' || ?5 || ']' \
+                 ELSE substr(checkpoints, 1, length(checkpoints) - 1) || ',' || ?5 || ']' END \
+                 WHERE scope = ?1 AND key = ?2 AND state = 'processing' AND token_seq = ?3 \
+                 AND token_id = ?4 AND expires_at > ?6"
             ),
             // Fenced in the statement itself: it writes only over the token that was read.
             update_held: format!(
                 "UPDATE {t} SET fingerprint = ?3, state = ?4, token_seq = ?5, token_id = ?6, \
                  attempt = ?7, lease_until = ?8, outcome_status = ?9, outcome_body = ?10, \
-                 outcome_class = ?11, created_at = ?12, updated_at = ?13, expires_at = ?14 \
-                 WHERE scope = ?1 AND key = ?2 AND token_seq = ?15 AND token_id = ?16"
+                 outcome_class = ?11, created_at = ?12, updated_at = ?13, expires_at = ?14, \
+                 checkpoints = ?15 \
+                 WHERE scope = ?1 AND key = ?2 AND token_seq = ?16 AND token_id = ?17"
             ),
             list_in_flight: format!(
                 "SELECT {COLUMNS} FROM {t} \
@@ -418,7 +437,7 @@ mod list_plan_tests {
             "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 2999) \
              INSERT INTO idem_records SELECT 's' || (i % 7), 'k' || i, 'f', \
              CASE i % 10 WHEN 0 THEN 'processing' WHEN 1 THEN 'failed_retryable' ELSE 'completed' END, \
-             1, 't', 1, i, NULL, NULL, NULL, i, i, i + 100 FROM n; ANALYZE;",
+             1, 't', 1, i, NULL, NULL, NULL, i, i, i + 100, NULL FROM n; ANALYZE;",
         )
         .unwrap();
         check_plans(&conn, &table);
@@ -480,5 +499,11 @@ mod list_plan_tests {
             rusqlite::params!["s", "k", 1, "t", 1, "completed", 200, "{}", "definitive", 2],
         );
         assert!(index_served(&complete), "complete: {complete:?}");
+        let checkpoint = plan(
+            conn,
+            &sql.checkpoint,
+            rusqlite::params!["s", "k", 1, "t", "{}", 2],
+        );
+        assert!(index_served(&checkpoint), "checkpoint: {checkpoint:?}");
     }
 }

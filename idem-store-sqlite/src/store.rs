@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use idem_core::machine::{
-    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope,
+    StoreError, Timestamp, Token, async_trait,
 };
 use rusqlite::params;
 
@@ -39,7 +39,7 @@ impl KeyStore for SqliteStore {
             // A claim that writes decides again under the write lock. A key that was absent is
             // inserted unless a record appeared meanwhile (one statement, no second read); any
             // other record is read again and decided on.
-            inner.write_tx(conn, |tx| {
+            let answer = inner.write_tx(conn, |tx| {
                 if let (None, Some(record)) = (&found, &first.write)
                     && row::insert_new(tx, &inner.sql, record)?
                 {
@@ -48,7 +48,12 @@ impl KeyStore for SqliteStore {
                 inner.apply(tx, &scope, &key, |found| {
                     Ok(machine::claim(found, req, now, &policy))
                 })
-            })
+            })?;
+            // A claim that won rewrote the record (a retry, a takeover): its waiters look again.
+            if matches!(answer, ClaimAnswer::Claimed { .. }) {
+                inner.notifier.notify(&scope, &key);
+            }
+            Ok(answer)
         })
         .await
     }
@@ -65,9 +70,11 @@ impl KeyStore for SqliteStore {
         machine::check_outcome_size(outcome, policy)?;
         let (scope, key, outcome, policy) = (scope.clone(), key.clone(), outcome.clone(), *policy);
         self.run(move |inner, conn| {
-            inner.write_tx(conn, |tx| {
+            let answer = inner.write_tx(conn, |tx| {
                 row::complete(tx, &inner.sql, &scope, &key, token, &outcome, &policy, now)
-            })
+            })?;
+            inner.notifier.notify(&scope, &key);
+            Ok(answer)
         })
         .await
     }
@@ -81,11 +88,13 @@ impl KeyStore for SqliteStore {
     ) -> Result<ReleaseAnswer, StoreError> {
         let (scope, key) = (scope.clone(), key.clone());
         self.run(move |inner, conn| {
-            inner.write_tx(conn, |tx| {
+            let answer = inner.write_tx(conn, |tx| {
                 inner.apply(tx, &scope, &key, |found| {
                     Ok(machine::release(found, token, now))
                 })
-            })
+            })?;
+            inner.notifier.notify(&scope, &key);
+            Ok(answer)
         })
         .await
     }
@@ -169,5 +178,38 @@ impl KeyStore for SqliteStore {
 
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        let (scope, key, checkpoint) = (scope.clone(), key.clone(), checkpoint.clone());
+        self.run(move |inner, conn| {
+            inner.write_tx(conn, |tx| {
+                row::checkpoint(tx, &inner.sql, &scope, &key, token, &checkpoint)
+            })
+        })
+        .await
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        true
+    }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn idem_core::Clock,
+        timer: &idem_core::Timer,
+    ) -> Result<(), StoreError> {
+        crate::wake::wait_for_change(self, scope, key, seen, clock, timer).await
     }
 }

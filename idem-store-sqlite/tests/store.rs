@@ -303,7 +303,8 @@ fn migrate_is_idempotent_and_versioned() {
 
 /// A file made by the previous release (schema version 2: in-flight index on every record,
 /// `(updated_at)` index), with records in every state, upgrades in place: the records read back
-/// as they were, replay, complete and list as before, on the indexes of version 3.
+/// as they were, replay, complete and list as before, on the indexes of version 3 and with the
+/// checkpoints column of version 4; the held record takes checkpoints.
 #[tokio::test]
 async fn a_version_2_file_upgrades_in_place() {
     let dir = tempfile::tempdir().unwrap();
@@ -328,32 +329,61 @@ async fn a_version_2_file_upgrades_in_place() {
         ))
         .unwrap();
     }
-    // Records written by this crate's own operations, then the file taken back to version 2's
-    // indexes: what an existing user's file holds.
-    let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(store.schema_version().await.unwrap(), 2);
+    // Records made by the rules every store runs (on a `MemoryStore`), written as version 2's
+    // columns: what an existing user's file holds.
+    let memory = idem_core::MemoryStore::new();
     let p = policy();
     let (done, _) = claimed(
-        store
+        memory
             .claim(&scope(), &key("done"), &fp(), &p, NOW)
             .await
             .unwrap(),
     );
-    store
+    memory
         .complete(&scope(), &key("done"), done, &ticket("T-1"), &p, NOW)
         .await
         .unwrap();
     let (held, _) = claimed(
-        store
+        memory
             .claim(&scope(), &key("held"), &fp(), &p, NOW)
             .await
             .unwrap(),
     );
-    let before = store
+    let before = memory
         .get(&scope(), &key("done"), NOW)
         .await
         .unwrap()
         .unwrap();
+    {
+        let conn = Connection::open(&path).unwrap();
+        for k in ["done", "held"] {
+            let record = memory.get(&scope(), &key(k), NOW).await.unwrap().unwrap();
+            let r = idem_core::record::RawRecord::from_record(&record);
+            conn.execute(
+                "INSERT INTO idem_records VALUES \
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                params![
+                    r.scope,
+                    r.key,
+                    r.fingerprint,
+                    r.state,
+                    r.token_seq,
+                    r.token_id,
+                    r.attempt,
+                    r.lease_until,
+                    r.outcome_status,
+                    r.outcome_body,
+                    r.outcome_class,
+                    r.created_at,
+                    r.updated_at,
+                    r.expires_at
+                ],
+            )
+            .unwrap();
+        }
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), 2);
 
     store.migrate().unwrap();
     SqliteStore::open(&path).unwrap().migrate().unwrap(); // idempotent
@@ -400,6 +430,21 @@ async fn a_version_2_file_upgrades_in_place() {
     let stale = store.list_in_flight(later, 10).await.unwrap();
     assert_eq!(stale.len(), 1);
     assert_eq!(stale[0].key, key("held"));
+    assert!(stale[0].checkpoints.is_empty());
+    let step = idem_core::Checkpoint::new("charged", "{\"id\": 1}", later).unwrap();
+    assert_eq!(
+        store
+            .checkpoint(&scope(), &key("held"), held, &step, &p)
+            .await
+            .unwrap(),
+        idem_core::CheckpointAnswer::Saved
+    );
+    let with_step = store
+        .get(&scope(), &key("held"), later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(with_step.checkpoints, vec![step]);
     assert_eq!(
         store
             .complete(&scope(), &key("held"), held, &ticket("T-2"), &p, later)

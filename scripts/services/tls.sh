@@ -119,7 +119,8 @@ idem_tls_redis_start() {
       return 0
     sleep 0.1
   done
-  idem_tls_log "no PING answer over TLS on 127.0.0.1:$port"
+  idem_tls_log "no PING answer over TLS on 127.0.0.1:$port; the end of its log:"
+  tail -n 5 "$dir/redis-$port/redis.log" >&2 || true
   return 1
 }
 

@@ -8,6 +8,7 @@
 //! | --- | --- |
 //! | `expiry_purge_deletes_in_batches_and_keeps_live` | 1972–1973 |
 //! | `expiry_tokens_never_reused_after_purge` | 1974–1975 |
+//! | `checkpoint_gone_after_expiry_and_purge` | 1975–1976 |
 //! | `expiry_purge_returns_exactly_what_it_deleted` | 1977–1979 |
 //!
 //! A purge at `now` deletes every record expired by `now`, so a purging case may still find a

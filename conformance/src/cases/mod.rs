@@ -13,6 +13,7 @@ use idem_core::{
 
 use crate::Case;
 
+pub mod checkpoint;
 pub mod claim;
 pub mod concurrency;
 pub mod executor;
@@ -20,6 +21,7 @@ pub mod expiry;
 pub mod fencing;
 pub mod outcome;
 pub mod scope;
+pub mod wait;
 
 /// Every case; the one list both [`crate::conformance_tests!`] and [`crate::run_all`] read.
 #[doc(hidden)]
@@ -62,6 +64,7 @@ macro_rules! __case_list {
             scope::scope_trailing_spaces_are_significant,
             scope::scope_separator_position_is_significant,
             scope::scope_long_values_differing_in_the_last_byte,
+            scope::scope_derived_keys_are_stored_as_they_are,
             outcome::outcome_replays_byte_for_byte,
             outcome::outcome_unicode_and_escapes_survive,
             outcome::outcome_up_to_the_limit_is_stored,
@@ -92,6 +95,17 @@ macro_rules! __case_list {
             executor::executor_retryable_failure_then_one_success,
             executor::executor_fenced_holder_cannot_overwrite,
             executor::executor_slow_holder_past_its_lease_is_recorded,
+            checkpoint::checkpoint_saved_in_order_byte_for_byte,
+            checkpoint::checkpoint_stale_holder_is_fenced_after_takeover,
+            checkpoint::checkpoint_fenced_like_complete,
+            checkpoint::checkpoint_kept_across_release_and_retryable_outcome,
+            checkpoint::checkpoint_gone_after_completion,
+            checkpoint::checkpoint_gone_after_expiry_and_purge,
+            checkpoint::checkpoint_over_the_limit_is_refused_and_nothing_written,
+            wait::wait_wakes_on_completion,
+            wait::wait_wakes_on_release,
+            wait::wait_wakes_on_takeover,
+            wait::wait_bound_passes_after_a_short_real_wait,
         }
     };
 }

@@ -252,3 +252,57 @@ pub async fn scope_long_values_differing_in_the_last_byte(h: Harness) {
     assert_eq!(s1.as_str().len(), idem_core::key::MAX_SCOPE_BYTES);
     assert_two_records(&h, "512-byte scopes", (&s1, &k1), (&s2, &k1)).await;
 }
+
+/// Keys a tool derived for a call that sent none ([contract §5.1](idem_core::contract#keyless):
+/// a source prefix and a space) are stored and read back as they are, with their origin; a sent
+/// key spelled like one without the space is another record (no dropping or collapsing of
+/// spaces).
+pub async fn scope_derived_keys_are_stored_as_they_are(h: Harness) {
+    use idem_core::KeyOrigin;
+    let scope = h.scope("derived");
+    let derived = [
+        IdempotencyKey::from_arguments(&serde_json::json!({"title": "x"})).unwrap(),
+        IdempotencyKey::from_model_argument("create-ticket-1").unwrap(),
+        IdempotencyKey::from_model_argument("spaces and é").unwrap(),
+        IdempotencyKey::from_request("session-1", "7"),
+    ];
+    let store = h.store().await;
+    for key in &derived {
+        let token = claim_wins(&store, (&scope, key), "x", h.now(), "a derived key").await;
+        store
+            .complete(&scope, key, token, &ok("derived"), &policy(), h.now())
+            .await
+            .unwrap();
+        let r = store.get(&scope, key, h.now()).await.unwrap().unwrap();
+        assert_eq!(&r.key, key, "the derived key reads back as it was written");
+        assert_ne!(r.key_origin(), KeyOrigin::Sent, "{key}");
+    }
+    let filter = idem_core::ListFilter {
+        scope: Some(scope.clone()),
+        ..Default::default()
+    };
+    let mut listed: Vec<_> = store
+        .list(&filter, h.now(), 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    listed.sort();
+    let mut want = derived.to_vec();
+    want.sort();
+    assert_eq!(listed, want, "list reads the derived keys back");
+    let pairs = [("model:create-ticket-1", "model: create-ticket-1")];
+    for (sent, derived) in pairs {
+        let sent = IdempotencyKey::new(sent).unwrap();
+        let derived = IdempotencyKey::from_stored(derived).unwrap();
+        let scope = h.scope("derived-vs-sent");
+        assert_two_records(
+            &h,
+            "a sent key and the derived key it spells without its space",
+            (&scope, &sent),
+            (&scope, &derived),
+        )
+        .await;
+    }
+}

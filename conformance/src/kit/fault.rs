@@ -6,10 +6,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::machine::{
+    CheckpointAnswer, ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope,
+    StoreError, Timestamp, Token, async_trait,
 };
 
 use crate::BoxFuture;
@@ -412,5 +414,23 @@ impl<S: KeyStore> KeyStore for FaultStore<S> {
 
     fn backend(&self) -> &'static str {
         self.inner.backend()
+    }
+
+    /// Forwarded without faults: the faults are planned on the other operations.
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        self.inner
+            .checkpoint(scope, key, token, checkpoint, policy)
+            .await
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        self.inner.supports_checkpoints()
     }
 }

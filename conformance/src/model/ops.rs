@@ -118,6 +118,13 @@ pub(super) enum Op {
         n: usize,
         pol: Pol,
     },
+    /// A holder saves checkpoint `step` (a value over a small limit when `too_large`).
+    Checkpoint {
+        at: Addr,
+        holder: Holder,
+        step: u8,
+        too_large: bool,
+    },
     Get {
         at: Addr,
     },
@@ -226,6 +233,18 @@ impl fmt::Display for Op {
             }
             Self::ClaimRace { at, n, pol } => {
                 write!(f, "{n} concurrent claims of {at}, request A [{pol}]")
+            }
+            Self::Checkpoint {
+                at,
+                holder,
+                step,
+                too_large,
+            } => {
+                write!(f, "checkpoint {at} with {holder}: step-{step}")?;
+                if *too_large {
+                    write!(f, " over a {SMALL_LIMIT}-byte limit")?;
+                }
+                Ok(())
             }
             Self::Get { at } => write!(f, "get {at}"),
             Self::List {
@@ -347,6 +366,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (addr(), holder(), act(), 1usize..5, pol()).prop_map(|(at, holder, act, n, pol)| {
             Op::HolderRace { at, holder, act, n, pol }
         }),
+        2 => (addr(), holder(), 0u8..3, prop::bool::weighted(0.1)).prop_map(
+            |(at, holder, step, too_large)| Op::Checkpoint { at, holder, step, too_large },
+        ),
         2 => addr().prop_map(|at| Op::Get { at }),
         1 => (
             state,

@@ -15,6 +15,7 @@ use super::ops::{Addr, Holder, Op, Out};
 use super::{KEYS, NEVER_ID, SCOPES};
 
 mod apply;
+mod checkpoint;
 mod races;
 
 /// One token handed out: as the store knows it, and as the model does.

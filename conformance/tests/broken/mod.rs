@@ -13,11 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::machine::{
-    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState,
+    Scope, StoreError, Timer, Timestamp, Token, async_trait,
 };
 
 /// How a record is addressed in the map: a pair of strings the defect may have mangled.
@@ -46,10 +46,18 @@ pub enum Defect {
     CaseInsensitiveAddress,
     /// Records addressed by `scope + ":" + key`, so a separator can move between the two.
     ConcatenatedAddress,
+    /// Records addressed by the key without its spaces (a key column or name that drops or
+    /// collapses white space), so a derived key meets the sent key it spells.
+    SpacesDroppedAddress,
     /// `purge_expired` deletes the rows but reports one fewer than it deleted.
     PurgeMiscount,
     /// `extend` sets the lease to `now + lease` whatever it was, zero included (it may shorten it).
     ExtendSetsTheLease,
+    /// `checkpoint` appends to any live record, whatever its token or state (an
+    /// `UPDATE … SET checkpoints = … WHERE scope = ? AND key = ?` without the fencing condition).
+    CheckpointUnfenced,
+    /// `wait_for_change` subscribes to a notifier that never fires and does not poll.
+    NeverWakes,
 }
 
 /// Every defect.
@@ -61,8 +69,11 @@ pub const ALL: &[Defect] = &[
     Defect::ExpiryIgnored,
     Defect::CaseInsensitiveAddress,
     Defect::ConcatenatedAddress,
+    Defect::SpacesDroppedAddress,
     Defect::PurgeMiscount,
     Defect::ExtendSetsTheLease,
+    Defect::CheckpointUnfenced,
+    Defect::NeverWakes,
 ];
 
 /// A suite factory for a store with `defect`: every call returns a new handle to the same
@@ -103,6 +114,9 @@ impl Broken {
                 format!("{}:{}", scope.as_str(), key.as_str()),
                 String::new(),
             ),
+            Defect::SpacesDroppedAddress => {
+                (scope.as_str().to_owned(), key.as_str().replace(' ', ""))
+            }
             _ => (scope.as_str().to_owned(), key.as_str().to_owned()),
         }
     }
@@ -318,6 +332,52 @@ impl KeyStore for Broken {
         }
         Ok(ids.len())
     }
+
+    async fn checkpoint(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        let now = checkpoint.saved_at();
+        let found = self.found(scope, key);
+        if self.defect == Defect::CheckpointUnfenced {
+            let Some(mut r) = found.filter(|r| !r.is_expired(now)) else {
+                return Ok(CheckpointAnswer::Fenced);
+            };
+            r.checkpoints.push(checkpoint.clone());
+            r.updated_at = now;
+            self.write(scope, key, r);
+            return Ok(CheckpointAnswer::Saved);
+        }
+        let found = self.for_holder(found, token, now);
+        let t = machine::checkpoint(found.as_ref(), token, checkpoint, policy)?;
+        if let Some(w) = t.write {
+            self.write(scope, key, w);
+        }
+        Ok(t.answer)
+    }
+
+    fn supports_checkpoints(&self) -> bool {
+        true
+    }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        if self.defect == Defect::NeverWakes {
+            return std::future::pending().await;
+        }
+        idem_core::wait::poll_for_change(self, scope, key, seen, clock, timer).await
+    }
 }
 
 /// A case every defect passes: a failure of the cases in [`caught_by`] is the defect's, not a
@@ -369,10 +429,20 @@ pub fn caught_by(defect: Defect) -> &'static [&'static str] {
         ],
         Defect::CaseInsensitiveAddress => &["scope_case_is_significant"],
         Defect::ConcatenatedAddress => &["scope_separator_position_is_significant"],
+        Defect::SpacesDroppedAddress => &["scope_derived_keys_are_stored_as_they_are"],
         Defect::PurgeMiscount => &["expiry_purge_returns_exactly_what_it_deleted"],
         Defect::ExtendSetsTheLease => &[
             "fencing_extend_never_shortens",
             "fencing_extend_refuses_a_zero_lease",
+        ],
+        Defect::CheckpointUnfenced => &[
+            "checkpoint_stale_holder_is_fenced_after_takeover",
+            "checkpoint_fenced_like_complete",
+        ],
+        Defect::NeverWakes => &[
+            "wait_wakes_on_completion",
+            "wait_wakes_on_release",
+            "wait_wakes_on_takeover",
         ],
     }
 }

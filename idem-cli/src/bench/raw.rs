@@ -198,13 +198,14 @@ impl Raw {
     ) -> Result<bool, BoxError> {
         let now = i64::try_from(at.as_millis())?;
         let expires = now + i64::try_from(FILL_TTL.as_millis())?;
-        // Columns in the schema's order; the key is `f-<i>`, the token id 32 hex digits.
+        // Columns in the schema's order; the key is `f-<i>`, the token id 32 hex digits, no
+        // checkpoints.
         match self {
             Raw::Sqlite(s) => {
                 let records = format!(
                     "WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2) \
                      INSERT INTO {} SELECT ?3, 'f-' || i, ?4, 'completed', 1, printf('%032x', i), 1, \
-                     ?5, 200, '{{\"ok\":true}}', 'definitive', ?5, ?5, ?6 FROM n",
+                     ?5, 200, '{{\"ok\":true}}', 'definitive', ?5, ?5, ?6, NULL FROM n",
                     s.table()
                 );
                 let raw = "WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2) \
@@ -226,7 +227,7 @@ impl Raw {
             Raw::Postgres(s) => {
                 let records = format!(
                     "INSERT INTO {} SELECT $3, 'f-' || i, $4, 'completed', 1, md5(i::text), 1, \
-                     $5, 200, '{{\"ok\":true}}', 'definitive', $5, $5, $6 \
+                     $5, 200, '{{\"ok\":true}}', 'definitive', $5, $5, $6, NULL \
                      FROM generate_series($1::bigint, $2::bigint - 1) AS i",
                     s.qualified_table()
                 );

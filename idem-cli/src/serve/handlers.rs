@@ -78,11 +78,15 @@ fn rfc3339(now: Timestamp) -> String {
 
 pub(super) async fn create_ticket(
     State(app): State<Arc<AppState>>,
-    Extension(attempt): Extension<Attempt>,
+    attempt: Option<Extension<Attempt>>,
     Extension(Tenant(tenant)): Extension<Tenant>,
     headers: HeaderMap,
     Json(args): Json<Value>,
 ) -> Response {
+    // No claim: a request without a key under `--key-source unprotected`.
+    let Some(Extension(attempt)) = attempt else {
+        return create_ticket_unprotected(State(app), headers, Json(args)).await;
+    };
     let field = |name: &str| {
         args.get(name)
             .and_then(Value::as_str)

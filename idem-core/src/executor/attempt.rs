@@ -11,8 +11,8 @@ use super::steps::{count_completion, timed};
 use crate::codec::{CodecContext, CodecError, OutcomeCodec, encode_outcome};
 use crate::machine::{ClaimKind, ExtendAnswer};
 use crate::{
-    Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError, Timestamp, Token,
-    downstream_key,
+    Checkpoint, Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError, Timestamp,
+    Token, downstream_key,
 };
 
 /// The claim an operation runs under, handed to the operation by [`Executor::run`](super::Executor::run).
@@ -28,6 +28,8 @@ pub struct Attempt {
     pub(super) recorded: Arc<AtomicBool>,
     pub(super) policy: Policy,
     pub(super) codec: Option<Arc<dyn OutcomeCodec>>,
+    /// The steps earlier attempts saved, decoded ([`Attempt::checkpoints`]).
+    pub(super) resumed: Arc<[Checkpoint]>,
 }
 
 impl fmt::Debug for Attempt {
@@ -38,6 +40,7 @@ impl fmt::Debug for Attempt {
             .field("token", &self.token)
             .field("number", &self.number)
             .field("kind", &self.kind)
+            .field("checkpoints", &self.resumed.len())
             .finish_non_exhaustive()
     }
 }

@@ -19,7 +19,9 @@ use crate::{
 };
 
 mod attempt;
+mod checkpoints;
 mod steps;
+mod wait;
 
 pub use attempt::Attempt;
 pub(crate) use steps::{CompletionError, complete_or_not_kept};
@@ -109,6 +111,7 @@ pub struct Executor {
     clock: Arc<dyn Clock>,
     spawner: Option<Spawner>,
     codec: Option<Arc<dyn OutcomeCodec>>,
+    waiting: wait::Waiting,
 }
 
 impl fmt::Debug for Executor {
@@ -119,6 +122,8 @@ impl fmt::Debug for Executor {
             .field("clock", &self.clock)
             .field("spawner", &self.spawner.is_some())
             .field("codec", &self.codec)
+            .field("wait", &self.waiting.requested)
+            .field("max_wait", &self.max_wait())
             .finish()
     }
 }
@@ -137,6 +142,7 @@ impl Executor {
             clock: Arc::new(SystemClock),
             spawner: None,
             codec: None,
+            waiting: wait::Waiting::new(),
         }
     }
 
@@ -230,6 +236,7 @@ impl Executor {
             recorded: Arc::new(AtomicBool::new(false)),
             policy: self.policy,
             codec: self.codec.clone(),
+            resumed: Arc::from(Vec::new()),
         })
     }
 
@@ -294,7 +301,8 @@ impl Executor {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = O>,
     {
-        let (answer, guard) = self.claim(scope, key, fingerprint).await?;
+        let (answer, guard) = self.claim_or_wait(scope, key, fingerprint).await?;
+        let origin = key.origin().as_str();
         let (token, number, kind) = match answer {
             ClaimAnswer::Claimed {
                 token,
@@ -307,7 +315,7 @@ impl Executor {
                     Ok(outcome) => outcome,
                     Err(e) => {
                         tracing::error!(error = %e, "stored outcome could not be decoded; nothing ran, nothing replayed");
-                        count_claim("replayed");
+                        count_claim("replayed", origin);
                         return Err(Error::Decode(e));
                     }
                 };
@@ -315,9 +323,10 @@ impl Executor {
                     INFO,
                     "replayed",
                     status = outcome.status(),
+                    key_source = origin,
                     "replaying stored outcome"
                 );
-                count_claim("replayed");
+                count_claim("replayed", origin);
                 return Ok(Ran::Replayed(outcome));
             }
             ClaimAnswer::InFlight { retry_after, stale } => {
@@ -328,12 +337,12 @@ impl Executor {
                     stale,
                     "operation in flight"
                 );
-                count_claim("in_flight");
+                count_claim("in_flight", origin);
                 return Err(Error::InFlight { retry_after, stale });
             }
             ClaimAnswer::FingerprintMismatch => {
                 transition!(WARN, "mismatch", "key reused with a different request");
-                count_claim("mismatch");
+                count_claim("mismatch", origin);
                 return Err(Error::FingerprintMismatch);
             }
         };
@@ -348,18 +357,39 @@ impl Executor {
                     attempt = number,
                     "stale claim taken over"
                 );
-                count_claim("taken_over");
+                count_claim("taken_over", origin);
             }
             ClaimKind::ExpiredReplaced => {
                 transition!(INFO, "expired_replaced", "expired record replaced");
-                count_claim("claimed");
+                count_claim("claimed", origin);
             }
             ClaimKind::New | ClaimKind::Retry => {
-                transition!(INFO, "claimed", attempt = number, ?kind, "claimed");
-                count_claim("claimed");
+                transition!(
+                    INFO,
+                    "claimed",
+                    attempt = number,
+                    ?kind,
+                    key_source = origin,
+                    "claimed"
+                );
+                count_claim("claimed", origin);
             }
         }
 
+        let resumed = match self.resumed_checkpoints(scope, key, token, kind).await {
+            Ok(resumed) => resumed,
+            Err(e) => {
+                // Nothing ran: give the claim back (an armed guard does it when dropped).
+                if guard.is_none() {
+                    let now = self.clock.now();
+                    if let Err(release) = self.store.release(scope, key, token, now).await {
+                        tracing::warn!(error = %release, "claim could not be released; the lease will run out");
+                    }
+                }
+                tracing::error!(error = %e, "the checkpoints to resume from could not be read; nothing ran, claim released");
+                return Err(e);
+            }
+        };
         let attempt = Attempt {
             store: self.store.clone(),
             clock: self.clock.clone(),
@@ -371,6 +401,7 @@ impl Executor {
             recorded: Arc::new(AtomicBool::new(false)),
             policy: self.policy,
             codec: self.codec.clone(),
+            resumed: resumed.into(),
         };
         let recorded = attempt.recorded.clone();
         // From here on the operation has started: a drop leaves the record `processing`.

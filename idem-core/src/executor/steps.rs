@@ -269,8 +269,10 @@ pub(crate) async fn complete_or_not_kept(
     })
 }
 
-pub(super) fn count_claim(result: &'static str) {
-    metrics::counter!(crate::metrics::CLAIMS, "result" => result).increment(1);
+/// Counts one claim answer; `key_source` is the key's [`KeyOrigin`](crate::KeyOrigin) label.
+pub(super) fn count_claim(result: &'static str, key_source: &'static str) {
+    metrics::counter!(crate::metrics::CLAIMS, "result" => result, "key_source" => key_source)
+        .increment(1);
 }
 
 pub(super) fn count_completion(result: &'static str) {

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! idem-mcp-ticket-server [--db PATH] [--http ADDR] [--latency-ms N] [--principal NAME]
+//!                        [--key-source client|arguments|model-argument|request|unprotected]
 //! ```
 //!
 //! - Without `--http`: MCP over stdio (`params.idempotencyKey` lifted with `key::lift_lines`).
@@ -19,12 +20,17 @@
 //!   transaction, so a ticket exists if and only if its record is completed.
 //! - `--latency-ms N`: the tool works N ms before creating the ticket (real latency, for tests
 //!   of client timeouts).
+//! - `--key-source` (contract §5.1): what a call without a key gets. `client` (the default): it
+//!   is refused, the client must send the key; `arguments`: the key is derived from `title` and
+//!   `account_id`; `model-argument`: the tool asks the model for an `idempotency_key` argument;
+//!   `request`: the key is the session and JSON-RPC request id (transport resends only);
+//!   `unprotected`: the call runs without protection. A derived key's window is one hour.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Attempt, CompleteAnswer, OutcomeClass, Policy, StalePolicy, StoreError, ToolContract,
+    Attempt, CompleteAnswer, KeySource, OutcomeClass, Policy, StalePolicy, StoreError, ToolContract,
 };
 use idem_mcp::key::{lift_http_request, lift_lines};
 use idem_mcp::{IdempotentTools, Principal, ToolSettings};
@@ -80,15 +86,13 @@ impl TicketServer {
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }
-        let Some(attempt) = context.extensions.get::<Attempt>().cloned() else {
-            return Err(ErrorData::internal_error(
-                "create_ticket runs only under an idempotency claim",
-                None,
-            ));
-        };
-        match self.insert_and_complete(&attempt, ticket).await {
+        // No claim: a call without a key under `--key-source unprotected`.
+        let attempt = context.extensions.get::<Attempt>().cloned();
+        match self.insert_and_complete(attempt.as_ref(), ticket).await {
             Ok(Some(result)) => {
-                attempt.mark_recorded(); // committed with the ticket: not to be completed again
+                if let Some(attempt) = attempt {
+                    attempt.mark_recorded(); // committed with the ticket: not to be completed again
+                }
                 Ok(result)
             }
             Ok(None) => Err(ErrorData::internal_error(
@@ -107,32 +111,38 @@ impl TicketServer {
 }
 
 impl TicketServer {
-    /// Inserts the ticket and completes the record in one transaction; `None` if fenced (rolled
-    /// back: no ticket).
+    /// Inserts the ticket and completes the record (if the call has one) in one transaction;
+    /// `None` if fenced (rolled back: no ticket).
     async fn insert_and_complete(
         &self,
-        attempt: &Attempt,
+        attempt: Option<&Attempt>,
         ticket: NewTicket,
     ) -> Result<Option<CallToolResult>, StoreError> {
         let (store, idem) = (self.store.clone(), self.idem.clone());
-        let attempt = attempt.clone();
+        let attempt = attempt.cloned();
         self.store
             .with_connection(move |conn| {
                 let db = |e| StoreError::backend("sqlite: tickets", e);
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(db)?;
+                let (scope, key) = match &attempt {
+                    Some(a) => (a.scope().as_str(), a.key().as_str()),
+                    None => ("", ""),
+                };
                 tx.execute(
                     "INSERT INTO tickets (tenant_scope, title, account_id, idempotency_key) VALUES (?1, ?2, ?3, ?4)",
-                    params![attempt.scope().as_str(), ticket.title, ticket.account_id, attempt.key().as_str()],
+                    params![scope, ticket.title, ticket.account_id, key],
                 )
                 .map_err(db)?;
                 let id = format!("T-{:06}", tx.last_insert_rowid());
                 let result = CallToolResult::structured(json!({"ticket_id": id}));
-                let outcome = idem.outcome_for("create_ticket", &result);
-                let answer = store.complete_in(&tx, &attempt, &outcome)?;
-                if answer == CompleteAnswer::Fenced {
-                    return Ok(None); // dropped: rolled back
+                if let Some(attempt) = &attempt {
+                    let outcome = idem.outcome_for("create_ticket", &result);
+                    let answer = store.complete_in(&tx, attempt, &outcome)?;
+                    if answer == CompleteAnswer::Fenced {
+                        return Ok(None); // dropped: rolled back
+                    }
                 }
                 tx.commit().map_err(db)?;
                 Ok(Some(result))
@@ -177,6 +187,7 @@ struct Args {
     http: Option<String>,
     latency: Duration,
     principal: Option<String>,
+    key_source: KeySource,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
@@ -185,6 +196,7 @@ fn parse_args() -> Result<Args, BoxError> {
         http: None,
         latency: Duration::ZERO,
         principal: None,
+        key_source: KeySource::Refuse,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -194,9 +206,19 @@ fn parse_args() -> Result<Args, BoxError> {
             "--http" => args.http = Some(value()?),
             "--latency-ms" => args.latency = Duration::from_millis(value()?.parse()?),
             "--principal" => args.principal = Some(value()?),
+            "--key-source" => {
+                args.key_source = match value()?.as_str() {
+                    "client" => KeySource::Refuse,
+                    "arguments" => KeySource::arguments_at(["/title", "/account_id"]),
+                    "model-argument" => KeySource::model_argument(),
+                    "request" => KeySource::Request,
+                    "unprotected" => KeySource::Unprotected,
+                    other => return Err(format!("unknown key source {other}: client, arguments, model-argument, request or unprotected").into()),
+                }
+            }
             "-h" | "--help" => {
                 println!(
-                    "idem-mcp-ticket-server [--db PATH] [--http ADDR] [--latency-ms N] [--principal NAME]"
+                    "idem-mcp-ticket-server [--db PATH] [--http ADDR] [--latency-ms N] [--principal NAME] [--key-source client|arguments|model-argument|request|unprotected]"
                 );
                 std::process::exit(0);
             }
@@ -215,6 +237,11 @@ async fn main() -> Result<(), BoxError> {
                 .unwrap_or_else(|_| "warn,rmcp::service=error".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: never in a file or a pipe, never with NO_COLOR.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     let args = parse_args()?;
 
@@ -249,7 +276,8 @@ async fn main() -> Result<(), BoxError> {
             "create_ticket",
             ToolSettings::window(contract.processing_window())
                 .tool_error(OutcomeClass::Definitive)
-                .destructive(false),
+                .destructive(false)
+                .key_source(args.key_source),
         );
     // Requests without a principal are refused unless we opt into one shared scope: always on
     // stdio (one client per process, nobody to share with), on HTTP only with `--principal`.

@@ -2,10 +2,13 @@
 //! description, `_meta` and annotations in `list_tools` ([contract §5](idem_core::contract#mcp)).
 
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::model::{JsonObject, ListToolsResult, MetaObject, ServerConfig, Tool, ToolAnnotations};
-use serde_json::json;
+use std::sync::Arc;
 
-use super::{IdempotentTools, MissingKey};
+use idem_core::KeySource;
+use rmcp::model::{JsonObject, ListToolsResult, MetaObject, ServerConfig, Tool, ToolAnnotations};
+use serde_json::{Value, json};
+
+use super::{IdempotentTools, ToolSettings};
 use crate::key;
 
 /// The tool `_meta` entry with the machine-readable contract (`processingWindowMs`,
@@ -32,10 +35,12 @@ impl IdempotentTools {
     }
 
     /// Describes the protection of each side-effecting tool in `tools`: its description gains the
-    /// processing window and the minimum client retry deadline, its `_meta` gains
-    /// [`TOOL_META_KEY`], and its annotations are set honestly: `readOnlyHint: false`,
-    /// `idempotentHint: true` only when every accepted call carries a key
-    /// ([`MissingKey::Refuse`]), `destructiveHint` per `ToolSettings::destructive`.
+    /// processing window, the minimum client retry deadline, its key source and window
+    /// ([contract §5.1](idem_core::contract#keyless)), its `_meta` gains [`TOOL_META_KEY`], and
+    /// its annotations are set honestly: `readOnlyHint: false`, `idempotentHint: true` only when
+    /// every call that runs is protected by a key (any key source but
+    /// [`KeySource::Unprotected`]), `destructiveHint` per `ToolSettings::destructive`. With
+    /// [`KeySource::ModelArgument`], its input schema gains that argument, a required string.
     pub fn describe(&self, tools: Vec<Tool>) -> Vec<Tool> {
         tools.into_iter().map(|t| self.describe_tool(t)).collect()
     }
@@ -47,19 +52,18 @@ impl IdempotentTools {
         let contract = self.contract_of(settings);
         let window = contract.processing_window().as_millis() as u64;
         let deadline = contract.min_client_deadline().as_millis() as u64;
-        let without = match settings.missing_key {
-            MissingKey::Refuse => "a call without a key is refused",
-            MissingKey::RunUnprotected => {
-                "a call without a key runs unprotected and a retry of it may repeat the effect"
-            }
-        };
+        let max_wait = self.executor.max_wait().as_millis() as u64;
+        let without = without_key(settings);
         let note = format!(
             "Side-effecting. Send an idempotency key made from your durable workflow step \
              (params.idempotencyKey, or params._meta[\"{meta}\"]) and reuse it on every retry: \
              with a key the call runs once and a repeat returns the first result; {without}. \
              Processing window: {window} ms; minimum client retry deadline: {deadline} ms — an \
-             attempt shorter than that is cut off while the tool is still working.",
+             attempt shorter than that is cut off while the tool is still working. A retry sent \
+             while the first call runs may wait for its result: params._meta[\"{wait}\"] \
+             (seconds), up to {max_wait} ms.",
             meta = key::META_KEY,
+            wait = crate::wait::WAIT_META_KEY,
         );
         tool.description = Some(match tool.description.take() {
             Some(d) if !d.is_empty() => format!("{d}\n\n{note}").into(),
@@ -68,7 +72,7 @@ impl IdempotentTools {
         let mut annotations = tool.annotations.take().unwrap_or_default();
         annotations = with_hints(
             annotations,
-            settings.missing_key == MissingKey::Refuse,
+            settings.key_source.protects_every_call(),
             settings.destructive,
         );
         tool.annotations = Some(annotations);
@@ -78,9 +82,15 @@ impl IdempotentTools {
             json!({
                 "processingWindowMs": window,
                 "minClientDeadlineMs": deadline,
-                "keyRequired": settings.missing_key == MissingKey::Refuse,
+                "keyRequired": settings.key_source == KeySource::Refuse,
+                "keySource": settings.key_source.name(),
+                "keyWindowMs": settings.key_window.as_millis() as u64,
+                "maxWaitMs": max_wait,
             }),
         );
+        if let KeySource::ModelArgument(name) = &settings.key_source {
+            tool.input_schema = Arc::new(with_key_argument(&tool.input_schema, name));
+        }
         tool
     }
 
@@ -89,6 +99,58 @@ impl IdempotentTools {
     pub fn list_routed<S: Send + Sync + 'static>(&self, router: &ToolRouter<S>) -> ListToolsResult {
         ListToolsResult::with_all_items(self.describe(router.list_all()))
     }
+}
+
+/// What the description says of a call without a key.
+fn without_key(settings: &ToolSettings) -> String {
+    let window = settings.key_window.as_secs();
+    let within = format!(
+        "within {window} s the same call is the same operation and returns the first result, so \
+         a deliberate repeat must differ"
+    );
+    match &settings.key_source {
+        KeySource::Arguments(pointers) if pointers.is_empty() => {
+            format!("a call without a key is keyed by its arguments: {within} in its arguments")
+        }
+        KeySource::Arguments(pointers) => format!(
+            "a call without a key is keyed by its arguments {}: {within} in one of them",
+            pointers.join(", ")
+        ),
+        KeySource::ModelArgument(name) => format!(
+            "a call without a key is keyed by the argument {name}: send the same {name} when you \
+             retry the same action and a new one for a new action; {within} in {name}"
+        ),
+        KeySource::Request => format!(
+            "a call without a key is keyed by its session and request id: only a resend of the \
+             same request within {window} s returns the first result, a new call runs again"
+        ),
+        KeySource::Unprotected => {
+            "a call without a key runs unprotected and a retry of it may repeat the effect".into()
+        }
+        _ => "a call without a key is refused".into(),
+    }
+}
+
+/// `schema` with the required string argument `name` the model fills with its key.
+fn with_key_argument(schema: &JsonObject, name: &str) -> JsonObject {
+    let mut schema = schema.clone();
+    schema.insert("type".into(), json!("object"));
+    let properties = schema
+        .entry("properties")
+        .or_insert_with(|| Value::Object(JsonObject::new()));
+    if let Some(properties) = properties.as_object_mut() {
+        properties.insert(
+            name.to_owned(),
+            json!({"type": "string", "description": KeySource::MODEL_ARGUMENT_DESCRIPTION}),
+        );
+    }
+    let required = schema.entry("required").or_insert_with(|| json!([]));
+    if let Some(required) = required.as_array_mut()
+        && !required.iter().any(|r| r == name)
+    {
+        required.push(json!(name));
+    }
+    schema
 }
 
 fn with_hints(
@@ -117,5 +179,21 @@ mod tests {
         );
         let a = with_hints(ToolAnnotations::default(), false, None);
         assert_eq!((a.idempotent_hint, a.destructive_hint), (Some(false), None));
+    }
+
+    #[test]
+    fn the_model_argument_is_a_required_string() {
+        let schema = json!({"type": "object", "properties": {"title": {"type": "string"}},
+            "required": ["title"]});
+        let with = with_key_argument(schema.as_object().unwrap(), "idempotency_key");
+        assert_eq!(with["required"], json!(["title", "idempotency_key"]));
+        assert_eq!(with["properties"]["idempotency_key"]["type"], "string");
+        assert_eq!(
+            with["properties"]["idempotency_key"]["description"],
+            KeySource::MODEL_ARGUMENT_DESCRIPTION
+        );
+        assert_eq!(with["properties"]["title"], json!({"type": "string"}));
+        let bare = with_key_argument(&JsonObject::new(), "k");
+        assert_eq!(bare["required"], json!(["k"]));
     }
 }

@@ -1,13 +1,17 @@
 //! A tool's answer as the outcome recorded for it, and a recorded outcome as the answer of a
 //! replay, marked in its `_meta` ([contract §5](idem_core::contract#mcp)).
 
-use idem_core::{Outcome, OutcomeClass};
+use idem_core::{KeyOrigin, Outcome, OutcomeClass};
 use rmcp::ErrorData;
 use rmcp::model::{CallToolResponse, CallToolResult, MetaObject};
 use serde_json::{Value, json};
 
 /// The `_meta` entry of a result that says whether it is a replay: `"io.idem/replayed"`.
 pub const REPLAYED_META_KEY: &str = "io.idem/replayed";
+/// The `_meta` entry of a result whose key the tool derived, naming its source
+/// ([contract §5.1](idem_core::contract#keyless)): `"io.idem/keySource"`, one of `arguments`,
+/// `model_argument`, `request`. Absent when the client sent the key.
+pub const KEY_SOURCE_META_KEY: &str = "io.idem/keySource";
 /// The `_meta` entry of a replayed result whose original was too large to keep: the problem
 /// document of type [`idem_core::OUTCOME_NOT_KEPT`] (the tool ran; its result was not kept).
 pub const NOT_KEPT_META_KEY: &str = "io.idem/outcomeNotKept";
@@ -122,6 +126,21 @@ pub(super) fn mark(response: CallToolResponse, replayed: bool) -> CallToolRespon
                 .get_or_insert_with(MetaObject::default)
                 .0
                 .insert(REPLAYED_META_KEY.to_owned(), Value::Bool(replayed));
+            CallToolResponse::Complete(result)
+        }
+        other => other,
+    }
+}
+
+/// Marks a result answered under a derived key with its source ([`KEY_SOURCE_META_KEY`]).
+pub(super) fn mark_source(response: CallToolResponse, origin: KeyOrigin) -> CallToolResponse {
+    match response {
+        CallToolResponse::Complete(mut result) if origin != KeyOrigin::Sent => {
+            result
+                .meta
+                .get_or_insert_with(MetaObject::default)
+                .0
+                .insert(KEY_SOURCE_META_KEY.to_owned(), json!(origin.as_str()));
             CallToolResponse::Complete(result)
         }
         other => other,

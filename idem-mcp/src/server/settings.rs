@@ -2,26 +2,20 @@
 
 use std::time::Duration;
 
-use idem_core::OutcomeClass;
+use idem_core::{KeySource, OutcomeClass};
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
 
-/// What a side-effecting tool does when called without a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Refuse with `-32602` ([contract §4](idem_core::contract#refusals) `KeyRequired`); the tool does not run. The default.
-    #[default]
-    Refuse,
-    /// Run the tool without protection and log a warning: a retry may repeat the effect.
-    RunUnprotected,
-}
-
 /// How one side-effecting tool is protected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolSettings {
-    /// What happens to a call without a key.
-    pub missing_key: MissingKey,
+    /// What a call without a key gets ([contract §5.1](idem_core::contract#keyless)): refused
+    /// (the default), a key derived from its arguments, from the argument the model fills, from
+    /// the request, or no protection. A key the caller sends always wins.
+    pub key_source: KeySource,
+    /// How long a derived key's record is kept, its window: the same call within it replays
+    /// ([`KeySource::DEFAULT_WINDOW`], 1 hour). Must exceed the executor's lease.
+    pub key_window: Duration,
     /// The tool's published processing window (its p99), shown in its description.
     pub processing_window: Duration,
     /// The class of a result with `isError: true` (default definitive: a business answer).
@@ -33,7 +27,8 @@ pub struct ToolSettings {
 impl Default for ToolSettings {
     fn default() -> Self {
         Self {
-            missing_key: MissingKey::Refuse,
+            key_source: KeySource::Refuse,
+            key_window: KeySource::DEFAULT_WINDOW,
             processing_window: Duration::from_secs(30),
             tool_error: OutcomeClass::Definitive,
             destructive: None,
@@ -50,9 +45,15 @@ impl ToolSettings {
         }
     }
 
-    /// Sets [`ToolSettings::missing_key`].
-    pub fn missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
+    /// Sets [`ToolSettings::key_source`].
+    pub fn key_source(mut self, source: KeySource) -> Self {
+        self.key_source = source;
+        self
+    }
+
+    /// Sets [`ToolSettings::key_window`].
+    pub fn key_window(mut self, window: Duration) -> Self {
+        self.key_window = window;
         self
     }
 

@@ -152,6 +152,12 @@ impl World {
                 n,
                 pol,
             } => self.holder_race(*at, holder, *act, *n, *pol).await?,
+            Op::Checkpoint {
+                at,
+                holder,
+                step,
+                too_large,
+            } => self.checkpoint(*at, holder, *step, *too_large).await?,
             Op::Get { at } => self.compare_record(*at).await?,
             Op::List {
                 state,

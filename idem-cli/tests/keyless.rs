@@ -1,0 +1,351 @@
+//! Callers that send no `Idempotency-Key` ([contract §5.1](idem_core::contract#keyless)): the
+//! real `idem serve --key-source arguments` binary on a SQLite file, its tickets counted in the
+//! file, its metrics scraped, its records read back with `idem keys`; and
+//! `idem demo --callers stock`.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use idem_cli::demo::DemoOptions;
+use idem_cli::demo_stock;
+use idem_conformance::kit;
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+/// A running `idem serve`, killed and its directory removed on drop.
+struct Served {
+    child: Child,
+    dir: PathBuf,
+    store: String,
+    tool: String,
+    metrics: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn serve(key_source: &str) -> Served {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!("idem-keyless-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite://{}", dir.join("idem.db").display());
+    let mut child = Command::new(IDEM)
+        .env_remove("IDEM_STORE")
+        .env_remove("RUST_LOG")
+        .args(["serve", "--addr", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+        .args(["--key-source", key_source, "--store", &store])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let (mut tool, mut metrics) = (None, None);
+    while tool.is_none() || metrics.is_none() {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the server prints its addresses");
+        let url = line.split_whitespace().find(|w| w.starts_with("http://"));
+        if line.contains("/metrics") {
+            metrics = url.map(str::to_owned);
+        } else if line.contains("/tools/create_ticket") {
+            tool = url.map(str::to_owned);
+        }
+    }
+    Served {
+        child,
+        dir,
+        store,
+        tool: tool.unwrap(),
+        metrics: metrics.unwrap(),
+    }
+}
+
+impl Served {
+    async fn post(&self, tenant: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
+        let mut request = idem_http::client::http_client_builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+            .post(&self.tool)
+            .header("x-tenant-id", tenant)
+            .json(body);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        request.send().await.unwrap()
+    }
+
+    fn tickets(&self, tenant: &str) -> i64 {
+        let db = self.dir.join("idem.db");
+        idemkit::sqlite::rusqlite::Connection::open(db)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM tickets WHERE tenant = ?1",
+                [tenant],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    fn idem(&self, args: &[&str]) -> String {
+        let out = Command::new(IDEM)
+            .env_remove("IDEM_STORE")
+            .args(args)
+            .args(["--store", &self.store])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+fn ticket(title: &str) -> Value {
+    json!({"title": title, "account_id": "A-7"})
+}
+
+fn replayed(answer: &reqwest::Response) -> bool {
+    answer.headers().contains_key("idempotency-replayed")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_arguments_keys_makes_one_ticket_per_call() {
+    let s = serve("arguments");
+    let first = s.post("acme", None, &ticket("Printer on fire")).await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.headers()["idempotency-key-source"], "arguments");
+    let again = s.post("acme", None, &ticket("Printer on fire")).await;
+    assert!(replayed(&again));
+    assert_eq!(s.tickets("acme"), 1);
+
+    // Six identical requests at once: one ticket; each answered (the first execution's replay)
+    // or told it is in flight (409).
+    let gate = Arc::new(Barrier::new(6));
+    let s = Arc::new(s);
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let (s, gate) = (s.clone(), gate.clone());
+        calls.spawn(async move {
+            gate.wait().await;
+            s.post("acme", None, &ticket("Six at once"))
+                .await
+                .status()
+                .as_u16()
+        });
+    }
+    let statuses = calls.join_all().await;
+    assert!(
+        statuses.iter().all(|st| *st == 201 || *st == 409),
+        "{statuses:?}"
+    );
+    assert!(replayed(
+        &s.post("acme", None, &ticket("Six at once")).await
+    ));
+    assert_eq!(s.tickets("acme"), 2);
+
+    // Other arguments: a new ticket; another tenant with identical arguments: its own.
+    assert!(!replayed(
+        &s.post("acme", None, &ticket("Printer out of toner")).await
+    ));
+    assert!(!replayed(
+        &s.post("globex", None, &ticket("Printer on fire")).await
+    ));
+    assert_eq!((s.tickets("acme"), s.tickets("globex")), (3, 1));
+    // A sent key wins: its own operation.
+    let sent = s
+        .post("acme", Some("wf-1:step-1"), &ticket("Printer on fire"))
+        .await;
+    assert!(!replayed(&sent) && !sent.headers().contains_key("idempotency-key-source"));
+    assert_eq!(s.tickets("acme"), 4);
+
+    // The operator sees where each key came from.
+    let listed: Value = serde_json::from_str(&s.idem(&["keys", "ls", "--json"])).unwrap();
+    let sources: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key_source"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        sources.iter().filter(|s| **s == "arguments").count(),
+        4,
+        "{listed}"
+    );
+    assert_eq!(
+        sources.iter().filter(|s| **s == "sent").count(),
+        1,
+        "{listed}"
+    );
+    let table = s.idem(&["keys", "ls"]);
+    assert!(
+        table.contains("KEY SOURCE") && table.contains("arguments"),
+        "{table}"
+    );
+    let derived = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key_source"] == "arguments")
+        .unwrap();
+    let shown = s.idem(&[
+        "keys",
+        "show",
+        derived["scope"].as_str().unwrap(),
+        derived["key"].as_str().unwrap(),
+    ]);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("key_source") && l.ends_with("arguments")),
+        "{shown}"
+    );
+
+    // The claims are counted by key source.
+    let scrape = idem_http::client::http_client()
+        .unwrap()
+        .get(&s.metrics)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let claimed = |source: &str| {
+        scrape.lines().any(|l| {
+            l.starts_with("idem_claims_total{")
+                && l.contains("result=\"claimed\"")
+                && l.contains(&format!("key_source=\"{source}\""))
+        })
+    };
+    assert!(claimed("arguments") && claimed("sent"), "{scrape}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_keyless_calls_by_default_and_unprotected_repeats() {
+    let s = serve("client");
+    assert_eq!(s.post("acme", None, &ticket("x")).await.status(), 400);
+    assert_eq!(s.tickets("acme"), 0);
+    drop(s);
+    let s = serve("unprotected");
+    for _ in 0..2 {
+        assert_eq!(s.post("acme", None, &ticket("x")).await.status(), 201);
+    }
+    assert_eq!(
+        s.tickets("acme"),
+        2,
+        "unprotected: the repeat is a second ticket"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stock_callers_cause_no_double_effect_with_derived_keys() {
+    let (store, _dir) = kit::store_url("sqlite", "stock.db").unwrap();
+    let options = DemoOptions {
+        store: store.parse().unwrap(),
+        operations: 12,
+        concurrency: 6,
+        tool_latency: std::time::Duration::from_millis(40),
+        progress: false,
+        wait: true,
+    };
+    let arguments = demo_stock::run(&options, idem_core::KeySource::arguments())
+        .await
+        .unwrap();
+    assert_eq!(arguments.double_effects, 0, "{arguments:?}");
+    assert_eq!(
+        arguments.tickets, 12,
+        "one ticket per operation: {arguments:?}"
+    );
+    assert_eq!(arguments.unanswered, 0, "{arguments:?}");
+    assert!(
+        arguments.replays > 0,
+        "the repeats were replayed: {arguments:?}"
+    );
+    let refused = demo_stock::run(&options, idem_core::KeySource::Refuse)
+        .await
+        .unwrap();
+    assert_eq!(
+        (refused.tickets, refused.refused > 0),
+        (0, true),
+        "{refused:?}"
+    );
+    let unprotected = demo_stock::run(&options, idem_core::KeySource::Unprotected)
+        .await
+        .unwrap();
+    assert!(unprotected.double_effects > 0, "{unprotected:?}");
+    println!(
+        "{}",
+        demo_stock::table(&[
+            ("arguments", arguments),
+            ("refuse", refused),
+            ("unprotected", unprotected)
+        ])
+    );
+}
+
+#[test]
+fn the_binary_runs_the_stock_demo_and_exits_zero() {
+    let (store, dir) = kit::store_url("sqlite", "demo.db").unwrap();
+    let out = Command::new(IDEM)
+        .args([
+            "demo",
+            "--callers",
+            "stock",
+            "--operations",
+            "9",
+            "--concurrency",
+            "3",
+        ])
+        .args(["--tool-latency-ms", "30", "--store", &store])
+        .output()
+        .unwrap();
+    drop(dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |name: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row: {stdout}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    let double = row("double effects");
+    let n = double.len();
+    // Columns: arguments, refuse, unprotected.
+    assert_eq!(double[n - 3], "0", "{stdout}");
+    assert_ne!(
+        double[n - 1],
+        "0",
+        "without protection the repeats duplicate: {stdout}"
+    );
+    let tickets = row("tickets at the sink");
+    assert_eq!(tickets[tickets.len() - 3], "9", "{stdout}");
+}

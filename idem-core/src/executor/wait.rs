@@ -1,0 +1,248 @@
+//! Waiting for an in-flight answer ([contract §5.2](crate::contract#waiting)): a repeat that
+//! finds its operation in flight waits, within its bound, for the record to settle, then claims
+//! again (and so replays, or claims what became claimable). The waiters of one (scope, key) share
+//! one round of [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::{BoxFuture, Either, FutureExt, Shared, WeakShared, select};
+
+use super::Executor;
+use super::attempt::ReleaseOnDrop;
+use super::steps::timed;
+use crate::machine::ClaimAnswer;
+use crate::wait::Timer;
+use crate::{Clock, Error, Fingerprint, IdempotencyKey, KeyStore, RecordState, Scope};
+
+/// How a shared round of waiting ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RoundEnd {
+    /// The record settled (or may have): claim again.
+    Settled,
+    /// The store failed; stop waiting.
+    Failed,
+}
+
+type Round = Shared<BoxFuture<'static, RoundEnd>>;
+type Id = (Scope, IdempotencyKey);
+
+/// The waiting settings of an executor and the rounds its waiters share.
+#[derive(Clone, Default)]
+pub(super) struct Waiting {
+    /// What the caller asked for (`Prefer: wait=N`); zero: no waiting.
+    pub(super) requested: Duration,
+    /// The tool's maximum wait; `None`: the policy's lease.
+    pub(super) max: Option<Duration>,
+    /// What waits sleep on; `None`: no waiting.
+    pub(super) timer: Option<Timer>,
+    /// How long the calls of this [`Executor::waiting`] clone waited, last.
+    waited: Arc<Mutex<Option<Duration>>>,
+    /// The live round of each (scope, key) being waited on, shared by every clone of the executor.
+    rounds: Arc<Mutex<HashMap<Id, WeakShared<BoxFuture<'static, RoundEnd>>>>>,
+}
+
+impl Waiting {
+    pub(super) fn new() -> Self {
+        Self {
+            #[cfg(feature = "tokio")]
+            timer: Some(Timer::tokio()),
+            ..Self::default()
+        }
+    }
+}
+
+/// A waiter's share of a round; leaving forgets the round once nobody shares it, so a dropped
+/// waiter leaves no entry, no subscription and no task behind.
+struct Joined {
+    rounds: Arc<Mutex<HashMap<Id, WeakShared<BoxFuture<'static, RoundEnd>>>>>,
+    id: Id,
+    round: Option<Round>,
+}
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        // Dropping the last share drops the round's future, and with it the store's wait.
+        drop(self.round.take());
+        let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+        if rounds.get(&self.id).is_some_and(|w| w.upgrade().is_none()) {
+            rounds.remove(&self.id);
+        }
+    }
+}
+
+impl Executor {
+    /// This executor, for a caller that asks to wait up to `wait` for an in-flight answer
+    /// (HTTP `Prefer: wait=N`, MCP `_meta["io.idem/wait"]`): a repeat that finds its
+    /// operation in flight waits at most the least of `wait`, the [maximum
+    /// wait](Executor::with_max_wait) and the holder's remaining lease, then replays, claims what
+    /// became claimable, or answers [`Error::InFlight`]. Zero (the default): no waiting.
+    pub fn waiting(&self, wait: Duration) -> Self {
+        let mut this = self.clone();
+        this.waiting.requested = wait;
+        this.waiting.waited = Arc::default();
+        this
+    }
+
+    /// How long the last call on this [`waiting`](Executor::waiting) executor waited for an
+    /// in-flight answer; `None` if it did not wait (its claim was not in flight, or it asked for
+    /// no wait). For a transport that says so in its answer (`Preference-Applied: wait=N`).
+    pub fn waited(&self) -> Option<Duration> {
+        *self
+            .waiting
+            .waited
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The bound a [`waiting`](Executor::waiting) call applies before the holder's lease: the
+    /// least of the requested wait and the maximum wait.
+    pub fn wait_bound(&self) -> Duration {
+        self.waiting.requested.min(self.max_wait())
+    }
+
+    /// The tool's maximum wait: no caller waits longer (default: the policy's lease).
+    pub fn with_max_wait(mut self, max: Duration) -> Self {
+        self.waiting.max = Some(max);
+        self
+    }
+
+    /// The tool's maximum wait, as published with its window.
+    pub fn max_wait(&self) -> Duration {
+        self.waiting.max.unwrap_or(self.policy.lease())
+    }
+
+    /// Waits sleep on `timer` (the default, with the `tokio` feature, is [`Timer::tokio`];
+    /// without a timer nothing waits).
+    pub fn with_timer(mut self, timer: Timer) -> Self {
+        self.waiting.timer = Some(timer);
+        self
+    }
+
+    /// Claims; if the answer is "in flight" and this executor waits, waits for the record to
+    /// settle and claims again, until the bound passes.
+    pub(super) async fn claim_or_wait(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>), Error> {
+        let first = self.claim(scope, key, fingerprint).await?;
+        let bound = self.wait_bound();
+        let timer = match (&first.0, &self.waiting.timer) {
+            (ClaimAnswer::InFlight { stale: false, .. }, Some(timer))
+                if !bound.is_zero() && timer.usable() =>
+            {
+                timer.clone()
+            }
+            _ => return Ok(first),
+        };
+        let started = Instant::now();
+        // The holder's remaining lease bounds the wait through the round, which settles when
+        // the lease ends.
+        let mut deadline = timer.sleep(bound);
+        let mut last = first;
+        let result = loop {
+            let joined = self.join(scope, key, &timer);
+            let round = joined.round.clone().expect("joined");
+            let end = match select(round, &mut deadline).await {
+                Either::Left((end, _)) => Some(end),
+                Either::Right(((), _)) => None,
+            };
+            drop(joined);
+            if end == Some(RoundEnd::Failed) {
+                break "timed_out";
+            }
+            last = self.claim(scope, key, fingerprint).await?;
+            match (&last.0, end) {
+                (ClaimAnswer::InFlight { stale: false, .. }, Some(_)) => continue,
+                (ClaimAnswer::InFlight { .. }, _) => break "timed_out",
+                (ClaimAnswer::Replay(_), _) => break "replayed",
+                (ClaimAnswer::Claimed { .. }, _) => break "claimed",
+                (ClaimAnswer::FingerprintMismatch, _) => break "",
+            }
+        };
+        let waited = started.elapsed();
+        *self
+            .waiting
+            .waited
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(waited);
+        transition!(
+            DEBUG,
+            "waited",
+            result,
+            waited_ms = waited.as_millis() as u64,
+            "waited for the in-flight answer"
+        );
+        if !result.is_empty() {
+            crate::metrics::count_wait(result, waited);
+        }
+        Ok(last)
+    }
+
+    /// The live round of (scope, key), or a new one.
+    fn join(&self, scope: &Scope, key: &IdempotencyKey, timer: &Timer) -> Joined {
+        let rounds = self.waiting.rounds.clone();
+        let id = (scope.clone(), key.clone());
+        let mut map = rounds.lock().unwrap_or_else(|e| e.into_inner());
+        let live = map
+            .get(&id)
+            .and_then(WeakShared::upgrade)
+            .filter(|r| r.peek().is_none());
+        let round = live.unwrap_or_else(|| {
+            let round = round(
+                self.store.clone(),
+                self.clock.clone(),
+                timer.clone(),
+                id.clone(),
+            )
+            .boxed()
+            .shared();
+            if let Some(weak) = round.downgrade() {
+                map.insert(id.clone(), weak);
+            }
+            round
+        });
+        drop(map);
+        Joined {
+            rounds,
+            id,
+            round: Some(round),
+        }
+    }
+}
+
+/// One round: reads the record and waits on the store until it is no longer `processing` under a
+/// running lease. Every waiter of the key shares it; dropped by the last, it stops.
+async fn round(
+    store: Arc<dyn KeyStore>,
+    clock: Arc<dyn Clock>,
+    timer: Timer,
+    (scope, key): Id,
+) -> RoundEnd {
+    loop {
+        let now = clock.now();
+        let seen = match timed(&*store, "get", store.get(&scope, &key, now)).await {
+            Ok(Some(seen)) => seen,
+            Ok(None) => return RoundEnd::Settled,
+            Err(error) => {
+                tracing::warn!(%error, "waiting: the record could not be read; waiters stop");
+                return RoundEnd::Failed;
+            }
+        };
+        if seen.state != RecordState::Processing || seen.lease_until <= now {
+            return RoundEnd::Settled;
+        }
+        let lease_left = seen.lease_until.saturating_since(now);
+        let changed = store.wait_for_change(&scope, &key, &seen, &*clock, &timer);
+        match select(changed, timer.sleep(lease_left)).await {
+            Either::Left((Ok(()), _)) | Either::Right(((), _)) => {}
+            Either::Left((Err(error), _)) => {
+                tracing::warn!(%error, "waiting: the store's wait failed; waiters stop");
+                return RoundEnd::Failed;
+            }
+        }
+    }
+}

@@ -1,0 +1,647 @@
+//! Waiting for an in-flight answer ([contract §5.2](idem_core::contract#waiting)), on the
+//! executor over `MemoryStore` (in-process wake-ups) and over a store that implements nothing new
+//! (polling). Time is tokio's paused clock, which moves only when every task is idle; the record's
+//! clock reads it too, so leases end in the same time as the waits. Effects are counted at a sink.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::metrics as names;
+use idem_core::{
+    Clock, Error, Execution, Executor, Fingerprint, IdempotencyKey, KeyStore, ListFilter,
+    MemoryStore, Outcome, Policy, Record, Scope, StalePolicy, StoreError, Timer, Timestamp, Token,
+    async_trait,
+};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+/// tokio's clock as a wall clock: moves with paused time.
+#[derive(Debug, Clone)]
+struct TokioClock(tokio::time::Instant);
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(1_700_000_000_000) + self.0.elapsed()
+    }
+}
+
+/// Where the effect lands: tickets created.
+#[derive(Debug, Default)]
+struct Sink(AtomicUsize);
+
+impl Sink {
+    fn create_ticket(&self) -> Outcome {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        Outcome::definitive(201, &json!({"ticket_id": format!("T-{n}")})).unwrap()
+    }
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn policy(stale: StalePolicy) -> Policy {
+    Policy::builder()
+        .lease(Duration::from_secs(30))
+        .stale(stale)
+        .build()
+        .unwrap()
+}
+
+fn ids() -> (Scope, IdempotencyKey, Fingerprint) {
+    (
+        Scope::new("tenant/create_ticket").unwrap(),
+        IdempotencyKey::new("wf-1:step-1").unwrap(),
+        Fingerprint::of("create_ticket", &json!({"title": "t"})).unwrap(),
+    )
+}
+
+fn executor(store: impl KeyStore, stale: StalePolicy) -> Executor {
+    Executor::new(store)
+        .with_policy(policy(stale))
+        .with_clock(TokioClock(tokio::time::Instant::now()))
+}
+
+/// Starts the first attempt on `executor`; it runs until `finish` is sent, then creates a ticket.
+async fn hold(
+    executor: &Executor,
+    sink: &Arc<Sink>,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<Execution, Error>>,
+) {
+    let (tx, rx) = oneshot::channel::<()>();
+    let (started_tx, started) = oneshot::channel();
+    let (exec, sink) = (executor.clone(), sink.clone());
+    let task = tokio::spawn(async move {
+        let (scope, key, fp) = ids();
+        exec.run(&scope, &key, &fp, |_| async move {
+            started_tx.send(()).unwrap();
+            rx.await.unwrap();
+            sink.create_ticket()
+        })
+        .await
+    });
+    started.await.unwrap();
+    (tx, task)
+}
+
+/// Yields until `store` has `n` subscribed waits (the waiters are parked).
+async fn until_subscribed(store: &MemoryStore, n: usize) {
+    while store.wait_subscriptions() != n {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_repeat_gets_the_replay_when_the_first_completes() {
+    let store = MemoryStore::new();
+    let (exec, sink) = (
+        executor(store.clone(), StalePolicy::Reconcile),
+        Arc::new(Sink::default()),
+    );
+    let (finish, first) = hold(&exec, &sink).await;
+    let (scope, key, fp) = ids();
+    let waiter = {
+        let exec = exec.waiting(Duration::from_secs(10));
+        let sink = sink.clone();
+        tokio::spawn(async move {
+            exec.run(&scope, &key, &fp, |_| async move { sink.create_ticket() })
+                .await
+        })
+    };
+    until_subscribed(&store, 1).await;
+    let parked = tokio::time::Instant::now();
+    finish.send(()).unwrap();
+    let first = first.await.unwrap().unwrap();
+    let again = waiter.await.unwrap().unwrap();
+    assert!(again.is_replay(), "the waiter replays");
+    assert_eq!(first.outcome(), again.outcome());
+    assert_eq!(sink.count(), 1, "one ticket");
+    assert!(
+        parked.elapsed() < Duration::from_millis(1),
+        "woken by the notification, not a poll"
+    );
+    assert_eq!(store.wait_subscriptions(), 0, "nothing left subscribed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_waiting_the_repeat_is_in_flight_at_once() {
+    let store = MemoryStore::new();
+    let (exec, sink) = (
+        executor(store.clone(), StalePolicy::Reconcile),
+        Arc::new(Sink::default()),
+    );
+    let (finish, first) = hold(&exec, &sink).await;
+    let (scope, key, fp) = ids();
+    let err = exec
+        .run(&scope, &key, &fp, |_| async { sink.create_ticket() })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InFlight { stale: false, .. }),
+        "{err:?}"
+    );
+    finish.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    assert_eq!(sink.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_bound_passes_and_the_waiter_is_in_flight_having_written_nothing() {
+    let store = MemoryStore::new();
+    let (exec, sink) = (
+        executor(store.clone(), StalePolicy::Reconcile),
+        Arc::new(Sink::default()),
+    );
+    let (finish, first) = hold(&exec, &sink).await;
+    let (scope, key, fp) = ids();
+    let before = store.get(&scope, &key, Timestamp::from_millis(0)).await;
+    let started = tokio::time::Instant::now();
+    let err = exec
+        .waiting(Duration::from_secs(2))
+        .run(&scope, &key, &fp, |_| async { sink.create_ticket() })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InFlight { stale: false, .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(2),
+        "waited the bound"
+    );
+    let after = store.get(&scope, &key, Timestamp::from_millis(0)).await;
+    assert_eq!(before.unwrap(), after.unwrap(), "the record is unchanged");
+    assert_eq!(store.wait_subscriptions(), 0);
+    finish.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    assert_eq!(sink.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_maximum_wait_and_the_remaining_lease_bound_the_wait() {
+    let store = MemoryStore::new();
+    let sink = Arc::new(Sink::default());
+    let exec =
+        executor(store.clone(), StalePolicy::Reconcile).with_max_wait(Duration::from_secs(3));
+    assert_eq!(exec.max_wait(), Duration::from_secs(3));
+    let (finish, first) = hold(&exec, &sink).await;
+    let (scope, key, fp) = ids();
+    let started = tokio::time::Instant::now();
+    let err = exec
+        .waiting(Duration::from_secs(60))
+        .run(&scope, &key, &fp, |_| async { sink.create_ticket() })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(3),
+        "the tool's maximum"
+    );
+
+    // The holder's lease (30 s) has 27 s left: a waiter asking for 60 s under a 60 s maximum
+    // waits until the lease ends, then (Reconcile) answers stale in flight.
+    let started = tokio::time::Instant::now();
+    let err = exec
+        .clone()
+        .with_max_wait(Duration::from_secs(60))
+        .waiting(Duration::from_secs(60))
+        .run(&scope, &key, &fp, |_| async { sink.create_ticket() })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InFlight { stale: true, .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(27),
+        "the remaining lease"
+    );
+    finish.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    assert_eq!(sink.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_takes_over_when_the_lease_ends_under_takeover_and_runs() {
+    let store = MemoryStore::new();
+    let (exec, sink) = (
+        executor(store.clone(), StalePolicy::Takeover),
+        Arc::new(Sink::default()),
+    );
+    let (_finish, first) = hold(&exec, &sink).await;
+    let (scope, key, fp) = ids();
+    let started = tokio::time::Instant::now();
+    let ran = exec
+        .with_max_wait(Duration::from_secs(60))
+        .waiting(Duration::from_secs(60))
+        .run(&scope, &key, &fp, |attempt| {
+            assert_eq!(attempt.number(), 2);
+            async { sink.create_ticket() }
+        })
+        .await
+        .unwrap();
+    assert!(!ran.is_replay(), "the waiter ran it");
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(30),
+        "at the lease's end"
+    );
+    assert_eq!(sink.count(), 1, "the stuck first attempt made no ticket");
+    first.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_claims_a_released_record_and_runs() {
+    let store = MemoryStore::new();
+    let (exec, sink) = (
+        executor(store.clone(), StalePolicy::Reconcile),
+        Arc::new(Sink::default()),
+    );
+    let (scope, key, fp) = ids();
+    let ClaimAnswer::Claimed { token, .. } = store
+        .claim(&scope, &key, &fp, exec.policy(), exec.clock().now())
+        .await
+        .unwrap()
+    else {
+        panic!("claimed")
+    };
+    let waiter = {
+        let (exec, sink) = (exec.waiting(Duration::from_secs(10)), sink.clone());
+        let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
+        tokio::spawn(async move {
+            exec.run(&scope, &key, &fp, |_| async move { sink.create_ticket() })
+                .await
+        })
+    };
+    until_subscribed(&store, 1).await;
+    let released = store
+        .release(&scope, &key, token, exec.clock().now())
+        .await
+        .unwrap();
+    assert_eq!(released, ReleaseAnswer::Released);
+    let ran = waiter.await.unwrap().unwrap();
+    assert!(!ran.is_replay(), "the waiter claimed and ran");
+    assert_eq!(sink.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fifty_waiters_share_one_subscription_and_each_gets_the_replay() {
+    let store = MemoryStore::new();
+    let counting = Counting::new(store.clone());
+    let (exec, sink) = (
+        executor(counting.clone(), StalePolicy::Reconcile),
+        Arc::new(Sink::default()),
+    );
+    let (finish, first) = hold(&exec, &sink).await;
+    let waiters: Vec<_> = (0..50)
+        .map(|_| {
+            let (exec, sink) = (exec.waiting(Duration::from_secs(10)), sink.clone());
+            tokio::spawn(async move {
+                let (scope, key, fp) = ids();
+                exec.run(&scope, &key, &fp, |_| async move { sink.create_ticket() })
+                    .await
+            })
+        })
+        .collect();
+    // Every waiter has claimed (51 claims) and the one round is subscribed.
+    while counting.claims.load(Ordering::SeqCst) < 51 || store.wait_subscriptions() != 1 {
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.wait_subscriptions(), 1, "one subscription");
+    assert_eq!(
+        counting.waits.load(Ordering::SeqCst),
+        1,
+        "one wait on the store"
+    );
+    finish.send(()).unwrap();
+    let first = first.await.unwrap().unwrap();
+    for waiter in waiters {
+        let again = waiter.await.unwrap().unwrap();
+        assert!(again.is_replay());
+        assert_eq!(again.outcome(), first.outcome());
+    }
+    assert_eq!(sink.count(), 1, "one ticket for 51 requests");
+    assert_eq!(counting.waits.load(Ordering::SeqCst), 1);
+    assert_eq!(store.wait_subscriptions(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_waiter_leaves_no_record_change_and_no_subscription() {
+    let store = MemoryStore::new();
+    let counting = Counting::new(store.clone());
+    let (exec, sink) = (
+        executor(counting.clone(), StalePolicy::Reconcile),
+        Arc::new(Sink::default()),
+    );
+    let (finish, first) = hold(&exec, &sink).await;
+    let (scope, key, fp) = ids();
+    let before = store
+        .get(&scope, &key, Timestamp::from_millis(0))
+        .await
+        .unwrap();
+    let waiter = {
+        let (exec, sink) = (exec.waiting(Duration::from_secs(10)), sink.clone());
+        let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
+        tokio::spawn(async move {
+            exec.run(&scope, &key, &fp, |_| async move { sink.create_ticket() })
+                .await
+        })
+    };
+    until_subscribed(&store, 1).await;
+    assert_eq!(counting.live_waits.load(Ordering::SeqCst), 1);
+    // The caller goes away mid-wait.
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    assert_eq!(store.wait_subscriptions(), 0, "unsubscribed");
+    assert_eq!(
+        counting.live_waits.load(Ordering::SeqCst),
+        0,
+        "the store's wait is gone"
+    );
+    let after = store
+        .get(&scope, &key, Timestamp::from_millis(0))
+        .await
+        .unwrap();
+    assert_eq!(before, after, "no record change");
+    assert_eq!(
+        counting.writes.load(Ordering::SeqCst),
+        0,
+        "the waiter wrote nothing"
+    );
+    // Nothing else runs meanwhile: a later waiter starts a fresh round.
+    finish.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    assert_eq!(sink.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_implements_nothing_new_is_polled() {
+    let store = MemoryStore::new();
+    let plain = Plain(store.clone());
+    let (exec, sink) = (
+        executor(plain, StalePolicy::Reconcile),
+        Arc::new(Sink::default()),
+    );
+    let (finish, first) = hold(&exec, &sink).await;
+    let (scope, key, fp) = ids();
+    let waiter = {
+        let (exec, sink) = (exec.waiting(Duration::from_secs(10)), sink.clone());
+        tokio::spawn(async move {
+            exec.run(&scope, &key, &fp, |_| async move { sink.create_ticket() })
+                .await
+        })
+    };
+    // Let the waiter poll a while (paused time: this moves the clock, it does not sleep).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let done = tokio::time::Instant::now();
+    finish.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    let again = waiter.await.unwrap().unwrap();
+    assert!(again.is_replay());
+    assert!(
+        done.elapsed() <= Duration::from_millis(250),
+        "within one poll at the longest pause: {:?}",
+        done.elapsed()
+    );
+    assert_eq!(store.wait_subscriptions(), 0, "polling subscribes nothing");
+    assert_eq!(sink.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waits_are_counted_by_result_and_timed() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemoryStore::new();
+    let sink = Arc::new(Sink::default());
+    let exec =
+        executor(store.clone(), StalePolicy::Takeover).with_max_wait(Duration::from_secs(60));
+    let (scope, key, fp) = ids();
+
+    // timed_out: a 1 s wait on a running claim.
+    let (finish, first) = hold(&exec, &sink).await;
+    let _ = exec
+        .waiting(Duration::from_secs(1))
+        .run(&scope, &key, &fp, |_| async { sink.create_ticket() })
+        .await
+        .unwrap_err();
+    // replayed: a wait the completion ends.
+    let waiter = {
+        let (exec, sink) = (exec.waiting(Duration::from_secs(10)), sink.clone());
+        let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
+        tokio::spawn(async move {
+            exec.run(&scope, &key, &fp, |_| async move { sink.create_ticket() })
+                .await
+        })
+    };
+    until_subscribed(&store, 1).await;
+    finish.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    assert!(waiter.await.unwrap().unwrap().is_replay());
+    // claimed: a wait the lease's end ends, under takeover.
+    let other = IdempotencyKey::new("wf-1:step-2").unwrap();
+    let ClaimAnswer::Claimed { .. } = store
+        .claim(&scope, &other, &fp, exec.policy(), exec.clock().now())
+        .await
+        .unwrap()
+    else {
+        panic!("claimed")
+    };
+    let ran = exec
+        .waiting(Duration::from_secs(60))
+        .run(&scope, &other, &fp, |_| async { sink.create_ticket() })
+        .await
+        .unwrap();
+    assert!(!ran.is_replay());
+
+    let samples = snapshotter.snapshot().into_vec();
+    let count = |name: &str, result: Option<&str>| -> u64 {
+        samples
+            .iter()
+            .filter(|(key, ..)| {
+                let key = key.key();
+                key.name() == name
+                    && result
+                        .is_none_or(|r| key.labels().any(|l| l.key() == "result" && l.value() == r))
+            })
+            .map(|(.., value)| match value {
+                DebugValue::Counter(n) => *n,
+                DebugValue::Histogram(v) => v.len() as u64,
+                DebugValue::Gauge(_) => panic!("no gauge"),
+            })
+            .sum()
+    };
+    assert_eq!(count(names::WAITS, Some("timed_out")), 1);
+    assert_eq!(count(names::WAITS, Some("replayed")), 1);
+    assert_eq!(count(names::WAITS, Some("claimed")), 1);
+    assert_eq!(count(names::WAIT_SECONDS, None), 3);
+    // One claim answer per call, whatever the wait saw in between.
+    assert_eq!(count(names::CLAIMS, Some("in_flight")), 1);
+    assert_eq!(count(names::CLAIMS, Some("replayed")), 1);
+    assert_eq!(count(names::CLAIMS, Some("taken_over")), 1);
+}
+
+/// `MemoryStore` behind a store that forwards only the required methods: the portable wait.
+#[derive(Debug, Clone)]
+struct Plain(MemoryStore);
+
+/// `MemoryStore` counting claims, writes and waits (and waits still running).
+#[derive(Debug, Clone)]
+struct Counting {
+    inner: MemoryStore,
+    claims: Arc<AtomicUsize>,
+    writes: Arc<AtomicUsize>,
+    waits: Arc<AtomicUsize>,
+    live_waits: Arc<AtomicUsize>,
+}
+
+impl Counting {
+    fn new(inner: MemoryStore) -> Self {
+        Self {
+            inner,
+            claims: Arc::default(),
+            writes: Arc::default(),
+            waits: Arc::default(),
+            live_waits: Arc::default(),
+        }
+    }
+}
+
+/// Decrements on drop: a wait still running.
+struct Live(Arc<AtomicUsize>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+macro_rules! forward {
+    ($ty:ty, $($wait:tt)*) => {
+        #[async_trait]
+        impl KeyStore for $ty {
+            async fn claim(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+                fingerprint: &Fingerprint,
+                policy: &Policy,
+                now: Timestamp,
+            ) -> Result<ClaimAnswer, StoreError> {
+                self.on_claim();
+                self.inner().claim(scope, key, fingerprint, policy, now).await
+            }
+            async fn complete(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+                token: Token,
+                outcome: &Outcome,
+                policy: &Policy,
+                now: Timestamp,
+            ) -> Result<CompleteAnswer, StoreError> {
+                self.on_write();
+                self.inner().complete(scope, key, token, outcome, policy, now).await
+            }
+            async fn release(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+                token: Token,
+                now: Timestamp,
+            ) -> Result<ReleaseAnswer, StoreError> {
+                self.on_write();
+                self.inner().release(scope, key, token, now).await
+            }
+            async fn extend(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+                token: Token,
+                lease: Duration,
+                now: Timestamp,
+            ) -> Result<ExtendAnswer, StoreError> {
+                self.on_write();
+                self.inner().extend(scope, key, token, lease, now).await
+            }
+            async fn get(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+                now: Timestamp,
+            ) -> Result<Option<Record>, StoreError> {
+                self.inner().get(scope, key, now).await
+            }
+            async fn list_in_flight(
+                &self,
+                older_than: Timestamp,
+                limit: usize,
+            ) -> Result<Vec<Record>, StoreError> {
+                self.inner().list_in_flight(older_than, limit).await
+            }
+            async fn list(
+                &self,
+                filter: &ListFilter,
+                now: Timestamp,
+                limit: usize,
+            ) -> Result<Vec<Record>, StoreError> {
+                self.inner().list(filter, now, limit).await
+            }
+            async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
+                self.inner().purge_expired(now, limit).await
+            }
+            $($wait)*
+        }
+    };
+}
+
+impl Plain {
+    fn inner(&self) -> &MemoryStore {
+        &self.0
+    }
+    fn on_claim(&self) {}
+    fn on_write(&self) {}
+}
+
+forward!(Plain,);
+
+impl Counting {
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+    fn on_claim(&self) {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+    }
+    fn on_write(&self) {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+forward!(
+    Counting,
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        self.waits.fetch_add(1, Ordering::SeqCst);
+        self.live_waits.fetch_add(1, Ordering::SeqCst);
+        let _live = Live(self.live_waits.clone());
+        self.inner
+            .wait_for_change(scope, key, seen, clock, timer)
+            .await
+    }
+);

@@ -1,0 +1,341 @@
+//! Requests without `Idempotency-Key` under each key source of the layer ([contract §5.1](idem_core::contract#keyless)),
+//! over real HTTP on loopback, counting tickets where they land.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use idem_core::{
+    Executor, KeyOrigin, KeySource, KeyStore, ListFilter, ManualClock, MemoryStore, Policy,
+    Timestamp,
+};
+use idem_http::{IDEMPOTENCY_KEY_SOURCE, IdempotencyLayer, Problem};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+/// Where the tool's effect lands: one row per ticket (tenant, the body the tool saw).
+#[derive(Default)]
+struct Sink(Mutex<Vec<(String, Value)>>);
+
+struct Tool {
+    sink: Arc<Sink>,
+    hold: Option<Arc<Semaphore>>,
+}
+
+async fn create_ticket(
+    State(tool): State<Arc<Tool>>,
+    headers: axum::http::HeaderMap,
+    axum::Json(args): axum::Json<Value>,
+) -> (StatusCode, axum::Json<Value>) {
+    if let Some(hold) = &tool.hold {
+        hold.acquire().await.unwrap().forget();
+    }
+    let tenant = headers["x-tenant-id"].to_str().unwrap().to_owned();
+    let mut tickets = tool.sink.0.lock().unwrap();
+    tickets.push((tenant, args));
+    let id = format!("T-{}", tickets.len());
+    (StatusCode::CREATED, axum::Json(json!({"ticket_id": id})))
+}
+
+struct Server {
+    url: String,
+    sink: Arc<Sink>,
+    clock: ManualClock,
+    store: Arc<dyn KeyStore>,
+}
+
+impl Server {
+    fn tickets(&self) -> usize {
+        self.sink.0.lock().unwrap().len()
+    }
+
+    async fn post(&self, tenant: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
+        let mut request = idem_http::client::http_client_builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+            .post(&self.url)
+            .header("x-tenant-id", tenant)
+            .json(body);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        request.send().await.unwrap()
+    }
+}
+
+/// A server whose layer is `configure`d, with a 10 s lease and a 24 h ttl for sent keys.
+async fn serve(
+    hold: Option<Arc<Semaphore>>,
+    configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
+) -> Server {
+    let store: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
+    let sink = Arc::new(Sink::default());
+    let clock = ManualClock::starting_now();
+    let executor = Executor::from_arc(store.clone())
+        .with_policy(
+            Policy::builder()
+                .lease(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        )
+        .with_clock(clock.clone());
+    let layer = IdempotencyLayer::new(executor, |parts| {
+        let tenant = parts
+            .headers
+            .get("x-tenant-id")
+            .and_then(|v| v.to_str().ok());
+        tenant
+            .map(str::to_owned)
+            .ok_or_else(|| Problem::Unauthenticated("no tenant".into()))
+    });
+    let tool = Arc::new(Tool {
+        sink: sink.clone(),
+        hold,
+    });
+    let app = Router::new()
+        .route("/tools/create_ticket", post(create_ticket))
+        .route_layer(configure(layer))
+        .with_state(tool);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/tools/create_ticket",
+        listener.local_addr().unwrap()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server {
+        url,
+        sink,
+        clock,
+        store,
+    }
+}
+
+fn ticket(title: &str) -> Value {
+    json!({"title": title, "account_id": "A-7"})
+}
+
+fn replayed(answer: &reqwest::Response) -> bool {
+    answer.headers().contains_key("idempotency-replayed")
+}
+
+fn source(answer: &reqwest::Response) -> Option<&str> {
+    answer
+        .headers()
+        .get(IDEMPOTENCY_KEY_SOURCE)
+        .map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test]
+async fn refuse_is_the_default_and_nothing_runs() {
+    let s = serve(None, |l| l).await;
+    let answer = s.post("t", None, &ticket("x")).await;
+    assert_eq!(answer.status(), 400);
+    let problem: Value = answer.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:key-required");
+    assert_eq!(s.tickets(), 0);
+}
+
+#[tokio::test]
+async fn arguments_repeat_replays_other_body_runs_and_tenants_are_apart() {
+    let s = serve(None, |l| l.key_source(KeySource::arguments())).await;
+    let first = s.post("tenant-a", None, &ticket("Printer on fire")).await;
+    assert_eq!(
+        (first.status(), replayed(&first)),
+        (StatusCode::CREATED, false)
+    );
+    assert_eq!(source(&first), Some("arguments"));
+    let first: Value = first.json().await.unwrap();
+    // Key order and white space do not matter: the canonical body.
+    let again = s
+        .post(
+            "tenant-a",
+            None,
+            &json!({"account_id": "A-7", "title": "Printer on fire"}),
+        )
+        .await;
+    assert!(replayed(&again));
+    assert_eq!(source(&again), Some("arguments"));
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["original_response"], first["original_response"]);
+    assert_eq!(s.tickets(), 1);
+    // Another body: another operation.
+    let other = s
+        .post("tenant-a", None, &ticket("Printer out of toner"))
+        .await;
+    assert!(!replayed(&other));
+    assert_eq!(s.tickets(), 2);
+    // Another tenant with the same body: its own operation.
+    let b = s.post("tenant-b", None, &ticket("Printer on fire")).await;
+    assert!(!replayed(&b));
+    assert_eq!(s.tickets(), 3);
+    // The records carry their source.
+    let records = s
+        .store
+        .list(&ListFilter::default(), Timestamp::from_millis(0), 100)
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 3);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.key_origin() == KeyOrigin::Arguments)
+    );
+}
+
+#[tokio::test]
+async fn a_sent_key_wins_over_the_derived_one() {
+    let s = serve(None, |l| l.key_source(KeySource::arguments())).await;
+    let derived = s.post("t", None, &ticket("x")).await;
+    assert!(!replayed(&derived));
+    let sent = s.post("t", Some("wf-1:step-1"), &ticket("x")).await;
+    assert!(!replayed(&sent), "the sent key is its own operation");
+    assert_eq!(source(&sent), None);
+    assert!(replayed(
+        &s.post("t", Some("wf-1:step-1"), &ticket("x")).await
+    ));
+    // A sent key that spells the derived form is refused, not mistaken for it.
+    let forged = s.post("t", Some("args:abc"), &ticket("x")).await;
+    assert_eq!(forged.status(), 201);
+    assert_eq!(s.tickets(), 3);
+    assert_eq!(
+        s.post("t", Some("args: abc"), &ticket("x")).await.status(),
+        400
+    );
+}
+
+#[tokio::test]
+async fn six_identical_requests_at_once_one_ticket() {
+    let hold = Arc::new(Semaphore::new(0));
+    let s = Arc::new(serve(Some(hold.clone()), |l| l.key_source(KeySource::arguments())).await);
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let s = s.clone();
+        calls.spawn(async move {
+            let answer = s.post("t", None, &ticket("six")).await;
+            (answer.status().as_u16(), replayed(&answer))
+        });
+    }
+    // The first holds its claim until the five others were answered.
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        answers.push(calls.join_next().await.unwrap().unwrap());
+    }
+    hold.add_permits(1);
+    answers.push(calls.join_next().await.unwrap().unwrap());
+    let executed = answers.iter().filter(|a| **a == (201, false)).count();
+    let in_flight = answers.iter().filter(|a| a.0 == 409).count();
+    assert_eq!((executed, in_flight), (1, 5), "{answers:?}");
+    assert_eq!(s.tickets(), 1);
+    // Each of them retried now: the replay.
+    for _ in 0..5 {
+        assert!(replayed(&s.post("t", None, &ticket("six")).await));
+    }
+    assert_eq!(s.tickets(), 1);
+}
+
+#[tokio::test]
+async fn pointers_and_key_from_choose_what_the_key_covers() {
+    let s = serve(None, |l| l.key_source(KeySource::arguments_at(["/title"]))).await;
+    assert!(!replayed(&s.post("t", None, &ticket("x")).await));
+    // Same title, another account: the same key, another request: 422, nothing runs.
+    let other = s
+        .post("t", None, &json!({"title": "x", "account_id": "B"}))
+        .await;
+    assert_eq!(other.status(), 422);
+    assert_eq!(s.tickets(), 1);
+
+    let s = serve(None, |l| {
+        l.key_from(|parts, body| Ok(json!([parts.uri.path(), body["title"]])))
+            .fingerprint_with(|_, body| Ok(body["title"].clone()))
+    })
+    .await;
+    assert!(!replayed(&s.post("t", None, &ticket("y")).await));
+    let note = json!({"title": "y", "account_id": "A-7", "note": "again"});
+    assert!(replayed(&s.post("t", None, &note).await));
+    assert_eq!(s.tickets(), 1);
+}
+
+#[tokio::test]
+async fn model_argument_is_the_key_and_the_tool_never_sees_it() {
+    let s = serve(None, |l| l.key_source(KeySource::model_argument())).await;
+    let with = |id: &str| json!({"title": "x", "account_id": "A-7", "idempotency_key": id});
+    let first = s.post("t", None, &with("op-1")).await;
+    assert_eq!(source(&first), Some("model_argument"));
+    assert!(replayed(&s.post("t", None, &with("op-1")).await));
+    assert!(!replayed(&s.post("t", None, &with("op-2")).await));
+    assert_eq!(s.tickets(), 2);
+    let seen = s.sink.0.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|(_, body)| *body == ticket("x")),
+        "{seen:?}"
+    );
+    let missing = s.post("t", None, &ticket("x")).await;
+    assert_eq!(missing.status(), 400);
+    assert_eq!(
+        s.post("t", None, &json!({"idempotency_key": 7}))
+            .await
+            .status(),
+        400
+    );
+    assert_eq!(s.tickets(), 2);
+}
+
+#[tokio::test]
+async fn unprotected_runs_every_time() {
+    let s = serve(None, |l| l.key_source(KeySource::Unprotected)).await;
+    for _ in 0..2 {
+        let answer = s.post("t", None, &ticket("x")).await;
+        assert_eq!(
+            (answer.status(), source(&answer)),
+            (StatusCode::CREATED, None)
+        );
+    }
+    assert_eq!(s.tickets(), 2);
+}
+
+#[tokio::test]
+async fn the_window_is_the_derived_records_ttl() {
+    let s = serve(None, |l| {
+        l.key_source(KeySource::arguments())
+            .key_window(Duration::from_secs(600))
+    })
+    .await;
+    assert!(!replayed(&s.post("t", None, &ticket("w")).await));
+    let record = s
+        .store
+        .list(&ListFilter::default(), Timestamp::from_millis(0), 10)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        record.expires_at.as_millis() - record.updated_at.as_millis(),
+        600_000,
+        "kept for the window"
+    );
+    s.clock.advance(Duration::from_secs(599));
+    assert!(replayed(&s.post("t", None, &ticket("w")).await));
+    s.clock.advance(Duration::from_secs(2));
+    assert!(
+        !replayed(&s.post("t", None, &ticket("w")).await),
+        "after the window the same request is a new operation"
+    );
+    assert_eq!(s.tickets(), 2);
+    // A sent key keeps the executor's ttl (24 h).
+    s.post("t", Some("k-1"), &ticket("w")).await;
+    let sent = s
+        .store
+        .list(&ListFilter::default(), Timestamp::from_millis(0), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.key.as_str() == "k-1")
+        .unwrap();
+    assert_eq!(
+        sent.expires_at.as_millis() - sent.updated_at.as_millis(),
+        24 * 3600 * 1000
+    );
+}

@@ -1,0 +1,473 @@
+//! Stock rmcp clients that send no key ([contract §5.1](idem_core::contract#keyless)): no `_meta`
+//! key, no `params.idempotencyKey`, just `call_tool` with the tool's arguments, against the
+//! example server (`idem-mcp-ticket-server`, a child process) started with each
+//! `--key-source`, over stdio and streamable HTTP on loopback. Every test counts tickets at the
+//! sink: the rows of the `tickets` table in the server's SQLite file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use idem_mcp::{IN_FLIGHT, KEY_SOURCE_META_KEY, META_KEY, is_replay};
+use idem_store_sqlite::rusqlite;
+use rmcp::RoleClient;
+use rmcp::ServiceExt;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientConfig, ErrorCode, RequestMetaObject,
+};
+use rmcp::service::{RunningService, ServiceError};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+const SERVER: &str = env!("CARGO_BIN_EXE_idem-mcp-ticket-server");
+
+type Client = RunningService<RoleClient, ClientConfig>;
+
+#[derive(Clone, Copy, Debug)]
+enum Transport {
+    Stdio,
+    Http,
+}
+
+/// A running server with one key source, its SQLite file and its log.
+struct Server {
+    db: PathBuf,
+    log: PathBuf,
+    key_source: &'static str,
+    http: Option<(Child, String)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// For HTTP, one process now; for stdio, one per client in `connect`.
+    async fn start(transport: Transport, key_source: &'static str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("tickets.sqlite3");
+        let log = dir.path().join("server.log");
+        let http = match transport {
+            Transport::Stdio => None,
+            Transport::Http => {
+                let mut child = Command::new(SERVER)
+                    .args(["--http", "127.0.0.1:0", "--key-source", key_source, "--db"])
+                    .arg(&db)
+                    .env("RUST_LOG", "warn,idem_core=info")
+                    .stdout(Stdio::piped())
+                    .stderr(std::fs::File::create(&log).unwrap())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .unwrap();
+                let stdout = child.stdout.take().unwrap();
+                let mut line = String::new();
+                BufReader::new(stdout).read_line(&mut line).await.unwrap();
+                let url = line
+                    .trim()
+                    .strip_prefix("listening on ")
+                    .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+                    .to_owned();
+                Some((child, url))
+            }
+        };
+        Self {
+            db,
+            log,
+            key_source,
+            http,
+            _dir: dir,
+        }
+    }
+
+    /// A stock client as `tenant`: a child process over stdio, or an HTTP connection.
+    async fn connect(&self, tenant: &str) -> Client {
+        match &self.http {
+            None => {
+                let (db, source) = (self.db.clone(), self.key_source);
+                let log = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.log)
+                    .unwrap();
+                let (transport, _) =
+                    TokioChildProcess::builder(Command::new(SERVER).configure(|cmd| {
+                        cmd.arg("--db")
+                            .arg(&db)
+                            .args(["--key-source", source, "--principal", tenant])
+                            .env("RUST_LOG", "warn,idem_core=info");
+                    }))
+                    .stderr(log)
+                    .spawn()
+                    .unwrap();
+                ClientConfig::default().serve(transport).await.unwrap()
+            }
+            Some((_, url)) => {
+                let mut headers = HashMap::new();
+                headers.insert(
+                    http::HeaderName::from_static("x-tenant-id"),
+                    http::HeaderValue::from_str(tenant).unwrap(),
+                );
+                // reqwest in this workspace has rustls without a provider of its own.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let transport = StreamableHttpClientTransport::from_config(
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                        .custom_headers(headers),
+                );
+                ClientConfig::default().serve(transport).await.unwrap()
+            }
+        }
+    }
+
+    fn tickets(&self) -> i64 {
+        count_tickets(&self.db)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn count_tickets(db: &Path) -> i64 {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM tickets", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// A stock call: the tool's arguments, nothing else.
+fn call(arguments: Value) -> CallToolRequestParams {
+    let mut params = CallToolRequestParams::new("create_ticket");
+    params.arguments = arguments.as_object().cloned();
+    params
+}
+
+fn ticket(title: &str) -> Value {
+    json!({"title": title, "account_id": "A-7"})
+}
+
+fn ticket_id(result: &CallToolResult) -> String {
+    result.structured_content.as_ref().unwrap()["ticket_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn key_source(result: &CallToolResult) -> Option<&str> {
+    result.meta.as_ref()?.0.get(KEY_SOURCE_META_KEY)?.as_str()
+}
+
+fn mcp_error(e: ServiceError) -> rmcp::model::ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => panic!("expected a JSON-RPC error, got {other}"),
+    }
+}
+
+async fn arguments_repeats_replay_and_other_arguments_run(transport: Transport) {
+    let server = Server::start(transport, "arguments").await;
+    let client = server.connect("tenant-a").await;
+    let first = client
+        .call_tool(call(ticket("Printer on fire")))
+        .await
+        .unwrap();
+    let again = client
+        .call_tool(call(ticket("Printer on fire")))
+        .await
+        .unwrap();
+    assert!(
+        !is_replay(&first) && is_replay(&again),
+        "the repeat is marked"
+    );
+    assert_eq!(ticket_id(&first), ticket_id(&again));
+    assert_eq!(
+        (key_source(&first), key_source(&again)),
+        (Some("arguments"), Some("arguments"))
+    );
+    assert_eq!(server.tickets(), 1);
+    // A restarted agent (a new connection) repeating the call within the window: the replay.
+    let other = server.connect("tenant-a").await;
+    let third = other
+        .call_tool(call(ticket("Printer on fire")))
+        .await
+        .unwrap();
+    assert!(is_replay(&third));
+    assert_eq!(server.tickets(), 1);
+    // Other arguments: another operation.
+    let new = client
+        .call_tool(call(ticket("Printer out of toner")))
+        .await
+        .unwrap();
+    assert!(!is_replay(&new));
+    assert_ne!(ticket_id(&new), ticket_id(&first));
+    assert_eq!(server.tickets(), 2);
+    // The events say where the key came from.
+    let log = server.log();
+    let has = |event: &str| {
+        log.lines()
+            .any(|l| l.contains(event) && l.contains("key_source") && l.contains("arguments"))
+    };
+    assert!(has("claimed") && has("replayed"), "{log}");
+}
+
+async fn arguments_six_concurrent_identical_calls_one_ticket(transport: Transport) {
+    let server = Server::start(transport, "arguments").await;
+    let client = server.connect("tenant-a").await;
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            let peer = client.peer().clone();
+            tokio::spawn(async move { peer.call_tool(call(ticket("Six at once"))).await })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    let mut in_flight = 0;
+    for answer in calls {
+        match answer.await.unwrap() {
+            Ok(result) => ids.push(ticket_id(&result)),
+            // Arrived while the first was running: told to retry (nothing ran).
+            Err(e) => {
+                assert_eq!(mcp_error(e).code, IN_FLIGHT);
+                in_flight += 1;
+            }
+        }
+    }
+    assert_eq!(ids.len() + in_flight, 6);
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        1,
+        "every answered call names the one ticket: {ids:?}"
+    );
+    assert_eq!(server.tickets(), 1);
+    // Each of them repeated now gets the replay of the one ticket.
+    for _ in 0..6 {
+        let repeat = client.call_tool(call(ticket("Six at once"))).await.unwrap();
+        assert!(is_replay(&repeat));
+        assert_eq!(ticket_id(&repeat), ids[0]);
+    }
+    assert_eq!(server.tickets(), 1);
+}
+
+async fn arguments_a_sent_key_wins_and_tenants_are_apart(transport: Transport) {
+    let server = Server::start(transport, "arguments").await;
+    let (a, b) = (
+        server.connect("tenant-a").await,
+        server.connect("tenant-b").await,
+    );
+    let derived = a.call_tool(call(ticket("Same words"))).await.unwrap();
+    // Another tenant with identical arguments: its own operation.
+    let other_tenant = b.call_tool(call(ticket("Same words"))).await.unwrap();
+    assert!(!is_replay(&other_tenant));
+    assert_ne!(ticket_id(&derived), ticket_id(&other_tenant));
+    assert_eq!(server.tickets(), 2);
+    // A key sent with the same arguments is used, not the derived one: a new operation.
+    let mut keyed = call(ticket("Same words"));
+    let mut meta = RequestMetaObject::new();
+    meta.0
+        .0
+        .insert(META_KEY.into(), json!("wf-1:step-1:create_ticket"));
+    keyed.meta = Some(meta);
+    let sent = a.call_tool(keyed.clone()).await.unwrap();
+    assert!(!is_replay(&sent));
+    assert_eq!(key_source(&sent), None, "a sent key is the caller's own");
+    let sent_again = a.call_tool(keyed).await.unwrap();
+    assert!(is_replay(&sent_again));
+    assert_eq!(server.tickets(), 3);
+}
+
+async fn arguments_tool_listing_is_honest(transport: Transport) {
+    let server = Server::start(transport, "arguments").await;
+    let client = server.connect("tenant-a").await;
+    let tools = client.list_all_tools().await.unwrap();
+    let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
+    assert_eq!(
+        tool.annotations.as_ref().unwrap().idempotent_hint,
+        Some(true)
+    );
+    let description = tool.description.as_deref().unwrap();
+    assert!(
+        description.contains("keyed by its arguments /title, /account_id")
+            && description.contains("within 3600 s"),
+        "{description}"
+    );
+    let meta = &tool.meta.as_ref().unwrap().0["io.idem/idempotency"];
+    assert_eq!(
+        (meta["keySource"].as_str(), meta["keyWindowMs"].as_u64()),
+        (Some("arguments"), Some(3_600_000))
+    );
+    assert!(
+        !tool.input_schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "idempotency_key")
+    );
+}
+
+async fn model_argument_reused_once_left_out_refused(transport: Transport) {
+    let server = Server::start(transport, "model-argument").await;
+    let client = server.connect("tenant-a").await;
+    let tools = client.list_all_tools().await.unwrap();
+    let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
+    let schema = &tool.input_schema;
+    assert!(
+        schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "idempotency_key")
+    );
+    assert_eq!(schema["properties"]["idempotency_key"]["type"], "string");
+    assert!(
+        schema["properties"]["idempotency_key"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("send the same id when you retry the same action")
+    );
+    assert_eq!(
+        tool.annotations.as_ref().unwrap().idempotent_hint,
+        Some(true)
+    );
+
+    let with = |id: &str, title: &str| {
+        call(json!({"title": title, "account_id": "A-7", "idempotency_key": id}))
+    };
+    let first = client
+        .call_tool(with("printer-1", "Printer on fire"))
+        .await
+        .unwrap();
+    let again = client
+        .call_tool(with("printer-1", "Printer on fire"))
+        .await
+        .unwrap();
+    assert!(!is_replay(&first) && is_replay(&again));
+    assert_eq!(ticket_id(&first), ticket_id(&again));
+    assert_eq!(key_source(&again), Some("model_argument"));
+    assert_eq!(server.tickets(), 1);
+    // A new id for a new action, even with the same words.
+    let new = client
+        .call_tool(with("printer-2", "Printer on fire"))
+        .await
+        .unwrap();
+    assert_ne!(ticket_id(&new), ticket_id(&first));
+    assert_eq!(server.tickets(), 2);
+    // Left out: refused, nothing runs.
+    let err = mcp_error(
+        client
+            .call_tool(call(ticket("Printer on fire")))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
+    assert!(err.message.contains("idempotency_key"), "{}", err.message);
+    assert_eq!(server.tickets(), 2);
+}
+
+async fn client_refuses_and_unprotected_repeats(transport: Transport) {
+    let refusing = Server::start(transport, "client").await;
+    let client = refusing.connect("tenant-a").await;
+    let err = mcp_error(client.call_tool(call(ticket("x"))).await.unwrap_err());
+    assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
+    assert_eq!(refusing.tickets(), 0);
+
+    let open = Server::start(transport, "unprotected").await;
+    let client = open.connect("tenant-a").await;
+    let tools = client.list_all_tools().await.unwrap();
+    let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
+    assert_eq!(
+        tool.annotations.as_ref().unwrap().idempotent_hint,
+        Some(false)
+    );
+    for _ in 0..2 {
+        let result = client.call_tool(call(ticket("x"))).await.unwrap();
+        assert!(!is_replay(&result) && key_source(&result).is_none());
+    }
+    assert_eq!(
+        open.tickets(),
+        2,
+        "without protection the repeat is a second ticket"
+    );
+}
+
+/// `--key-source request` over stdio, with JSON-RPC written by hand: a resend of the very same
+/// request (same id) is replayed; a new request with the same arguments runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_resend_replays_and_a_new_request_runs() {
+    let server = Server::start(Transport::Stdio, "request").await;
+    let mut child = Command::new(SERVER)
+        .arg("--db")
+        .arg(&server.db)
+        .args(["--key-source", "request"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = async |message: Value| {
+        stdin
+            .write_all(format!("{message}\n").as_bytes())
+            .await
+            .unwrap();
+    };
+    send(
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "by-hand", "version": "0"}}}),
+    )
+    .await;
+    let _ = lines.next_line().await.unwrap();
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let tools_call = |id: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "create_ticket", "arguments": ticket("Resent")}})
+    };
+    let mut answers = Vec::new();
+    for id in [7, 7, 8] {
+        send(tools_call(id)).await;
+        let line = lines.next_line().await.unwrap().unwrap();
+        answers.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    let replayed = |a: &Value| a["result"]["_meta"]["io.idem/replayed"].as_bool();
+    let id_of = |a: &Value| a["result"]["structuredContent"]["ticket_id"].clone();
+    assert_eq!(replayed(&answers[0]), Some(false), "{answers:?}");
+    assert_eq!(replayed(&answers[1]), Some(true), "the resend replays");
+    assert_eq!(id_of(&answers[0]), id_of(&answers[1]));
+    assert_eq!(
+        answers[1]["result"]["_meta"][KEY_SOURCE_META_KEY],
+        "request"
+    );
+    assert_eq!(replayed(&answers[2]), Some(false), "a new request runs");
+    assert_eq!(server.tickets(), 2);
+}
+
+macro_rules! on_both_transports {
+    ($($name:ident),* $(,)?) => {
+        mod stdio {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Transport::Stdio).await;
+                }
+            )*
+        }
+        mod streamable_http {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Transport::Http).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_transports!(
+    arguments_repeats_replay_and_other_arguments_run,
+    arguments_six_concurrent_identical_calls_one_ticket,
+    arguments_a_sent_key_wins_and_tenants_are_apart,
+    arguments_tool_listing_is_honest,
+    model_argument_reused_once_left_out_refused,
+    client_refuses_and_unprotected_repeats,
+);

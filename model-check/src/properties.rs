@@ -1,0 +1,81 @@
+//! The properties, each named after the SPEC guarantee it checks.
+
+use idem_core::RecordState;
+
+use crate::state::State;
+use crate::store::{NOW, Rules};
+
+/// SPEC §2 (opening) and §3.1: no interleaving runs an operation twice. Every step of every
+/// operation ran at most once downstream, except in the windows SPEC §7 documents.
+pub const AT_MOST_ONCE: &str = "at most one effect per operation (SPEC §2, §3.1)";
+/// SPEC §3.3 and §3.10: a live completed record's outcome, and every checkpoint, was written by
+/// the holder of the token the record had then.
+pub const FENCING: &str =
+    "fencing: outcome and checkpoints come from the token's holder (SPEC §3.3, §3.10)";
+/// SPEC §2 (`FingerprintMismatch` row) and §4: a key reused for another request never replays
+/// the first request's outcome.
+pub const NO_FOREIGN_REPLAY: &str = "no silent replay of another request (SPEC §2, §4)";
+/// SPEC §2 and §3.5: every replay carries the outcome of the operation's first completion.
+pub const FIRST_OUTCOME: &str = "a replay carries the first completion's outcome (SPEC §2, §3.5)";
+/// SPEC §2 and §3.6: an expired record is treated exactly as if it did not exist, and stays so:
+/// reconciliation (which settles stale claims) never writes a record that had expired or was
+/// purged back into existence.
+pub const EXPIRED_STAYS_GONE: &str =
+    "reconciliation never recreates an expired record (SPEC §2, §3.6)";
+/// Sanity: an operation can complete (the model is not vacuous).
+pub const COMPLETES: &str = "an operation completes";
+/// Sanity: a repeat can be replayed.
+pub const REPLAYS: &str = "a repeat is replayed";
+
+/// [`AT_MOST_ONCE`].
+pub fn at_most_once(s: &State) -> bool {
+    s.ghost.effects.iter().all(|e| e.3 <= 1)
+}
+
+/// [`FENCING`].
+pub fn fencing(s: &State) -> bool {
+    !s.ghost.unfenced_write
+        && s.primary.iter().flatten().all(|stored| {
+            let r = &stored.record;
+            if r.is_expired(NOW) {
+                return true;
+            }
+            match (&r.state, &r.outcome) {
+                (RecordState::Completed, Some(outcome)) => {
+                    Rules::outcome_origin(outcome).1 == r.token.id
+                }
+                _ => true,
+            }
+        })
+}
+
+/// [`NO_FOREIGN_REPLAY`].
+pub fn no_foreign_replay(s: &State) -> bool {
+    !s.ghost.foreign_replay
+}
+
+/// [`FIRST_OUTCOME`].
+pub fn first_outcome(s: &State) -> bool {
+    !s.ghost.replay_differs
+}
+
+/// [`EXPIRED_STAYS_GONE`].
+pub fn expired_stays_gone(s: &State) -> bool {
+    !s.ghost.recreated
+}
+
+/// [`COMPLETES`].
+pub fn completes(s: &State) -> bool {
+    !s.ghost.first_completion.is_empty()
+}
+
+/// [`REPLAYS`].
+pub fn replays(s: &State) -> bool {
+    s.ghost.replayed
+}
+
+/// The goal of the liveness checks: no claim is open (every claim was settled by `complete` or
+/// `release`: each key is `completed` or `failed_retryable`, or was never claimed).
+pub fn settled(s: &State) -> bool {
+    s.ghost.open.iter().all(|open| !open)
+}

@@ -1,0 +1,309 @@
+//! The model's store: each operation runs `idem_core::machine`'s rule on the record the primary
+//! holds and writes what the rule says, to the primary and (when writes are acknowledged after
+//! the replica confirmed them) to the replica. The ghost variables are kept here too.
+
+use std::time::Duration;
+
+use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer};
+use idem_core::{
+    Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, ReleaseAnswer, Scope,
+    StalePolicy, Timestamp, Token,
+};
+
+use crate::config::{Config, Fencing, Replication};
+use crate::spec_rules;
+use crate::state::{Phase, State, Stored};
+
+/// "Now", always: the clock is relative. A tick moves every stored instant one tick into the
+/// past instead of moving now forward (see [`Rules::tick`]).
+pub const NOW: Timestamp = Timestamp::from_millis(1_000_000);
+
+/// The fixed parts of a model: names, policies, and the store operations over them.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// The settings and bounds.
+    pub cfg: Config,
+    scope: Scope,
+    keys: Vec<IdempotencyKey>,
+    requests: Vec<Fingerprint>,
+    /// The callers' policy.
+    pub policy: Policy,
+    takeover: Policy,
+    /// The earliest instant a tick keeps: anything earlier behaves the same (long past).
+    floor: Timestamp,
+}
+
+impl Rules {
+    /// The rules for `cfg`.
+    pub fn new(cfg: Config) -> Self {
+        let ms = Duration::from_millis;
+        let policy = Policy::builder()
+            .lease(ms(cfg.lease))
+            .ttl(ms(cfg.ttl.unwrap_or(u64::MAX)))
+            .stale(cfg.stale)
+            .build()
+            .expect("a lease of at least one tick and a ttl above it");
+        let takeover = policy.to_builder().stale(StalePolicy::Takeover).build();
+        let horizon = cfg.ttl.unwrap_or(cfg.lease).max(cfg.lease) + 2;
+        Self {
+            scope: Scope::new("tenant/tool").expect("a valid scope"),
+            keys: (0..cfg.keys())
+                .map(|k| IdempotencyKey::new(format!("k{k}")).expect("a valid key"))
+                .collect(),
+            requests: (0..cfg.requests())
+                .map(|r| Fingerprint::of_bytes(format!("request-{r}").as_bytes()))
+                .collect(),
+            policy,
+            takeover: takeover.expect("the same policy with takeover"),
+            floor: NOW - ms(horizon),
+            cfg,
+        }
+    }
+
+    /// The record the primary holds for `key`, expired or not.
+    pub fn found(s: &State, key: u8) -> Option<&Record> {
+        s.primary[usize::from(key)].as_ref().map(|s| &s.record)
+    }
+
+    /// The request index of a fingerprint.
+    pub fn request_of(&self, fingerprint: &Fingerprint) -> u8 {
+        let index = self.requests.iter().position(|f| f == fingerprint);
+        u8::try_from(index.expect("a request of the model")).expect("few requests")
+    }
+
+    /// The outcome an attempt records: its request and its writer (the token id) in the body.
+    pub fn outcome(request: u8, writer: Token, definitive: bool) -> Outcome {
+        let body = [u128::from(request), writer.id];
+        let outcome = if definitive {
+            Outcome::definitive(200, &body)
+        } else {
+            Outcome::retryable(503, &body)
+        };
+        outcome.expect("a JSON body")
+    }
+
+    /// The request and writer an outcome of [`Rules::outcome`] names.
+    pub fn outcome_origin(outcome: &Outcome) -> (u8, u128) {
+        let [request, writer]: [u128; 2] =
+            serde_json::from_str(outcome.body()).expect("a body the model wrote");
+        (u8::try_from(request).expect("few requests"), writer)
+    }
+
+    fn write(&self, s: &mut State, key: u8, stored: Option<Stored>) {
+        let k = usize::from(key);
+        if let Some(new) = &stored {
+            s.ghost.acknowledged_expiry[k] = Some(new.record.expires_at);
+        }
+        if self.cfg.replication == Replication::Acknowledged {
+            s.replica[k] = stored.clone();
+        }
+        s.primary[k] = stored;
+    }
+
+    /// The token the store compares: the caller's, or (the one-line change) the record's own.
+    fn fence(&self, s: &State, key: u8, token: Token) -> Token {
+        match self.cfg.fencing {
+            Fencing::Checked => token,
+            Fencing::Skipped => Self::found(s, key).map_or(token, |r| r.token),
+        }
+    }
+
+    fn note_writer(s: &mut State, key: u8, writer: Token) {
+        if Self::found(s, key).is_some_and(|r| r.token != writer) {
+            s.ghost.unfenced_write = true;
+        }
+    }
+
+    /// `claim` (with the takeover policy for the reconciler). Returns the answer and the
+    /// operation's generation of a won claim.
+    pub fn claim(
+        &self,
+        s: &mut State,
+        key: u8,
+        request: u8,
+        token_id: u128,
+        takeover: bool,
+    ) -> (ClaimAnswer, u8) {
+        let k = usize::from(key);
+        let policy = if takeover {
+            &self.takeover
+        } else {
+            &self.policy
+        };
+        let req = ClaimRequest {
+            scope: &self.scope,
+            key: &self.keys[k],
+            fingerprint: &self.requests[usize::from(request)],
+            token_id,
+        };
+        let t = machine::claim(Self::found(s, key), req, NOW, policy);
+        if let (Some(record), ClaimAnswer::Claimed { kind, .. }) = (t.write, &t.answer) {
+            let checkpoints = match &s.primary[k] {
+                Some(old) if spec_rules::keeps_checkpoints(*kind) => old.checkpoints.clone(),
+                _ => Vec::new(),
+            };
+            if s.ghost.acknowledged_expiry[k].is_none_or(|e| NOW >= e) {
+                s.ghost.generation[k] += 1;
+            }
+            s.ghost.open[k] = true;
+            self.write(
+                s,
+                key,
+                Some(Stored {
+                    record,
+                    checkpoints,
+                }),
+            );
+        }
+        (t.answer, s.ghost.generation[k])
+    }
+
+    /// `complete` with `outcome` by the holder of `token`.
+    pub fn complete(
+        &self,
+        s: &mut State,
+        key: u8,
+        token: Token,
+        outcome: &Outcome,
+    ) -> CompleteAnswer {
+        let k = usize::from(key);
+        let fenced = self.fence(s, key, token);
+        let t = machine::complete(Self::found(s, key), fenced, outcome, NOW, &self.policy)
+            .expect("a small outcome");
+        if let Some(record) = t.write {
+            Self::note_writer(s, key, token);
+            let checkpoints = match &s.primary[k] {
+                Some(old) if spec_rules::checkpoints_survive(t.answer) => old.checkpoints.clone(),
+                _ => Vec::new(),
+            };
+            if record.state == RecordState::Completed {
+                let generation = s.ghost.generation[k];
+                if s.ghost.first(key, generation).is_none() {
+                    let (_, writer) = Self::outcome_origin(outcome);
+                    s.ghost.first_completion.push((key, generation, writer));
+                }
+            }
+            s.ghost.open[k] = false;
+            self.write(
+                s,
+                key,
+                Some(Stored {
+                    record,
+                    checkpoints,
+                }),
+            );
+        }
+        t.answer
+    }
+
+    /// `release` by the holder of `token`.
+    pub fn release(&self, s: &mut State, key: u8, token: Token) -> ReleaseAnswer {
+        let k = usize::from(key);
+        let fenced = self.fence(s, key, token);
+        let t = machine::release(Self::found(s, key), fenced, NOW);
+        if let Some(record) = t.write {
+            Self::note_writer(s, key, token);
+            let checkpoints = s.primary[k].as_ref().map(|o| o.checkpoints.clone());
+            s.ghost.open[k] = false;
+            let checkpoints = checkpoints.unwrap_or_default();
+            self.write(
+                s,
+                key,
+                Some(Stored {
+                    record,
+                    checkpoints,
+                }),
+            );
+        }
+        t.answer
+    }
+
+    /// `extend` by one lease, by the holder of `token`.
+    pub fn extend(&self, s: &mut State, key: u8, token: Token) -> ExtendAnswer {
+        let k = usize::from(key);
+        let fenced = self.fence(s, key, token);
+        let lease = self.policy.lease();
+        let t = machine::extend(Self::found(s, key), fenced, lease, NOW).expect("a lease");
+        if let Some(record) = t.write {
+            Self::note_writer(s, key, token);
+            let checkpoints = s.primary[k].as_ref().map(|o| o.checkpoints.clone());
+            let checkpoints = checkpoints.unwrap_or_default();
+            self.write(
+                s,
+                key,
+                Some(Stored {
+                    record,
+                    checkpoints,
+                }),
+            );
+        }
+        t.answer
+    }
+
+    /// `checkpoint` by the holder of `token` ([`spec_rules::checkpoint`]): whether it was saved.
+    pub fn checkpoint(&self, s: &mut State, key: u8, token: Token) -> bool {
+        let fenced = self.fence(s, key, token);
+        if !spec_rules::checkpoint(Self::found(s, key), fenced, NOW) {
+            return false;
+        }
+        Self::note_writer(s, key, token);
+        let mut stored = s.primary[usize::from(key)].clone().expect("a held record");
+        stored.checkpoints.push(token);
+        self.write(s, key, Some(stored));
+        true
+    }
+
+    /// `purge_expired` for one key: deletes its record if it has expired.
+    pub fn purge(&self, s: &mut State, key: u8) -> bool {
+        if !Self::found(s, key).is_some_and(|r| r.is_expired(NOW)) {
+            return false;
+        }
+        let k = usize::from(key);
+        if self.cfg.replication == Replication::Acknowledged {
+            s.replica[k] = None;
+        }
+        s.primary[k] = None;
+        true
+    }
+
+    /// One tick of the clock: every stored instant moves one tick into the past, down to the
+    /// floor (instants before it all read as "long past": no rule tells them apart, since a
+    /// live `processing` record's lease is never more than a ttl behind its expiry). The far end
+    /// of time (a record that never expires) stays.
+    pub fn tick(&self, s: &mut State) {
+        let floor = self.floor;
+        let back = |t: &mut Timestamp| {
+            if *t != Timestamp::from_millis(u64::MAX) {
+                *t = (*t - Duration::from_millis(1)).max(floor);
+            }
+        };
+        for stored in s.primary.iter_mut().chain(s.replica.iter_mut()).flatten() {
+            let r = &mut stored.record;
+            for t in [
+                &mut r.lease_until,
+                &mut r.expires_at,
+                &mut r.created_at,
+                &mut r.updated_at,
+            ] {
+                back(t);
+            }
+        }
+        // Where only "has it passed?" is ever asked, a passed instant is the floor.
+        let passed = |t: &mut Timestamp| {
+            back(t);
+            if *t <= NOW {
+                *t = floor;
+            }
+        };
+        for e in s.ghost.acknowledged_expiry.iter_mut().flatten() {
+            passed(e);
+        }
+        for c in &mut s.callers {
+            match &mut c.phase {
+                Phase::Waiting { until, .. } => passed(until),
+                Phase::Holding(h) => passed(&mut h.lease_until),
+                Phase::Idle => {}
+            }
+        }
+    }
+}
