@@ -240,7 +240,14 @@ async fn expired_and_purged_between_read_and_claim_is_not_written_back() {
     assert_eq!((report.examined, report.skipped), (1, 1), "{report:?}");
     assert_eq!(w.probes(), 0, "not probed");
     assert_eq!(w.record(&key).await, None, "nothing written back");
-    assert_eq!(w.store.inner().purge_expired(w.clock.now(), 100).await.unwrap(), 0);
+    assert_eq!(
+        w.store
+            .inner()
+            .purge_expired(w.clock.now(), 100)
+            .await
+            .unwrap(),
+        0
+    );
     // Another request on the key runs, once.
     let effects = Arc::new(AtomicUsize::new(0));
     let counted = effects.clone();
