@@ -26,13 +26,15 @@
 //! executor does. An error on one record (a store error, say) is reported in
 //! [`ReconcileReport::failed`] and the pass goes on with the next record.
 //!
-//! **The takeover keeps the record's own expiry.** The claim's ttl is what the record read back
-//! has left (and its lease ends before that), so reconciliation never writes an expired
-//! operation back: a record that expires between the read and the claim is not claimed, and one
-//! purged meanwhile that the claim creates anew expires when the listed one did, instead of
-//! refusing another request on the key for a whole ttl ([contract §6](crate::contract#reconciliation)).
-//! Reconciliation never prolongs a record either: a record the probe cannot tell about expires
-//! at its ttl like any other; a completion gets the full ttl, as the executor's does.
+//! **The takeover keeps the record's own expiry** ([`takeover_policy`]). The claim's ttl is what
+//! the record read back has left (and its lease ends before that), so reconciliation never
+//! writes an expired operation back: a record that expires between the read and the claim is
+//! not claimed, and one purged meanwhile that the claim creates anew expires when the listed one
+//! did, instead of refusing another request on the key for a whole ttl
+//! ([contract §6](crate::contract#reconciliation)). A read a lease old or older is not acted on
+//! (the next pass reads again). Reconciliation never prolongs a record either: a record the
+//! probe cannot tell about expires at its ttl like any other; a completion gets the full ttl, as
+//! the executor's does.
 //!
 //! **The limit, honestly:** "not found" is only safe if the original holder can no longer act
 //! downstream. The store fences the *record*, not the external effect: a holder that is merely
@@ -56,6 +58,8 @@ mod settle;
 
 pub use probe::{Finding, Probe, ReconcileFailure, ReconcileReport};
 pub use purge::{InvalidDuty, PurgePace, PurgeReport, purge_expired_all, purge_expired_paced};
+
+pub use settle::takeover_policy;
 
 use settle::Settler;
 

@@ -20,10 +20,11 @@ pub(super) struct Settler<'a, P> {
     pub(super) codec: Option<&'a dyn OutcomeCodec>,
 }
 
-/// The policy of the takeover claim of `record` at `now`: `policy` under
-/// [`StalePolicy::Takeover`], with the record's **own expiry** (ttl `expires_at − now`) and a
-/// lease that ends before it (at most that ttl − 1 ms). `None` when less than 2 ms are left,
-/// too little for a valid policy: the record is about to expire and is left to expiry.
+/// The policy of the [`Reconciler`](super::Reconciler)'s takeover claim of `read`, the stale
+/// record it read back at `read_at`, made at `now`: `policy` under [`StalePolicy::Takeover`],
+/// with the record's **own expiry** (ttl `read.expires_at − now`) and a lease that ends before
+/// it (at most that ttl − 1 ms). `None`, and no claim, when less than 2 ms are left (too little
+/// for a valid policy: the record is left to expiry) or when the read is a lease old or older.
 ///
 /// Why its own expiry: the claim is a store call of its own, after the read, and whatever
 /// record it finds is what it writes to. If the listed record expired (and was purged) in
@@ -31,18 +32,34 @@ pub(super) struct Settler<'a, P> {
 /// fingerprint; with the policy's full ttl that record, given back, would stay
 /// `failed_retryable` for a whole ttl and refuse another request on the key as a mismatch
 /// (contract §2: an expired record is as if it did not exist). Under the record's own expiry,
-/// a record the claim creates expires when the listed one did: with one clock, the claim is
-/// not even made once that instant has passed ([`Settler::settle`] takes `now` afresh); with
-/// clocks that disagree (a purge on a host whose clock is ahead), the created record lives no
-/// longer than the listed one would have. This needs nothing of a store but the claim rule
-/// (`expires_at = now + ttl`, expired records absent), which the conformance suite checks.
+/// a record the claim creates expires when the listed one did: with one clock the claim is not
+/// even made once that instant has passed (`now` is taken afresh for the claim); with clocks
+/// that disagree (a purge on a host whose clock is ahead), the created record lives no longer
+/// than the listed one would have. This needs nothing of a store but the claim rule
+/// (`expires_at = now + ttl`, an expired record absent), which the conformance suite checks.
 ///
-/// The price: reconciliation never prolongs an operation's record. A record taken over keeps
-/// the expiry it had (a completion still gets the full ttl), so a record the probe cannot tell
-/// about expires at its ttl like any other, and one that changed to `failed_retryable` just
-/// before the claim is given back with the listed record's expiry.
-pub(super) fn takeover_policy(policy: &Policy, record: &Record, now: Timestamp) -> Option<Policy> {
-    let ttl = record.expires_at.saturating_since(now);
+/// Why a read at most a lease old: a claim takes over only a record whose lease elapsed at
+/// `now`; a later attempt (claimed after the read) has a lease running past `read_at + lease`,
+/// so within a lease of the read the record taken over is the very attempt that was read, and
+/// its own expiry is the one to keep. A reconciler paused longer skips the record and reads it
+/// again on the next pass.
+///
+/// The price: reconciliation never prolongs a record. One taken over keeps the expiry it had
+/// (a completion still gets the full ttl), so a record the probe cannot tell about expires at
+/// its ttl like any other; and one that became `failed_retryable` just before the claim is
+/// given back with the expiry of the record that was read.
+///
+/// Public so that a model of the protocol runs the same rule (`idem-model-check`).
+pub fn takeover_policy(
+    policy: &Policy,
+    read: &Record,
+    read_at: Timestamp,
+    now: Timestamp,
+) -> Option<Policy> {
+    if now.saturating_since(read_at) >= policy.lease() {
+        return None;
+    }
+    let ttl = read.expires_at.saturating_since(now);
     let lease = policy
         .lease()
         .min(ttl.saturating_sub(Duration::from_millis(1)));
@@ -70,7 +87,8 @@ impl<P: Probe> Settler<'_, P> {
         report: &mut ReconcileReport,
     ) -> Result<(), StoreError> {
         let store = self.store;
-        let now = self.clock.now();
+        let read_at = self.clock.now();
+        let now = read_at;
         // Still the stale claim that was listed? If not, skip it without writing anything.
         let current = timed(
             store.backend(),
@@ -90,8 +108,8 @@ impl<P: Probe> Settler<'_, P> {
         // Take the record over: from here on the original holder is fenced out. `now` afresh,
         // so a record that expired since the read is not claimed at all.
         let now = self.clock.now();
-        let Some(takeover) = takeover_policy(self.policy, &current, now) else {
-            Self::skip(record, report, "expired, or about to, before the takeover");
+        let Some(takeover) = takeover_policy(self.policy, &current, read_at, now) else {
+            Self::skip(record, report, "expired or about to, or read too long ago");
             return Ok(());
         };
         let answer = timed(
