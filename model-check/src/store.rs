@@ -172,7 +172,6 @@ impl Rules {
 
     /// `release` by the holder of `token`.
     pub fn release(&self, s: &mut State, key: u8, token: Token) -> ReleaseAnswer {
-        let k = usize::from(key);
         let fenced = self.fence(s, key, token);
         let t = machine::release(Self::found(s, key), fenced, NOW);
         if let Some(record) = t.write {
@@ -185,7 +184,6 @@ impl Rules {
 
     /// `extend` by one lease, by the holder of `token`.
     pub fn extend(&self, s: &mut State, key: u8, token: Token) -> ExtendAnswer {
-        let k = usize::from(key);
         let fenced = self.fence(s, key, token);
         let lease = self.policy.lease();
         let t = machine::extend(Self::found(s, key), fenced, lease, NOW).expect("a lease");
