@@ -76,8 +76,9 @@ pub struct Reconciler<P> {
 
 impl<P: Probe> Reconciler<P> {
     /// A reconciler over `store` with `probe`. `policy` is the one the records were written with
-    /// (its lease is the reconciler's own lease while it probes; its ttl and cache policy apply
-    /// to the completion).
+    /// (its lease is the reconciler's own lease while it probes, cut short where the record
+    /// expires sooner: a takeover keeps the record's expiry, [`takeover_policy`]; its ttl and
+    /// cache policy apply to the completion).
     pub fn new(store: Arc<dyn KeyStore>, clock: Arc<dyn Clock>, policy: Policy, probe: P) -> Self {
         Self {
             store,
