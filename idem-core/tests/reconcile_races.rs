@@ -1,6 +1,6 @@
 //! The reconciler honours how its takeover claim was won (a record released, retried, expired or
-//! purged meanwhile is skipped, unprobed, and not left `processing`), and one record's failure
-//! does not stop the pass. A `FaultStore` hook changes the record at the worst moment: right
+//! purged meanwhile is skipped, unprobed, not left `processing`, and never written back past its
+//! expiry), and one record's failure does not stop the pass. A `FaultStore` hook changes the record at the worst moment: right
 //! after the reconciler lists it, or right after it reads it back.
 
 use std::sync::Arc;
@@ -210,6 +210,59 @@ async fn purged_between_read_and_claim_is_not_left_processing() {
             .unwrap()
             .is_empty()
     );
+    // The purge's clock was ahead of the reconciler's (another host): the record the claim
+    // created expires when the listed one did, not a whole ttl later.
+    assert_eq!(r.expires_at, expired_at, "no longer than the listed record");
+    w.clock.set(expired_at);
+    assert_eq!(w.record(&key).await, None);
+}
+
+/// Model-check finding (docs/model-check.md): the reconciler reads a stale record back, then the
+/// clock passes the record's expiry and purge deletes it before the takeover claim. The claim
+/// must not write the dead operation back: afterwards the key is absent, and another request on
+/// it runs (one effect at the sink), not `FingerprintMismatch`.
+#[tokio::test]
+async fn expired_and_purged_between_read_and_claim_is_not_written_back() {
+    let w = world();
+    let (key, _) = w.stale_claim("k-4").await;
+    let expires_at = w.record(&key).await.unwrap().expires_at;
+    w.clock.advance(Duration::from_secs(31));
+    // Right after the reconciler's read: the clock moves past the expiry, and purge runs.
+    let (inner, clock) = (w.store.inner(), w.clock.clone());
+    w.store.after_once(Op::Get, move |_| {
+        let (inner, clock) = (inner.clone(), clock.clone());
+        async move {
+            clock.set(expires_at + Duration::from_secs(1));
+            assert_eq!(inner.purge_expired(clock.now(), 100).await.unwrap(), 1);
+        }
+    });
+    let report = w.reconciler().run_once().await.unwrap();
+    assert_eq!((report.examined, report.skipped), (1, 1), "{report:?}");
+    assert_eq!(w.probes(), 0, "not probed");
+    assert_eq!(w.record(&key).await, None, "nothing written back");
+    assert_eq!(
+        w.store
+            .inner()
+            .purge_expired(w.clock.now(), 100)
+            .await
+            .unwrap(),
+        0
+    );
+    // Another request on the key runs, once.
+    let effects = Arc::new(AtomicUsize::new(0));
+    let counted = effects.clone();
+    let other = Fingerprint::of("create_ticket", &json!({"title": "y"})).unwrap();
+    let done = Executor::from_arc(w.store.clone())
+        .with_policy(w.policy)
+        .with_clock(w.clock.clone())
+        .run(&w.scope, &key, &other, |_| async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Outcome::definitive(201, &json!({"ticket": "T-9"})).unwrap()
+        })
+        .await
+        .expect("another request runs, not FingerprintMismatch");
+    assert!(!done.is_replay());
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "one effect at the sink");
 }
 
 #[tokio::test]

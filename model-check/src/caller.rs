@@ -8,7 +8,7 @@ use idem_core::machine::{ClaimAnswer, ExtendAnswer};
 
 use crate::action::Action;
 use crate::spec_rules;
-use crate::state::{Hold, Phase, State};
+use crate::state::{Hold, Phase, Seen, State};
 use crate::store::{NOW, Rules};
 
 /// The steps caller `i` can take in `s`.
@@ -20,7 +20,7 @@ pub fn actions(rules: &Rules, s: &State, i: u8, out: &mut Vec<Action>) {
         Phase::Idle if c.calls_left > 0 => out.push(Action::Call(i)),
         Phase::Idle => {}
         Phase::Waiting { seen, until } => {
-            if spec_rules::wakes(*seen, Rules::found(s, key), *until, NOW) {
+            if spec_rules::wakes(&seen.0, Rules::found(s, key), *until, NOW) {
                 out.push(Action::Wake(i));
             }
         }
@@ -112,7 +112,7 @@ fn claim(rules: &Rules, s: &mut State, i: u8, may_wait: bool) {
     let spec = rules.cfg.callers[ci];
     let (key, request) = (spec.key, spec.request);
     let token_id = (u128::from(i) + 1) << 8 | u128::from(s.callers[ci].claims);
-    let (answer, generation) = rules.claim(s, key, request, token_id, false);
+    let (answer, generation) = rules.claim(s, key, request, token_id, &rules.policy);
     let phase = match answer {
         ClaimAnswer::Claimed { token, .. } => {
             s.callers[ci].claims += 1;
@@ -122,7 +122,7 @@ fn claim(rules: &Rules, s: &mut State, i: u8, may_wait: bool) {
             Phase::Holding(Hold {
                 token,
                 generation,
-                next: u8::try_from(stored.checkpoints.len()).expect("few checkpoints"),
+                next: u8::try_from(stored.record.checkpoints.len()).expect("few checkpoints"),
                 ran: false,
                 checkpoint_due: false,
                 lease_until: stored.record.lease_until,
@@ -143,7 +143,7 @@ fn claim(rules: &Rules, s: &mut State, i: u8, may_wait: bool) {
             let record = Rules::found(s, key).expect("an in-flight record");
             let max_wait = Duration::from_millis(rules.cfg.lease);
             Phase::Waiting {
-                seen: Some((record.state, record.token)),
+                seen: Seen(record.clone()),
                 until: spec_rules::wait_until(record, NOW, max_wait),
             }
         }

@@ -51,8 +51,12 @@ pub struct Config {
     pub reconcile_passes: u8,
     /// Whether the reconciler reads a stale record back and claims it in two store calls, with
     /// anything in between (as `idem_core::Reconciler` does), or in one step. The two-call
-    /// model has about 3.5 times the states, and one more finding (`docs/model-check.md`).
+    /// model has several times the states (`docs/model-check.md`).
     pub reconcile_reads_first: bool,
+    /// Whether the reconciler's takeover claim keeps the record's own expiry, as
+    /// `idem_core::Reconciler` does (`takeover_policy`). Off, it is the reconciler before that
+    /// rule (the callers' ttl, however old the read): kept to show what the checker finds then.
+    pub reconcile_own_expiry: bool,
     /// Whether the probe may answer "unknown" although the downstream system knows (a probe that
     /// is down). Off, it answers "unknown" only when the operation is half done.
     pub probe_unknown: bool,
@@ -100,6 +104,7 @@ impl Config {
             stale: StalePolicy::Reconcile,
             reconcile_passes: 2,
             reconcile_reads_first: false,
+            reconcile_own_expiry: true,
             probe_unknown: true,
             crashes: 1,
             failovers: 0,

@@ -2,10 +2,11 @@
 //!
 //! [`ProtocolModel`] puts 2–3 callers running the executor's steps, a reconciler, a store that
 //! may fail over, and a clock into one [`stateright::Model`]. Every transition of a record is
-//! `idem_core::machine`'s own rule (`claim`, `complete`, `release`, `extend`, the expiry and
-//! lease tests of `Record`), so a change of the rules is checked on the next run; the rules the
-//! SPEC has and `idem_core` does not have yet (checkpoints, waiting) are stated in one place,
-//! [`spec_rules`]. [`run::check`] searches every reachable state within the bounds of a
+//! `idem_core::machine`'s own rule (`claim`, `complete`, `release`, `extend`, `checkpoint`, the
+//! expiry and lease tests of `Record`), the reconciler's takeover is
+//! `idem_core::reconcile::takeover_policy`, and a waiter wakes by `idem_core::wait::changed`, so
+//! a change of the rules is checked on the next run. The one rule the executor keeps inside its
+//! waiting loop, the bound of a wait, is stated in [`spec_rules`]. [`run::check`] searches every reachable state within the bounds of a
 //! [`Config`] for a violation of the [`properties`]; [`liveness::always_can_settle`] checks that
 //! settling stays possible from every reachable state.
 //!

@@ -24,6 +24,8 @@ effect, one crash, reconciliation with a probe (2 takeovers), no failover, lease
   --crashes N        crashes of holders, in all
   --passes N         takeovers the reconciler may make
   --reads-first      the reconciler reads a stale record back, then claims it (two steps)
+  --full-ttl-takeover  the reconciler's takeover under the callers' ttl, not the record's own
+                     expiry (the reconciler before that rule: finds a recreated record)
   --takeover         stale claims are taken over (no reconciler)
   --failovers N      failovers of the store
   --asynchronous     the store acknowledges before its replica has the write
@@ -68,6 +70,7 @@ fn parse(args: &[String]) -> Result<(Config, bool), String> {
             "--crashes" => cfg.crashes = number(it.next())?,
             "--passes" => cfg.reconcile_passes = number(it.next())?,
             "--reads-first" => cfg.reconcile_reads_first = true,
+            "--full-ttl-takeover" => cfg.reconcile_own_expiry = false,
             "--takeover" => cfg = cfg.takeover(),
             "--failovers" => cfg.failovers = number(it.next())?,
             "--asynchronous" => cfg.replication = Replication::Asynchronous,

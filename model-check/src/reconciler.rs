@@ -1,5 +1,6 @@
-//! The reconciler (SPEC §6, `idem_core::Reconciler`): takes a stale `processing` record over
-//! with a fresh token (`claim` under the takeover policy), asks the probe, and completes (found),
+//! The reconciler (SPEC §6, `idem_core::Reconciler`): reads a stale `processing` record back,
+//! takes it over with a fresh token (`claim` under `idem_core::reconcile::takeover_policy`: the
+//! record's own expiry, within a lease of the read), asks the probe, and completes (found),
 //! releases (not found) or leaves the record (unknown).
 //!
 //! The probe tells the truth or says "unknown". It is asked about the step after the last
@@ -8,10 +9,12 @@
 //! settled too. Without checkpoints it is asked about the whole operation, and a half-done one is
 //! "unknown": nothing may guess.
 
+use idem_core::StalePolicy;
 use idem_core::machine::{ClaimAnswer, ClaimKind};
+use idem_core::reconcile::takeover_policy;
 
 use crate::action::{Action, Finding};
-use crate::state::{ReconHold, State};
+use crate::state::{Checked, ReconHold, State};
 use crate::store::{NOW, Rules};
 
 /// The steps the reconciler can take in `s`.
@@ -51,7 +54,7 @@ fn resume_at(s: &State, held: ReconHold) -> u8 {
         .as_ref()
         .filter(|st| st.record.token == held.token)
         .map_or(0, |st| {
-            u8::try_from(st.checkpoints.len()).expect("few checkpoints")
+            u8::try_from(st.record.checkpoints.len()).expect("few checkpoints")
         })
 }
 
@@ -75,7 +78,12 @@ pub fn step(rules: &Rules, s: &mut State, action: Action) {
     match action {
         Action::ReconcileCheck(key) => {
             let record = Rules::found(s, key).expect("a stale record");
-            s.recon.checked = Some((key, rules.request_of(&record.fingerprint)));
+            s.recon.checked = Some(Checked {
+                key,
+                request: rules.request_of(&record.fingerprint),
+                record: record.clone(),
+                read_at: NOW,
+            });
             if !rules.cfg.reconcile_reads_first {
                 take(rules, s);
             }
@@ -105,14 +113,31 @@ pub fn step(rules: &Rules, s: &mut State, action: Action) {
     }
 }
 
-/// The takeover claim of the record the reconciler checked: won from a stale holder, it holds
-/// it (one pass spent); won any other way (the record changed since it was read), it gives it
-/// straight back, unprobed, as `idem_core::Reconciler` does.
+/// The takeover claim of the record the reconciler checked, under the record's own expiry
+/// (`takeover_policy`; none once it has expired or the read is a lease old): won from a stale
+/// holder, it holds it (one pass spent); won any other way (the record changed since it was
+/// read), it gives it straight back, unprobed, as `idem_core::Reconciler` does. With
+/// `reconcile_own_expiry` off, the claim is the reconciler's before that rule: the callers'
+/// policy under takeover, whatever the record has left.
 fn take(rules: &Rules, s: &mut State) {
-    let (key, request) = s.recon.checked.take().expect("a checked record");
+    let checked = s.recon.checked.take().expect("a checked record");
+    let (key, request) = (checked.key, checked.request);
+    let policy = if rules.cfg.reconcile_own_expiry {
+        takeover_policy(&rules.policy, &checked.record, checked.read_at, NOW)
+    } else {
+        rules
+            .policy
+            .to_builder()
+            .stale(StalePolicy::Takeover)
+            .build()
+            .ok()
+    };
+    let Some(policy) = policy else {
+        return;
+    };
     let reconciler = u128::try_from(s.callers.len()).expect("few callers") + 1;
     let token_id = reconciler << 8 | u128::from(s.recon.claims);
-    let (answer, generation) = rules.claim(s, key, request, token_id, true);
+    let (answer, generation) = rules.claim(s, key, request, token_id, &policy);
     match answer {
         ClaimAnswer::Claimed {
             token,

@@ -124,7 +124,7 @@ pub fn summary(s: &State) -> String {
                     rel(r.lease_until),
                     rel(r.expires_at),
                     writer.map(|w| format!("{w:x}")),
-                    st.checkpoints.len()
+                    st.record.checkpoints.len()
                 )
             }
         };

@@ -46,8 +46,8 @@ pub enum Phase {
     /// A repeat waiting for the operation in flight to change (SPEC §5.2): it holds no lease
     /// and writes nothing.
     Waiting {
-        /// The state and token it saw.
-        seen: Option<(RecordState, Token)>,
+        /// The record it saw.
+        seen: Seen,
         /// When it stops waiting.
         until: Timestamp,
     },
@@ -79,11 +79,71 @@ pub struct Recon {
     pub passes_left: u8,
     /// Claims it has won.
     pub claims: u8,
-    /// The stale record it read back and is about to take over: key and request (the real
-    /// reconciler's `get`, then `claim`: two store calls, anything may happen between them).
-    pub checked: Option<(u8, u8)>,
+    /// The stale record it read back and is about to take over (the real reconciler's `get`,
+    /// then `claim`: two store calls, anything may happen between them).
+    pub checked: Option<Checked>,
     /// The record it holds, if any.
     pub holding: Option<ReconHold>,
+}
+
+/// A stale record the reconciler read back, to take over next. Compared by its key, its request,
+/// its expiry and when it was read: all the takeover reads of it.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The key.
+    pub key: u8,
+    /// The record's request.
+    pub request: u8,
+    /// The record as it was read (ticks move its instants, like the store's).
+    pub record: Record,
+    /// When it was read (ticks move it too).
+    pub read_at: Timestamp,
+}
+
+impl Checked {
+    fn cmp_key(&self) -> impl PartialEq + Hash + '_ {
+        (self.key, self.request, self.record.expires_at, self.read_at)
+    }
+}
+
+impl PartialEq for Checked {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp_key() == other.cmp_key()
+    }
+}
+
+impl Eq for Checked {}
+
+impl Hash for Checked {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.cmp_key().hash(state);
+    }
+}
+
+/// The record a waiting request saw (SPEC §5.2), compared, as `idem_core::wait::changed`
+/// compares it, by state, token, lease and last write only.
+#[derive(Debug, Clone)]
+pub struct Seen(pub Record);
+
+impl Seen {
+    fn cmp_key(&self) -> impl PartialEq + Hash + '_ {
+        let r = &self.0;
+        (r.state, r.token, r.lease_until, r.updated_at)
+    }
+}
+
+impl PartialEq for Seen {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp_key() == other.cmp_key()
+    }
+}
+
+impl Eq for Seen {}
+
+impl Hash for Seen {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.cmp_key().hash(state);
+    }
 }
 
 /// A record the reconciler took over.
@@ -99,17 +159,17 @@ pub struct ReconHold {
     pub generation: u8,
 }
 
-/// A stored record and its checkpoints (each kept as the token of the claim that wrote it).
+/// A stored record, with its checkpoints (each named by its step, its value the token id of the
+/// claim that saved it).
 ///
 /// Equality and hashing keep only what a rule can read, so that states which behave the same are
-/// one state: never `created_at` and `updated_at`; the lease only of a live `processing` record;
-/// of an expired record only its token's `seq` (a claim replacing it continues from there).
+/// one state: never `created_at` and `updated_at` (nor a checkpoint's `saved_at`); the lease only
+/// of a live `processing` record; of an expired record only its token's `seq` (a claim replacing
+/// it continues from there).
 #[derive(Debug, Clone)]
 pub struct Stored {
     /// The record, as `idem_core::machine` wrote it.
     pub record: Record,
-    /// The checkpoints, in order, by the token that saved each.
-    pub checkpoints: Vec<Token>,
 }
 
 impl Stored {
@@ -129,7 +189,10 @@ impl Stored {
                 r.attempt,
                 r.expires_at,
                 outcome,
-                &self.checkpoints,
+                r.checkpoints
+                    .iter()
+                    .map(|c| (c.name(), c.value()))
+                    .collect::<Vec<_>>(),
             )
         });
         (r.token.seq, lease, detail)

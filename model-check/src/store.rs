@@ -1,17 +1,21 @@
 //! The model's store: each operation runs `idem_core::machine`'s rule on the record the primary
 //! holds and writes what the rule says, to the primary and (when writes are acknowledged after
-//! the replica confirmed them) to the replica. The ghost variables are kept here too.
+//! the replica confirmed them) to the replica: claims, completions, releases, extends and
+//! checkpoints, and with them the checkpoints' lifetime (kept by a retry, a takeover, a release
+//! and a retryable outcome; dropped by completion and by a record that replaces an expired one).
+//! The ghost variables are kept here too.
 
 use std::time::Duration;
 
-use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer};
+use idem_core::machine::{
+    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer,
+};
 use idem_core::{
-    Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, ReleaseAnswer, Scope,
-    StalePolicy, Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, ReleaseAnswer,
+    Scope, Timestamp, Token,
 };
 
 use crate::config::{Config, Fencing, Replication};
-use crate::spec_rules;
 use crate::state::{Phase, State, Stored};
 
 /// "Now", always: the clock is relative. A tick moves every stored instant one tick into the
@@ -26,9 +30,8 @@ pub struct Rules {
     scope: Scope,
     keys: Vec<IdempotencyKey>,
     requests: Vec<Fingerprint>,
-    /// The callers' policy.
+    /// The callers' policy (the reconciler's too: it derives its takeover's from it).
     pub policy: Policy,
-    takeover: Policy,
     /// The earliest instant a tick keeps: anything earlier behaves the same (long past).
     floor: Timestamp,
 }
@@ -43,7 +46,6 @@ impl Rules {
             .stale(cfg.stale)
             .build()
             .expect("a lease of at least one tick and a ttl above it");
-        let takeover = policy.to_builder().stale(StalePolicy::Takeover).build();
         let horizon = cfg.ttl.unwrap_or(cfg.lease).max(cfg.lease) + 2;
         Self {
             scope: Scope::new("tenant/tool").expect("a valid scope"),
@@ -54,7 +56,6 @@ impl Rules {
                 .map(|r| Fingerprint::of_bytes(format!("request-{r}").as_bytes()))
                 .collect(),
             policy,
-            takeover: takeover.expect("the same policy with takeover"),
             floor: NOW - ms(horizon),
             cfg,
         }
@@ -114,22 +115,17 @@ impl Rules {
         }
     }
 
-    /// `claim` (with the takeover policy for the reconciler). Returns the answer and the
-    /// operation's generation of a won claim.
+    /// `claim` under `policy` (the callers', or the reconciler's takeover policy). Returns the
+    /// answer and the operation's generation of a won claim.
     pub fn claim(
         &self,
         s: &mut State,
         key: u8,
         request: u8,
         token_id: u128,
-        takeover: bool,
+        policy: &Policy,
     ) -> (ClaimAnswer, u8) {
         let k = usize::from(key);
-        let policy = if takeover {
-            &self.takeover
-        } else {
-            &self.policy
-        };
         let req = ClaimRequest {
             scope: &self.scope,
             key: &self.keys[k],
@@ -137,23 +133,12 @@ impl Rules {
             token_id,
         };
         let t = machine::claim(Self::found(s, key), req, NOW, policy);
-        if let (Some(record), ClaimAnswer::Claimed { kind, .. }) = (t.write, &t.answer) {
-            let checkpoints = match &s.primary[k] {
-                Some(old) if spec_rules::keeps_checkpoints(*kind) => old.checkpoints.clone(),
-                _ => Vec::new(),
-            };
+        if let Some(record) = t.write {
             if s.ghost.acknowledged_expiry[k].is_none_or(|e| NOW >= e) {
                 s.ghost.generation[k] += 1;
             }
             s.ghost.open[k] = true;
-            self.write(
-                s,
-                key,
-                Some(Stored {
-                    record,
-                    checkpoints,
-                }),
-            );
+            self.write(s, key, Some(Stored { record }));
         }
         (t.answer, s.ghost.generation[k])
     }
@@ -172,10 +157,6 @@ impl Rules {
             .expect("a small outcome");
         if let Some(record) = t.write {
             Self::note_writer(s, key, token);
-            let checkpoints = match &s.primary[k] {
-                Some(old) if spec_rules::checkpoints_survive(t.answer) => old.checkpoints.clone(),
-                _ => Vec::new(),
-            };
             if record.state == RecordState::Completed {
                 let generation = s.ghost.generation[k];
                 if s.ghost.first(key, generation).is_none() {
@@ -184,73 +165,51 @@ impl Rules {
                 }
             }
             s.ghost.open[k] = false;
-            self.write(
-                s,
-                key,
-                Some(Stored {
-                    record,
-                    checkpoints,
-                }),
-            );
+            self.write(s, key, Some(Stored { record }));
         }
         t.answer
     }
 
     /// `release` by the holder of `token`.
     pub fn release(&self, s: &mut State, key: u8, token: Token) -> ReleaseAnswer {
-        let k = usize::from(key);
         let fenced = self.fence(s, key, token);
         let t = machine::release(Self::found(s, key), fenced, NOW);
         if let Some(record) = t.write {
             Self::note_writer(s, key, token);
-            let checkpoints = s.primary[k].as_ref().map(|o| o.checkpoints.clone());
-            s.ghost.open[k] = false;
-            let checkpoints = checkpoints.unwrap_or_default();
-            self.write(
-                s,
-                key,
-                Some(Stored {
-                    record,
-                    checkpoints,
-                }),
-            );
+            s.ghost.open[usize::from(key)] = false;
+            self.write(s, key, Some(Stored { record }));
         }
         t.answer
     }
 
     /// `extend` by one lease, by the holder of `token`.
     pub fn extend(&self, s: &mut State, key: u8, token: Token) -> ExtendAnswer {
-        let k = usize::from(key);
         let fenced = self.fence(s, key, token);
         let lease = self.policy.lease();
         let t = machine::extend(Self::found(s, key), fenced, lease, NOW).expect("a lease");
         if let Some(record) = t.write {
             Self::note_writer(s, key, token);
-            let checkpoints = s.primary[k].as_ref().map(|o| o.checkpoints.clone());
-            let checkpoints = checkpoints.unwrap_or_default();
-            self.write(
-                s,
-                key,
-                Some(Stored {
-                    record,
-                    checkpoints,
-                }),
-            );
+            self.write(s, key, Some(Stored { record }));
         }
         t.answer
     }
 
-    /// `checkpoint` by the holder of `token` ([`spec_rules::checkpoint`]): whether it was saved.
+    /// `checkpoint` by the holder of `token` (`machine::checkpoint`): the next step, named by
+    /// its index, its value the token of the claim that saved it. Whether it was saved.
     pub fn checkpoint(&self, s: &mut State, key: u8, token: Token) -> bool {
         let fenced = self.fence(s, key, token);
-        if !spec_rules::checkpoint(Self::found(s, key), fenced, NOW) {
+        let found = Self::found(s, key);
+        let step = found.map_or(0, |r| r.checkpoints.len());
+        let checkpoint = Checkpoint::new(format!("step-{step}"), format!("\"{}\"", token.id), NOW)
+            .expect("a JSON string");
+        let t = machine::checkpoint(found, fenced, &checkpoint, &self.policy)
+            .expect("a small checkpoint");
+        let Some(record) = t.write else {
             return false;
-        }
+        };
         Self::note_writer(s, key, token);
-        let mut stored = s.primary[usize::from(key)].clone().expect("a held record");
-        stored.checkpoints.push(token);
-        self.write(s, key, Some(stored));
-        true
+        self.write(s, key, Some(Stored { record }));
+        t.answer == CheckpointAnswer::Saved
     }
 
     /// `purge_expired` for one key: deletes its record if it has expired.
@@ -298,9 +257,17 @@ impl Rules {
         for e in s.ghost.acknowledged_expiry.iter_mut().flatten() {
             passed(e);
         }
+        if let Some(checked) = &mut s.recon.checked {
+            back(&mut checked.record.expires_at);
+            back(&mut checked.read_at);
+        }
         for c in &mut s.callers {
             match &mut c.phase {
-                Phase::Waiting { until, .. } => passed(until),
+                Phase::Waiting { seen, until } => {
+                    back(&mut seen.0.lease_until);
+                    back(&mut seen.0.updated_at);
+                    passed(until);
+                }
                 Phase::Holding(h) => passed(&mut h.lease_until),
                 Phase::Idle => {}
             }

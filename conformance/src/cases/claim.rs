@@ -142,6 +142,23 @@ pub async fn claim_stale_under_takeover_claims_next_token(h: Harness) {
         (token, 2, RecordState::Processing)
     );
     assert_eq!(r.lease_until, h.now() + LEASE, "a new lease");
+    assert_eq!(r.expires_at, h.now() + TTL, "expires_at = now + ttl");
+    // Under the ttl the record has left (the reconciler's takeover), the expiry stays where it
+    // was: a takeover writes `now + ttl` as given, never more.
+    h.advance(LEASE + Duration::from_secs(1));
+    let left = r.expires_at.saturating_since(h.now());
+    let own = takeover().to_builder().ttl(left).build().unwrap();
+    let answer = store
+        .claim(&scope, &key, &fp("a"), &own, h.now())
+        .await
+        .unwrap();
+    let (again, _, _) = won(&answer, "lease elapsed again, under the ttl left");
+    let r2 = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (r2.token, r2.expires_at),
+        (again, r.expires_at),
+        "expiry kept"
+    );
 }
 
 /// `completed` → `Replay(outcome)`, no write, whatever the lease or policy.
