@@ -1,6 +1,6 @@
 //! The steps the model can take.
 
-/// What the probe answers (SPEC §6: "did this happen?").
+/// What the probe answers ([contract §6](idem_core::contract#beyond-one-call): "did this happen?").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Finding {
     /// The step it was asked about happened downstream.
@@ -16,11 +16,11 @@ pub enum Finding {
 pub enum Action {
     /// Caller `i` calls: it claims (executor: `claim`).
     Call(u8),
-    /// Waiting caller `i` re-reads and claims like any retry (SPEC §5.2).
+    /// Waiting caller `i` re-reads and claims like any retry ([contract §5.2](idem_core::contract#waiting)).
     Wake(u8),
     /// Holder `i` runs its next effect downstream.
     Effect(u8),
-    /// Holder `i` saves a checkpoint after an effect (SPEC §6.1).
+    /// Holder `i` saves a checkpoint after an effect ([contract §6.1](idem_core::contract#checkpoints)).
     Checkpoint(u8),
     /// Holder `i` renews its lease (a heartbeat).
     Extend(u8),

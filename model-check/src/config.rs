@@ -14,7 +14,7 @@ pub struct CallerSpec {
     pub calls: u8,
 }
 
-/// When the store acknowledges a write (SPEC §6.1, "Failover").
+/// When the store acknowledges a write ([contract §6.1](idem_core::contract#checkpoints), "Failover").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Replication {
     /// After the replica confirmed it (Redis `WAIT`, PostgreSQL synchronous standby): a failover
@@ -66,12 +66,12 @@ pub struct Config {
     pub failovers: u8,
     /// When the store acknowledges writes.
     pub replication: Replication,
-    /// Whether holders never start an effect after the lease they know of ended (SPEC §7:
+    /// Whether holders never start an effect after the lease they know of ended ([contract §7](idem_core::contract#traps):
     /// heartbeat with `extend` and stop when the claim is lost).
     pub honour_lease: bool,
-    /// Whether holders save a checkpoint after each effect but the last (SPEC §6.1).
+    /// Whether holders save a checkpoint after each effect but the last ([contract §6.1](idem_core::contract#checkpoints)).
     pub checkpoints: bool,
-    /// Whether a repeat that finds the operation in flight waits for a change (SPEC §5.2).
+    /// Whether a repeat that finds the operation in flight waits for a change ([contract §5.2](idem_core::contract#waiting)).
     pub waiting: bool,
     /// Whether an attempt may fail with a retryable outcome before its first effect.
     pub retryable: bool,

@@ -1,4 +1,4 @@
-//! The idem protocol, model-checked (SPEC §3, last paragraph; `docs/model-check.md`).
+//! The idem protocol, model-checked ([contract §3](idem_core::contract#guarantees), last paragraph; `docs/model-check.md`).
 //!
 //! [`ProtocolModel`] puts 2–3 callers running the executor's steps, a reconciler, a store that
 //! may fail over, and a clock into one [`stateright::Model`]. Every transition of a record is

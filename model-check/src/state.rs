@@ -5,7 +5,9 @@ use std::hash::{Hash, Hasher};
 
 use idem_core::{Record, RecordState, Timestamp, Token};
 
-use crate::store::NOW;
+/// "Now", always: the clock is relative. A tick moves every stored instant one tick into the
+/// past instead of moving now forward (the store's `Rules::tick`).
+pub const NOW: Timestamp = Timestamp::from_millis(1_000_000);
 
 /// One state of the whole system.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -43,7 +45,7 @@ pub struct Caller {
 pub enum Phase {
     /// Between calls (or done, when no call is left).
     Idle,
-    /// A repeat waiting for the operation in flight to change (SPEC §5.2): it holds no lease
+    /// A repeat waiting for the operation in flight to change ([contract §5.2](idem_core::contract#waiting)): it holds no lease
     /// and writes nothing.
     Waiting {
         /// The record it saw.
@@ -120,7 +122,7 @@ impl Hash for Checked {
     }
 }
 
-/// The record a waiting request saw (SPEC §5.2), compared, as `idem_core::wait::changed`
+/// The record a waiting request saw ([contract §5.2](idem_core::contract#waiting)), compared, as `idem_core::wait::changed`
 /// compares it, by state, token, lease and last write only.
 #[derive(Debug, Clone)]
 pub struct Seen(pub Record);

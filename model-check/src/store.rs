@@ -18,9 +18,7 @@ use idem_core::{
 use crate::config::{Config, Fencing, Replication};
 use crate::state::{Phase, State, Stored};
 
-/// "Now", always: the clock is relative. A tick moves every stored instant one tick into the
-/// past instead of moving now forward (see [`Rules::tick`]).
-pub const NOW: Timestamp = Timestamp::from_millis(1_000_000);
+pub use crate::state::NOW;
 
 /// The fixed parts of a model: names, policies, and the store operations over them.
 #[derive(Debug, Clone)]

@@ -142,7 +142,7 @@ fn model_check_two_effects_without_checkpoints_are_never_run_twice_but_can_stay_
     holds("two effects, no checkpoints", cfg.clone());
     // Half done and crashed: the probe cannot say "found" or "not found", nothing may guess,
     // and the record stays `processing` until it expires (the documented reason for
-    // checkpoints, SPEC §6.1).
+    // checkpoints, idem_core::contract §6.1).
     let l = settles("two effects, no checkpoints, crash, reconcile", cfg);
     let trap = l.trap.expect("a half-done operation that cannot settle");
     println!("trap: {trap:?}");
