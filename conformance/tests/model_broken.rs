@@ -29,6 +29,11 @@ fn the_model_catches_every_broken_store() {
         if defect == broken::Defect::SpacesDroppedAddress {
             continue;
         }
+        // The model compares the answers of store operations with the rules; a store that never
+        // wakes a waiter answers every operation right. The suite's wait cases catch it.
+        if defect == broken::Defect::NeverWakes {
+            continue;
+        }
         // Each call a fresh namespace: a new, empty map.
         match check_model(move || broken::factory(defect)(), &config) {
             Ok(stats) => missed.push(format!("{defect:?} passed the model test ({stats:?})")),
