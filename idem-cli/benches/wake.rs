@@ -95,13 +95,21 @@ async fn backends() -> Vec<(&'static str, Pair, Pair)> {
             s.migrate().await.unwrap();
             Arc::new(s) as Arc<dyn KeyStore>
         };
-        out.push(("postgres", (pg().await, pg().await), (pg().await, pg().await)));
+        out.push((
+            "postgres",
+            (pg().await, pg().await),
+            (pg().await, pg().await),
+        ));
     }
     if let Ok(url) = std::env::var("IDEM_TEST_REDIS_URL") {
         use idemkit::redis::RedisStore;
         let prefix = format!("idem-wake-bench-{}", std::process::id());
         let r = || async {
-            let s = RedisStore::connect(&url).await.unwrap().with_prefix(&prefix).unwrap();
+            let s = RedisStore::connect(&url)
+                .await
+                .unwrap()
+                .with_prefix(&prefix)
+                .unwrap();
             Arc::new(s) as Arc<dyn KeyStore>
         };
         out.push(("redis", (r().await, r().await), (r().await, r().await)));

@@ -274,7 +274,7 @@ impl RedisStore {
             .map_err(invalid_config)?;
         let mut store = Self::from_cluster_client(client).await?;
         store.endpoints = Arc::from(endpoints);
-        store.hub = Arc::new(Hub::new(Source::Cluster(subscriber)));
+        store.hub = Arc::new(Hub::new(Source::Cluster(Box::new(subscriber))));
         Ok(store)
     }
 
@@ -290,7 +290,7 @@ impl RedisStore {
         Ok(Self::new(
             Conn::Cluster(conn),
             vec!["cluster".to_owned()],
-            Source::Cluster(client),
+            Source::Cluster(Box::new(client)),
         ))
     }
 

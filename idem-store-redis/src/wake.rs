@@ -43,9 +43,9 @@ pub(crate) enum Source {
     /// No client: waits poll.
     None,
     /// A standalone server: this client, set to RESP3.
-    Single(redis::Client),
+    Single(Box<redis::Client>),
     /// A cluster: this client (RESP3, or subscriptions fail and waits poll).
-    Cluster(ClusterClient),
+    Cluster(Box<ClusterClient>),
 }
 
 impl Source {
@@ -57,7 +57,7 @@ impl Source {
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
         match redis::Client::open(info.set_redis_settings(redis)) {
-            Ok(client) => Self::Single(client),
+            Ok(client) => Self::Single(Box::new(client)),
             Err(_) => Self::None,
         }
     }
@@ -142,7 +142,7 @@ impl Hub {
                 let made = match &self.source {
                     Source::None => return Err(None),
                     Source::Single(client) => ConnectionManager::new_with_config(
-                        client.clone(),
+                        (**client).clone(),
                         RedisStore::default_connection_config().set_push_sender(push),
                     )
                     .await
