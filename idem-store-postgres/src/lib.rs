@@ -9,6 +9,7 @@ mod ops;
 mod row;
 mod schema;
 mod store;
+mod wake;
 
 use std::fmt;
 use std::sync::Arc;
@@ -44,12 +45,17 @@ use schema::{MIGRATIONS, Statements};
 /// - [`PostgresStore::complete_in`] completes inside the caller's transaction, so the
 ///   business write and the record commit together.
 /// - Time always comes from the caller's `now`; the server's clock is never consulted.
+/// - A request waiting for an in-flight answer is woken by `LISTEN/NOTIFY`: completion, release
+///   and takeover notify in their own statement (so at commit), and the store listens on one
+///   connection of its own, opened at the first wait. See [`PostgresStore::with_notifications`].
 ///
 /// Clones share the pool.
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
     sql: Arc<Statements>,
+    hub: Arc<wake::Hub>,
+    notifications: bool,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -59,6 +65,7 @@ impl fmt::Debug for PostgresStore {
             .field("table", &self.sql.qualified)
             .field("pool_size", &self.pool.size())
             .field("pool_idle", &self.pool.num_idle())
+            .field("notifications", &self.notifications)
             .finish_non_exhaustive()
     }
 }
@@ -72,10 +79,10 @@ impl PostgresStore {
     /// A store on `pool`, in table `public.idem_records`. Call [`PostgresStore::migrate`] once
     /// before use.
     pub fn new(pool: PgPool) -> Self {
-        Self {
+        Self::on(
             pool,
-            sql: Arc::new(Statements::new(Self::DEFAULT_SCHEMA, Self::DEFAULT_TABLE)),
-        }
+            Statements::new(Self::DEFAULT_SCHEMA, Self::DEFAULT_TABLE),
+        )
     }
 
     /// A store on `pool`, in table `schema.table`. Both names must be 1 to
@@ -84,10 +91,40 @@ impl PostgresStore {
     pub fn with_table(pool: PgPool, schema: &str, table: &str) -> Result<Self, InvalidIdentifier> {
         check_identifier("schema", schema)?;
         check_identifier("table", table)?;
-        Ok(Self {
+        Ok(Self::on(pool, Statements::new(schema, table)))
+    }
+
+    fn on(pool: PgPool, sql: Statements) -> Self {
+        Self {
             pool,
-            sql: Arc::new(Statements::new(schema, table)),
-        })
+            sql: Arc::new(sql),
+            hub: Arc::default(),
+            notifications: true,
+        }
+    }
+
+    /// Whether a request waiting for an in-flight answer is woken by `LISTEN` (the default) or
+    /// polls the record (`false`). `LISTEN` needs a session of its own, which the store opens on
+    /// the pool's connection options at the first wait, outside the pool. Turn it off where a
+    /// session cannot listen: behind PgBouncer in transaction or statement pooling mode (its
+    /// `LISTEN` succeeds but nothing is ever heard), or where one more connection per process is
+    /// too many. Writes notify either way, so processes that listen are still woken.
+    pub fn with_notifications(mut self, enabled: bool) -> Self {
+        self.notifications = enabled;
+        self
+    }
+
+    /// How many waits are registered for a notification right now (one per waited key in this
+    /// process, however many requests wait on it). For tests.
+    #[doc(hidden)]
+    pub fn wait_subscriptions(&self) -> usize {
+        self.hub.subscriptions()
+    }
+
+    /// How many `LISTEN` connections this store (and its clones) opened. For tests.
+    #[doc(hidden)]
+    pub fn listen_connections_opened(&self) -> usize {
+        self.hub.listeners_opened()
     }
 
     /// Connects a pool of up to 10 connections to `url` (`postgres://user:pass@host/db`) and

@@ -38,6 +38,7 @@ impl PostgresStore {
             .bind(outcome.body())
             .bind(outcome.class().as_str())
             .bind(ts(now + policy.ttl()))
+            .bind(self.payload(scope, key))
             .execute(executor)
             .await?
             .rows_affected();
@@ -46,6 +47,11 @@ impl PostgresStore {
             (_, RecordState::Completed) => CompleteAnswer::Completed,
             _ => CompleteAnswer::MarkedRetryable,
         })
+    }
+
+    /// What a write of (scope, key) notifies its waiters with ([`crate::wake`]).
+    pub(crate) fn payload(&self, scope: &Scope, key: &IdempotencyKey) -> String {
+        crate::wake::payload(&self.sql.qualified, scope, key)
     }
 
     pub(crate) async fn read(
@@ -105,19 +111,27 @@ impl PostgresStore {
         let Some(write) = decided.write else {
             return Ok(Some(decided.answer)); // replay, in flight, mismatch: nothing written
         };
-        let replaced = bind_record(sqlx::query(self.sql.replace.clone()), &write)
+        // Replacing a `processing` record (a takeover, an expired record) wakes its waiters.
+        let notify = found.state == RecordState::Processing;
+        let sql = if notify {
+            &self.sql.replace_notify
+        } else {
+            &self.sql.replace
+        };
+        let mut replace = bind_record(sqlx::query(sql.clone()), &write)
             .bind(big(found.token.seq))
             .bind(found.token.id_hex())
             .bind(found.state.as_str())
             .bind(ts(found.lease_until))
-            .bind(ts(found.expires_at))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
+            .bind(ts(found.expires_at));
+        if notify {
+            replace = replace.bind(self.payload(req.scope, req.key));
+        }
+        let replaced = replace.execute(&mut *conn).await?.rows_affected();
         Ok((replaced == 1).then_some(decided.answer))
     }
 
-    #[allow(clippy::too_many_arguments)] // the address, the token and time, and one extra value
+    /// A fenced update that notifies the record's waiters (`$6`, the wake-up payload).
     pub(crate) async fn fenced_update(
         &self,
         op: &'static str,
@@ -126,19 +140,17 @@ impl PostgresStore {
         key: &IdempotencyKey,
         token: Token,
         now: Timestamp,
-        extra: Option<i64>,
     ) -> Result<bool, StoreError> {
+        let payload = self.payload(scope, key);
         let updated = retry_conflicts(op, || {
-            let mut query = sqlx::query(sql.clone())
+            sqlx::query(sql.clone())
                 .bind(scope.as_str())
                 .bind(key.as_str())
                 .bind(big(token.seq))
                 .bind(token.id_hex())
-                .bind(ts(now));
-            if let Some(extra) = extra {
-                query = query.bind(extra);
-            }
-            query.execute(&self.pool)
+                .bind(ts(now))
+                .bind(payload.as_str())
+                .execute(&self.pool)
         })
         .await?
         .rows_affected();

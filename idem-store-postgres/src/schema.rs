@@ -91,6 +91,7 @@ pub(crate) struct Statements {
     pub(crate) insert: SqlStr,
     pub(crate) select_any: SqlStr,
     pub(crate) replace: SqlStr,
+    pub(crate) replace_notify: SqlStr,
     pub(crate) complete: SqlStr,
     pub(crate) checkpoint: SqlStr,
     pub(crate) release: SqlStr,
@@ -98,6 +99,16 @@ pub(crate) struct Statements {
     pub(crate) get: SqlStr,
     pub(crate) list_in_flight: SqlStr,
     pub(crate) purge: SqlStr,
+}
+
+/// `update` (an `UPDATE` without `RETURNING`) as one statement that also notifies
+/// [`wake::CHANNEL`](crate::wake::CHANNEL) with the payload bound at `$payload` for each row it
+/// updated; its rows affected are still the rows updated (`SELECT n`).
+fn notifying(update: &str, payload: usize) -> String {
+    format!(
+        "WITH done AS ({update} RETURNING 1) SELECT pg_notify('{}', ${payload}) FROM done",
+        crate::wake::CHANNEL
+    )
 }
 
 /// SQL built from checked identifiers only (values are bind parameters), which is what sqlx's
@@ -131,13 +142,23 @@ impl Statements {
              WHERE scope = $1 AND key = $2 AND token_seq = $16 AND token_id = $17 AND state = $18 \
              AND lease_until = $19 AND expires_at = $20"
         );
+        // A claim that replaces a `processing` record (a takeover, or an expired one replaced)
+        // changes what a waiter saw: the same compare-and-set, notifying in its statement.
+        let replace_notify = notifying(&replace, 21);
         let held = "scope = $1 AND key = $2 AND state = 'processing' AND token_seq = $3 \
                     AND token_id = $4 AND expires_at > $5";
         // A completed record's checkpoints end with it; a `failed_retryable` one keeps them.
-        let complete = format!(
-            "UPDATE {t} SET state = $6, outcome_status = $7, outcome_body = $8, outcome_class = $9, \
-             updated_at = $5, expires_at = $10, \
-             checkpoints = CASE WHEN $6 = 'completed' THEN NULL ELSE checkpoints END WHERE {held}"
+        // Completion and release notify the waiters (`crate::wake`) in the same statement, so in
+        // the same transaction: a waiter wakes once the write is committed (for `complete_in`,
+        // once the caller commits), and a write that changed nothing (fenced) notifies nobody.
+        let complete = notifying(
+            &format!(
+                "UPDATE {t} SET state = $6, outcome_status = $7, outcome_body = $8, \
+                 outcome_class = $9, updated_at = $5, expires_at = $10, \
+                 checkpoints = CASE WHEN $6 = 'completed' THEN NULL ELSE checkpoints END \
+                 WHERE {held}"
+            ),
+            11,
         );
         // machine::checkpoint in one fenced statement: the item $6 is appended to the JSON
         // array, or starts it.
@@ -146,9 +167,12 @@ impl Statements {
              WHEN checkpoints IS NULL OR checkpoints = '[]' THEN '[' || $6::text || ']' \
              ELSE left(checkpoints, -1) || ',' || $6::text || ']' END WHERE {held}"
         );
-        let release = format!(
-            "UPDATE {t} SET state = 'failed_retryable', outcome_status = NULL, outcome_body = NULL, \
-             outcome_class = NULL, updated_at = $5 WHERE {held}"
+        let release = notifying(
+            &format!(
+                "UPDATE {t} SET state = 'failed_retryable', outcome_status = NULL, \
+                 outcome_body = NULL, outcome_class = NULL, updated_at = $5 WHERE {held}"
+            ),
+            6,
         );
         // machine::extend: the later lease deadline wins (never shortened), and
         // machine::extended_expiry, with the sum done in numeric and capped at BIGINT's top
@@ -182,6 +206,7 @@ impl Statements {
             insert: trusted(insert),
             select_any: trusted(select_any),
             replace: trusted(replace),
+            replace_notify: trusted(replace_notify),
             complete: trusted(complete),
             checkpoint: trusted(checkpoint),
             release: trusted(release),

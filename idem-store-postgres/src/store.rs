@@ -7,8 +7,9 @@ use std::time::Duration;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
+use idem_core::wait::Timer;
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
     RecordState, Scope, StoreError, Timestamp, Token, async_trait,
 };
 
@@ -72,7 +73,7 @@ impl KeyStore for PostgresStore {
         let sql = &self.sql.release;
         Ok(
             if self
-                .fenced_update("release", sql, scope, key, token, now, None)
+                .fenced_update("release", sql, scope, key, token, now)
                 .await?
             {
                 ReleaseAnswer::Released
@@ -250,5 +251,16 @@ impl KeyStore for PostgresStore {
 
     fn supports_checkpoints(&self) -> bool {
         true
+    }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        crate::wake::wait_for_change(self, scope, key, seen, clock, timer).await
     }
 }

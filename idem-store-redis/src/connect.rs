@@ -10,6 +10,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 use crate::error::classify;
+use crate::wake::{Hub, Source};
 use crate::{RedisStore, durability};
 
 /// A reconnecting, multiplexed connection to a standalone server or to a cluster.
@@ -176,10 +177,11 @@ impl RedisStore {
     ) -> Result<Self, StoreError> {
         ensure_crypto_provider();
         let endpoints = vec![endpoint(client.get_connection_info())];
+        let source = Source::single(&client);
         let manager = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| classify("connect", e))?;
-        Ok(Self::new(Conn::Single(manager), endpoints))
+        Ok(Self::new(Conn::Single(manager), endpoints, source))
     }
 
     /// Connects to a Redis Cluster through any of its nodes, e.g. `["redis://10.0.0.1:7000",
@@ -193,8 +195,10 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let (builder, endpoints) = Self::cluster_builder(urls)?;
-        Self::connect_cluster_with(builder, endpoints).await
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let (builder, endpoints) = Self::cluster_builder(&urls)?;
+        let (subscriber, _) = Self::cluster_builder(&urls)?;
+        Self::connect_cluster_with(builder, subscriber, endpoints).await
     }
 
     /// [`RedisStore::connect_cluster`] over TLS (`rediss://` URLs), trusting only the CA
@@ -218,12 +222,18 @@ impl RedisStore {
             )?;
         }
         let pem = read_ca_file(ca_file.as_ref())?;
-        let (builder, endpoints) = Self::cluster_builder(urls)?;
-        let builder = builder.certs(redis::TlsCertificates {
+        let certs = redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(pem),
-        });
-        Self::connect_cluster_with(builder, endpoints).await
+        };
+        let (builder, endpoints) = Self::cluster_builder(&urls)?;
+        let (subscriber, _) = Self::cluster_builder(&urls)?;
+        Self::connect_cluster_with(
+            builder.certs(certs.clone()),
+            subscriber.certs(certs),
+            endpoints,
+        )
+        .await
     }
 
     /// The builder [`RedisStore::connect_cluster`] uses, and the nodes' `host:port`s.
@@ -250,32 +260,52 @@ impl RedisStore {
         Ok((builder, endpoints))
     }
 
+    /// A store on the cluster `builder` reaches, subscribing (to wake waiting requests) through
+    /// `subscriber`, the same settings, set here to RESP3.
     async fn connect_cluster_with(
         builder: redis::cluster::ClusterClientBuilder,
+        subscriber: redis::cluster::ClusterClientBuilder,
         endpoints: Vec<String>,
     ) -> Result<Self, StoreError> {
         let client = builder.build().map_err(invalid_config)?;
+        let subscriber = subscriber
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .build()
+            .map_err(invalid_config)?;
         let mut store = Self::from_cluster_client(client).await?;
         store.endpoints = Arc::from(endpoints);
+        store.hub = Arc::new(Hub::new(Source::Cluster(Box::new(subscriber))));
         Ok(store)
     }
 
-    /// A store on a cluster through `client`'s multiplexed, reconnecting connection.
+    /// A store on a cluster through `client`'s multiplexed, reconnecting connection. Requests
+    /// waiting for an in-flight answer are woken by sharded pub/sub only if `client` speaks
+    /// RESP3 (`use_protocol`); otherwise they poll.
     pub async fn from_cluster_client(client: ClusterClient) -> Result<Self, StoreError> {
         ensure_crypto_provider();
         let conn = client
             .get_async_connection()
             .await
             .map_err(|e| classify("connect", e))?;
-        Ok(Self::new(Conn::Cluster(conn), vec!["cluster".to_owned()]))
+        Ok(Self::new(
+            Conn::Cluster(conn),
+            vec!["cluster".to_owned()],
+            Source::Cluster(Box::new(client)),
+        ))
     }
 
-    /// A store on a [`ConnectionManager`] the caller made.
+    /// A store on a [`ConnectionManager`] the caller made. With no client to subscribe with,
+    /// requests waiting for an in-flight answer poll the record; [`RedisStore::from_client`]
+    /// wakes them by pub/sub.
     pub fn from_connection_manager(manager: ConnectionManager) -> Self {
-        Self::new(Conn::Single(manager), vec!["standalone".to_owned()])
+        Self::new(
+            Conn::Single(manager),
+            vec!["standalone".to_owned()],
+            Source::None,
+        )
     }
 
-    fn new(conn: Conn, endpoints: Vec<String>) -> Self {
+    fn new(conn: Conn, endpoints: Vec<String>, source: Source) -> Self {
         Self {
             conn,
             prefix: Arc::from(Self::DEFAULT_PREFIX),
@@ -283,6 +313,7 @@ impl RedisStore {
             endpoints: endpoints.into(),
             wait: None,
             waitaof: durability::waitaof_cell(),
+            hub: Arc::new(Hub::new(source)),
         }
     }
 }

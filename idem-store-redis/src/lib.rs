@@ -9,9 +9,11 @@ mod keys;
 mod list;
 mod maintenance;
 mod purge;
+mod purge_scripts;
 mod record;
 mod scripts;
 mod store;
+mod wake;
 
 use std::fmt;
 use std::sync::Arc;
@@ -39,6 +41,10 @@ const MAX_NATIVE_TTL_MS: u64 = 1 << 53;
 /// - Native expiry (`PEXPIRE`, relative, `ttl + gc margin`) only collects garbage; it never
 ///   decides whether a record exists.
 ///
+/// - A request waiting for an in-flight answer is woken by pub/sub: completion, release and
+///   takeover publish on the record's channel (`SPUBLISH` on a cluster), and the store subscribes
+///   on one connection of its own, made at the first wait.
+///
 /// Clones share the connection. See the crate documentation for the layout and the durability
 /// trade-offs.
 #[derive(Clone)]
@@ -49,6 +55,7 @@ pub struct RedisStore {
     endpoints: Arc<[String]>,
     wait: Option<WaitForReplicas>,
     waitaof: Arc<durability::WaitAofSupport>,
+    hub: Arc<wake::Hub>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -112,6 +119,19 @@ impl RedisStore {
     fn native_ttl(&self, ttl: Duration) -> Option<u64> {
         let ms = millis(ttl).saturating_add(millis(self.gc_margin));
         (ms < MAX_NATIVE_TTL_MS).then_some(ms)
+    }
+
+    /// How many waits are subscribed right now (one per waited key in this process, however
+    /// many requests wait on it). For tests.
+    #[doc(hidden)]
+    pub fn wait_subscriptions(&self) -> usize {
+        self.hub.subscriptions()
+    }
+
+    /// How many subscriber connections this store (and its clones) made. For tests.
+    #[doc(hidden)]
+    pub fn subscriber_connections_opened(&self) -> usize {
+        self.hub.subscribers_opened()
     }
 
     fn conn(&self) -> Conn {

@@ -14,7 +14,7 @@ impl RedisStore {
     /// warnings do not fail it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
-        for script in scripts::all() {
+        for script in scripts::all(self.is_cluster()) {
             script
                 .prepare_invoke()
                 .load_async(&mut conn)

@@ -6,7 +6,7 @@ use idem_core::{StoreError, Timestamp};
 use crate::RedisStore;
 use crate::error::classify;
 use crate::keys::{BUCKETS, BucketKeys, slice_of};
-use crate::scripts::{PURGE_SCRIPT, PURGE_SLICE_SCRIPT};
+use crate::purge_scripts::{PURGE_SCRIPT, PURGE_SLICE_SCRIPT};
 
 /// How many index entries one `purge_expired` script handles at most. A script blocks the
 /// server while it runs (about 8 µs an entry: a read and three deletes), so this bounds how long

@@ -18,6 +18,10 @@
 //!   leaves the entry alone; only a new record, or an earlier `expires_at`, appends one. A slice
 //!   is in the registry exactly while its list exists: the append that creates the list
 //!   registers it, the purge that empties it removes it.
+//! - Completion, release and a claim that replaces a `processing` record publish an empty message
+//!   on the channel named like the record's key (`KEYS[1]`), so the requests waiting on it wake
+//!   (`wake.rs`); on a cluster the sharded variant (`SPUBLISH`, Redis 7), whose channel lives in
+//!   the key's slot. An extension and a checkpoint do not: the record stays `processing`.
 //! - A record's index entry (its member) is the tail of its key, `KEYS[1]` from `#KEYS[2] - 2`
 //!   on (`<base>:r:<member>` against the lease index `<base>:lease`): it is not sent.
 //!
@@ -177,6 +181,8 @@ local function write(kind, fp, ca, newseq, att, rec)
   if not rec or tonumber(ea_new) < (tonumber(rec.ea) or 0) then push(mb) end
   redis.call('ZADD', KEYS[2], lu_new, mb)
   gc(KEYS[1], ttl)
+  -- Replacing a processing record (a takeover, an expired one) wakes its waiters.
+  if rec and rec.st == 'p' then redis.call('PUBLISH', KEYS[1], '') end
   return {ok = newseq .. '|' .. att .. '|' .. kind}
 end
 if not m and not r[3] then return write('n', ARGV[1], ARGV[2], '1', '1', nil) end
@@ -240,6 +246,7 @@ if m and string.byte(m) == 112 and string.find(m, ARGV[4], 67, true) == 67
     end
     redis.call('ZREM', KEYS[2], mb)
     if ARGV[8] == '' then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
+    redis.call('PUBLISH', KEYS[1], '')
     -- A completed record's checkpoints end with it; a failed_retryable one keeps them.
     if ARGV[5] == 'c' then
       redis.call('HDEL', KEYS[1], 'c')
@@ -268,6 +275,7 @@ local mb = member()
 if tonumber(ARGV[7]) < tonumber(rec.ea) then push(mb) end
 redis.call('ZREM', KEYS[2], mb)
 gc(KEYS[1], ARGV[8])
+redis.call('PUBLISH', KEYS[1], '')
 if ARGV[5] == 'c' then
   redis.call('HDEL', KEYS[1], 'c')
   return 'completed'
@@ -289,6 +297,7 @@ redis.call('ZREM', KEYS[2], member())
 redis.call('HSET', KEYS[1], 'm', meta('f', rec.ck, rec.fp, rec.tid, ARGV[1], rec.ea, rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]))
 drop_v1(KEYS[1], rec)
 if r[3] then redis.call('HDEL', KEYS[1], 'o') end
+redis.call('PUBLISH', KEYS[1], '')
 return 'released'
 "#;
 
@@ -344,76 +353,6 @@ if ttl >= 9007199254740992 then gc(KEYS[1], '') else gc(KEYS[1], fmt(ttl)) end
 return {'extended', lu_s}
 "#;
 
-/// The `expires_at` of the record at `key` (either format) as a string, nil if there is none.
-const EXPIRES_AT: &str = r#"
-local function expires_at(key)
-  local r = redis.call('HMGET', key, 'm', 'ea')
-  if r[1] then return string.match(r[1], '^%d+|%d+|%d+|%d+|(%d+)|', 131) or '0' end
-  return r[2]
-end
-"#;
-
-/// KEYS: the earlier versions' expiry index, lease index, then the candidate records (all in
-/// one bucket).
-/// ARGV: now, then each candidate's index member, in the order of its record in KEYS.
-/// Deletes the candidates expired at `now`, drops index entries whose record is gone (native
-/// garbage collection got there first), and re-scores an entry whose record is live. Returns how
-/// many records it deleted.
-const PURGE: &str = r#"
-local now = tonumber(ARGV[1])
-local deleted = 0
-for i = 3, #KEYS do
-  local m = ARGV[i - 1]
-  local ea = expires_at(KEYS[i])
-  if not ea then
-    redis.call('ZREM', KEYS[1], m)
-    redis.call('ZREM', KEYS[2], m)
-  elseif (tonumber(ea) or 0) <= now then
-    redis.call('ZREM', KEYS[1], m)
-    redis.call('ZREM', KEYS[2], m)
-    redis.call('DEL', KEYS[i])
-    deleted = deleted + 1
-  else
-    redis.call('ZADD', KEYS[1], ea, m)
-  end
-end
-return deleted
-"#;
-
-/// KEYS: an expiry slice list, the slice registry, the lease index.
-/// ARGV: now, at most how many entries to take, at most how many records to delete, the slice
-/// number of KEYS[1], the bucket's record prefix (`<base>:r:`), its slice prefix (`<base>:x:`).
-/// Takes entries from the head of the list: deletes the records expired at `now` (and their
-/// lease entries), drops entries whose record is gone (native garbage collection got there
-/// first), and appends the entry of a live record to the slice of its expiry (the same list, at
-/// its tail, when that is this slice: the caller takes at most the length it read, so an entry
-/// is looked at once per purge). Unregisters the slice once its list is empty. The records and
-/// other slices it names are not in KEYS: they share the bucket's hash tag, so its slot.
-/// Returns `{deleted, taken}`.
-const PURGE_SLICE: &str = r#"
-local now, take, most = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local deleted, taken = 0, 0
-while taken < take and deleted < most do
-  local m = redis.call('LPOP', KEYS[1])
-  if not m then break end
-  taken = taken + 1
-  local key = ARGV[5] .. m
-  local ea = expires_at(key)
-  if not ea then
-    redis.call('ZREM', KEYS[3], m)
-  elseif (tonumber(ea) or 0) <= now then
-    redis.call('ZREM', KEYS[3], m)
-    redis.call('DEL', key)
-    deleted = deleted + 1
-  else
-    local slice = fmt(math.floor(tonumber(ea) / 65536))
-    if redis.call('RPUSH', ARGV[6] .. slice, m) == 1 then redis.call('ZADD', KEYS[2], slice, slice) end
-  end
-end
-if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], ARGV[4]) end
-return {deleted, taken}
-"#;
-
 /// KEYS: record. ARGV: the nonce of the caller's last write.
 /// Run after a write when the store waits for replicas (`WAIT` follows in the same pipeline, on
 /// the same connection, on the node that owns the slot now). If the record still carries the
@@ -438,32 +377,54 @@ fn script(body: &str) -> Script {
 }
 
 /// A script whose hot path `hot` runs before the helpers are defined.
-fn hot_script(hot: &str, body: &str) -> Script {
+pub(crate) fn hot_script(hot: &str, body: &str) -> Script {
     Script::new(&format!("{hot}{PRELUDE}{body}"))
 }
 
-pub(crate) static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| hot_script(CLAIM_HOT, CLAIM));
-pub(crate) static COMPLETE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| hot_script(COMPLETE_HOT, COMPLETE));
-pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RELEASE));
+/// A publishing script as a cluster runs it: `SPUBLISH`, whose channel (the record's key) lives
+/// in the key's slot, so the message stays on its shard.
+fn sharded(script: String) -> Script {
+    Script::new(&script.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'"))
+}
+
+/// The scripts that publish, for a standalone server or a cluster.
+pub(crate) struct Publishing {
+    pub(crate) claim: Script,
+    pub(crate) complete: Script,
+    pub(crate) release: Script,
+}
+
+static STANDALONE: LazyLock<Publishing> = LazyLock::new(|| Publishing {
+    claim: hot_script(CLAIM_HOT, CLAIM),
+    complete: hot_script(COMPLETE_HOT, COMPLETE),
+    release: script(RELEASE),
+});
+static CLUSTER: LazyLock<Publishing> = LazyLock::new(|| Publishing {
+    claim: sharded(format!("{CLAIM_HOT}{PRELUDE}{CLAIM}")),
+    complete: sharded(format!("{COMPLETE_HOT}{PRELUDE}{COMPLETE}")),
+    release: sharded(format!("{PRELUDE}{RELEASE}")),
+});
+
+/// The publishing scripts of a cluster (`true`) or a standalone server.
+pub(crate) fn publishing(cluster: bool) -> &'static Publishing {
+    if cluster { &CLUSTER } else { &STANDALONE }
+}
+
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(EXTEND));
 pub(crate) static CHECKPOINT_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CHECKPOINT));
-pub(crate) static PURGE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| hot_script("", &format!("{EXPIRES_AT}{PURGE}")));
-pub(crate) static PURGE_SLICE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| hot_script("", &format!("{EXPIRES_AT}{PURGE_SLICE}")));
 pub(crate) static CONFIRM_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CONFIRM));
 
-/// Every script, for preloading.
-pub(crate) fn all() -> [&'static Script; 8] {
+/// Every script a store on a cluster (`true`) or a standalone server runs, for preloading.
+pub(crate) fn all(cluster: bool) -> [&'static Script; 8] {
+    let p = publishing(cluster);
     [
         &CHECKPOINT_SCRIPT,
         &CONFIRM_SCRIPT,
-        &CLAIM_SCRIPT,
-        &COMPLETE_SCRIPT,
-        &RELEASE_SCRIPT,
+        &p.claim,
+        &p.complete,
+        &p.release,
         &EXTEND_SCRIPT,
-        &PURGE_SCRIPT,
-        &PURGE_SLICE_SCRIPT,
+        &crate::purge_scripts::PURGE_SCRIPT,
+        &crate::purge_scripts::PURGE_SLICE_SCRIPT,
     ]
 }

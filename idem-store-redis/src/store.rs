@@ -7,8 +7,9 @@ use std::time::Duration;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
+use idem_core::wait::Timer;
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
     RecordState, Scope, StalePolicy, StoreError, Timestamp, Token, async_trait,
 };
 use redis::{
@@ -19,9 +20,7 @@ use crate::connect::Conn;
 use crate::error::classify;
 use crate::keys::RecordKeys;
 use crate::record::{self, Fields, class_char};
-use crate::scripts::{
-    CHECKPOINT_SCRIPT, CLAIM_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT,
-};
+use crate::scripts::{CHECKPOINT_SCRIPT, EXTEND_SCRIPT, publishing};
 use crate::{RedisStore, millis};
 
 /// A token id or nonce as the scripts keep it: 32 hex digits, written straight into the command.
@@ -153,12 +152,13 @@ impl RedisStore {
         now: Timestamp,
         nonce: Hex32,
     ) -> Result<String, StoreError> {
-        let mut cmd = evalsha(&RELEASE_SCRIPT, keys);
+        let script = &publishing(self.is_cluster()).release;
+        let mut cmd = evalsha(script, keys);
         cmd.arg(nonce)
             .arg(now.as_millis())
             .arg(token.seq)
             .arg(Hex32(token.id));
-        run(&RELEASE_SCRIPT, &cmd, &mut self.conn(), "release").await
+        run(script, &cmd, &mut self.conn(), "release").await
     }
 
     /// Gives back a claim whose confirmation failed, without waiting for replicas: if this
@@ -267,7 +267,8 @@ impl KeyStore for RedisStore {
             StalePolicy::Reconcile => "0",
         };
         let expires_at = (now + policy.ttl()).as_millis();
-        let mut cmd = evalsha_filing(&CLAIM_SCRIPT, &keys, expires_at);
+        let script = &publishing(self.is_cluster()).claim;
+        let mut cmd = evalsha_filing(script, &keys, expires_at);
         cmd.arg(fingerprint.as_str())
             .arg(now.as_millis())
             .arg(NewMeta {
@@ -282,7 +283,7 @@ impl KeyStore for RedisStore {
                 lease: millis(policy.lease()).max(1),
                 takeover,
             });
-        let reply: Value = run(&CLAIM_SCRIPT, &cmd, &mut self.conn(), "claim").await?;
+        let reply: Value = run(script, &cmd, &mut self.conn(), "claim").await?;
         let answer = parse_claim(reply, token_id.0)?;
         if let ClaimAnswer::Claimed { token, .. } = &answer
             && self.wait.is_some()
@@ -313,7 +314,8 @@ impl KeyStore for RedisStore {
         };
         let nonce = Hex32::random();
         let expires_at = (now + policy.ttl()).as_millis();
-        let mut cmd = evalsha_filing(&COMPLETE_SCRIPT, &keys, expires_at);
+        let script = &publishing(self.is_cluster()).complete;
+        let mut cmd = evalsha_filing(script, &keys, expires_at);
         cmd.arg(nonce)
             .arg(now.as_millis())
             .arg(token.seq)
@@ -325,7 +327,7 @@ impl KeyStore for RedisStore {
             })
             .arg(expires_at);
         self.native_ttl_arg(&mut cmd, policy.ttl());
-        let reply: Value = run(&COMPLETE_SCRIPT, &cmd, &mut self.conn(), "complete").await?;
+        let reply: Value = run(script, &cmd, &mut self.conn(), "complete").await?;
         let answer = match &reply {
             Value::BulkString(b) if b == b"completed" => CompleteAnswer::Completed,
             Value::BulkString(b) if b == b"marked_retryable" => CompleteAnswer::MarkedRetryable,
@@ -479,5 +481,16 @@ impl KeyStore for RedisStore {
 
     fn supports_checkpoints(&self) -> bool {
         true
+    }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        crate::wake::wait_for_change(self, scope, key, seen, clock, timer).await
     }
 }

@@ -1,0 +1,292 @@
+//! Waking the requests that wait on a record ([contract §5.2](idem_core::contract#waiting)) with
+//! `LISTEN/NOTIFY`.
+//!
+//! - Writers: completion, release, and a claim that replaces a `processing` record (takeover,
+//!   expiry) call `pg_notify(CHANNEL, payload)` in their own statement, so the notification is
+//!   delivered when that write commits, and never if it rolls back. `payload` is a 64-bit hash of
+//!   (table, scope, key) in hex: a collision only wakes a waiter for nothing, which is allowed.
+//!   An extension and a checkpoint do not notify: the record stays `processing`, and the
+//!   executor re-reads it anyway when the lease it saw ends.
+//! - Listener: one connection per store (shared by its clones, in a pool of its own so it takes
+//!   no slot of the store's pool), opened on the first wait, `LISTEN`ing on [`CHANNEL`]; one task
+//!   reads it and wakes the waiters by payload. It ends with the last clone of the store.
+//! - A wait registers its payload while the listener is up (`LISTEN` acknowledged), then reads
+//!   the record: a change committed after that read is always delivered. If the connection
+//!   drops, every registered wait is woken (the executor reads again), the task reconnects and
+//!   `LISTEN`s again, and waits that start meanwhile poll `get` as the portable wait does. A poll
+//!   every [`SAFETY_POLL`] races each notified wait too, for a listener that stops hearing
+//!   without an error (a half-open connection, or a pooler in transaction mode).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use idem_core::wait::{Timer, changed, poll_for_change};
+use idem_core::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
+use sqlx::PgPool;
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use tokio::sync::{OnceCell, oneshot};
+
+use crate::PostgresStore;
+
+/// The channel every store notifies and listens on (the payload names the table).
+pub(crate) const CHANNEL: &str = "idem_changes";
+/// How often a wait woken by notification also reads the record, in case the listener went deaf.
+pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
+/// The longest pause between two attempts to open the listener.
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// The notification payload of (table, scope, key): FNV-1a 64 in 16 hex digits, stable across
+/// versions and platforms (every process computes it alike).
+pub(crate) fn payload(table: &str, scope: &Scope, key: &IdempotencyKey) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in [
+        table.as_bytes(),
+        scope.as_str().as_bytes(),
+        key.as_str().as_bytes(),
+    ] {
+        for &b in part.iter().chain(&[0x1f]) {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+/// The waits of one store and its listener's state.
+#[derive(Debug, Default)]
+pub(crate) struct Hub {
+    state: Mutex<State>,
+    /// Set once the listener task runs and has made its first attempt.
+    started: OnceCell<()>,
+    /// Dropped with the hub: the listener task ends.
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    /// How many listener connections were opened (tests count them).
+    opened: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Whether the listener is `LISTEN`ing now.
+    up: bool,
+    next: u64,
+    waits: HashMap<String, HashMap<u64, oneshot::Sender<()>>>,
+}
+
+impl Hub {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The map stays consistent across a panic: every change is one insert or remove.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many waits are registered right now.
+    pub(crate) fn subscriptions(&self) -> usize {
+        self.lock().waits.values().map(HashMap::len).sum()
+    }
+
+    /// How many listener connections this store opened.
+    pub(crate) fn listeners_opened(&self) -> usize {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// Starts the listener task on the first call; returns once it has tried to `LISTEN` once.
+    async fn start(self: &Arc<Self>, pool: &PgPool) {
+        self.started
+            .get_or_init(|| async {
+                let (ready, first) = oneshot::channel();
+                let (stop, stopped) = oneshot::channel();
+                *self.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(stop);
+                // Its own pool of one connection, on the store's connection options.
+                let listen_pool = PgPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect_lazy_with((*pool.connect_options()).clone());
+                tokio::spawn(listen(Arc::downgrade(self), listen_pool, stopped, ready));
+                let _ = first.await;
+            })
+            .await;
+    }
+
+    /// Registers a wait on `payload`; also answers whether the listener is up.
+    fn register(&self, payload: String) -> (Registered<'_>, bool) {
+        let (tx, rx) = oneshot::channel();
+        let mut state = self.lock();
+        state.next += 1;
+        let n = state.next;
+        let up = state.up;
+        state
+            .waits
+            .entry(payload.clone())
+            .or_default()
+            .insert(n, tx);
+        drop(state);
+        (
+            Registered {
+                hub: self,
+                payload,
+                n,
+                rx,
+            },
+            up,
+        )
+    }
+
+    fn wake(&self, payload: &str) {
+        let woken = self.lock().waits.remove(payload);
+        for tx in woken.into_iter().flat_map(HashMap::into_values) {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Sets whether the listener is up and wakes every wait: what they wait on may have been
+    /// missed (down), or can now be heard (up).
+    fn wake_all(&self, up: bool) {
+        let woken = {
+            let mut state = self.lock();
+            state.up = up;
+            std::mem::take(&mut state.waits)
+        };
+        for tx in woken.into_values().flat_map(HashMap::into_values) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// One registered wait; dropping it unregisters.
+struct Registered<'a> {
+    hub: &'a Hub,
+    payload: String,
+    n: u64,
+    rx: oneshot::Receiver<()>,
+}
+
+impl Registered<'_> {
+    async fn woken(&mut self) {
+        // The sender is only dropped unsent when woken, so either way: woken.
+        let _ = (&mut self.rx).await;
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        let mut state = self.hub.lock();
+        if let Some(waits) = state.waits.get_mut(&self.payload) {
+            waits.remove(&self.n);
+            if waits.is_empty() {
+                state.waits.remove(&self.payload);
+            }
+        }
+    }
+}
+
+/// The listener task: (re)connects and `LISTEN`s, then wakes waits by payload until the hub is
+/// dropped.
+async fn listen(
+    hub: Weak<Hub>,
+    pool: PgPool,
+    mut stop: oneshot::Receiver<()>,
+    ready: oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let connect = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        let connected = tokio::select! {
+            _ = &mut stop => return,
+            connected = connect => connected,
+        };
+        let Some(strong) = hub.upgrade() else { return };
+        match connected {
+            Ok(mut listener) => {
+                strong.opened.fetch_add(1, Ordering::Relaxed);
+                strong.wake_all(true);
+                drop(strong);
+                ready.take().map(|r| r.send(()));
+                pause = Duration::from_millis(100);
+                let error = loop {
+                    let received = tokio::select! {
+                        _ = &mut stop => return,
+                        received = listener.try_recv() => received,
+                    };
+                    let Some(hub) = hub.upgrade() else { return };
+                    match received {
+                        Ok(Some(notification)) => hub.wake(notification.payload()),
+                        // The connection dropped; the listener reconnected and `LISTEN`s again,
+                        // but what was sent meanwhile is lost: every wait reads again.
+                        Ok(None) => hub.wake_all(true),
+                        Err(error) => break error,
+                    }
+                };
+                tracing::warn!(%error, "waiting: the LISTEN connection failed; waits poll until it is back");
+            }
+            Err(error) => {
+                drop(strong);
+                tracing::warn!(%error, "waiting: could not LISTEN; waits poll until it can");
+            }
+        }
+        if let Some(hub) = hub.upgrade() {
+            hub.wake_all(false);
+        }
+        ready.take().map(|r| r.send(()));
+        tokio::select! {
+            _ = &mut stop => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// Reads the record every `every` until it [`changed`] from `seen`.
+pub(crate) async fn poll_every<S: KeyStore + ?Sized>(
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    seen: &Record,
+    clock: &dyn Clock,
+    timer: &Timer,
+    every: Duration,
+) -> Result<(), StoreError> {
+    loop {
+        timer.sleep(every).await;
+        if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
+            return Ok(());
+        }
+    }
+}
+
+/// [`KeyStore::wait_for_change`] for PostgreSQL: register, read, then the first of a
+/// notification and a poll (every [`SAFETY_POLL`] while the listener is up, the portable
+/// backoff while it is down).
+pub(crate) async fn wait_for_change(
+    store: &PostgresStore,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    seen: &Record,
+    clock: &dyn Clock,
+    timer: &Timer,
+) -> Result<(), StoreError> {
+    if !store.notifications {
+        return poll_for_change(store, scope, key, seen, clock, timer).await;
+    }
+    store.hub.start(&store.pool).await;
+    let (mut registered, up) = store.hub.register(store.payload(scope, key));
+    if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
+        return Ok(());
+    }
+    if up {
+        tokio::select! {
+            () = registered.woken() => Ok(()),
+            polled = poll_every(store, scope, key, seen, clock, timer, SAFETY_POLL) => polled,
+        }
+    } else {
+        tokio::select! {
+            () = registered.woken() => Ok(()),
+            polled = poll_for_change(store, scope, key, seen, clock, timer) => polled,
+        }
+    }
+}

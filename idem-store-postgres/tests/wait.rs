@@ -1,0 +1,410 @@
+//! Waking waiting requests with `LISTEN/NOTIFY` ([contract §5.2](idem_core::contract#waiting)),
+//! across two store handles on their own pools (as two processes would be), against the server
+//! named by `IDEM_TEST_POSTGRES_URL`.
+//!
+//! The store-level cases wait on a [`Timer`] that never fires: the waiting store's polls (its
+//! safety net included) never run, so a wait that ends was ended by a notification.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::{
+    ClaimAnswer, CompleteAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock,
+    Outcome, Policy, ReleaseAnswer, Scope, StalePolicy, SystemClock, Timer, Timestamp, Token,
+};
+use idem_store_postgres::PostgresStore;
+use idem_store_postgres::sqlx;
+use serde_json::json;
+
+/// A guard against a hang, never a measure: the cases finish in milliseconds.
+const HANG: Duration = Duration::from_secs(20);
+
+fn never() -> Timer {
+    Timer::new(|_| Box::pin(std::future::pending()))
+}
+
+fn policy(stale: StalePolicy) -> Policy {
+    Policy::builder()
+        .lease(Duration::from_secs(30))
+        .stale(stale)
+        .build()
+        .unwrap()
+}
+
+fn ids(test: &str) -> (Scope, IdempotencyKey, Fingerprint) {
+    (
+        Scope::new(common::unique(test)).unwrap(),
+        IdempotencyKey::new("wf-1:step-1").unwrap(),
+        Fingerprint::of("create_ticket", &json!({"title": "t"})).unwrap(),
+    )
+}
+
+fn ticket() -> Outcome {
+    Outcome::definitive(201, &json!({"ticket": "T-1"})).unwrap()
+}
+
+/// Two handles, `a` (the writer) and `b` (the waiter), each on a pool of its own.
+async fn two(app: &str) -> Option<(PostgresStore, PostgresStore)> {
+    let url = common::url()?;
+    Some((
+        common::store(&url, &format!("{app}-a")).await,
+        common::store(&url, &format!("{app}-b")).await,
+    ))
+}
+
+async fn claim(
+    store: &PostgresStore,
+    ids: &(Scope, IdempotencyKey, Fingerprint),
+    p: &Policy,
+    now: Timestamp,
+) -> Token {
+    match store.claim(&ids.0, &ids.1, &ids.2, p, now).await.unwrap() {
+        ClaimAnswer::Claimed { token, .. } => token,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+/// Starts `b`'s wait on the record as it is now; returns once it is registered.
+async fn wait_on(
+    b: &PostgresStore,
+    ids: &(Scope, IdempotencyKey, Fingerprint),
+    clock: &ManualClock,
+) -> tokio::task::JoinHandle<()> {
+    use idem_core::Clock;
+    let seen = b
+        .get(&ids.0, &ids.1, clock.now())
+        .await
+        .unwrap()
+        .expect("a record");
+    let (b2, ids2, clock2) = (b.clone(), ids.clone(), clock.clone());
+    let task = tokio::spawn(async move {
+        b2.wait_for_change(&ids2.0, &ids2.1, &seen, &clock2, &never())
+            .await
+            .unwrap();
+    });
+    while b.wait_subscriptions() == 0 {
+        tokio::task::yield_now().await;
+    }
+    task
+}
+
+async fn woken(task: tokio::task::JoinHandle<()>, by: &str) {
+    tokio::time::timeout(HANG, task)
+        .await
+        .unwrap_or_else(|_| panic!("the waiter was not woken by the {by}"))
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_on_another_store_wakes_on_completion_release_and_takeover() {
+    let Some((a, b)) = two("wait-kinds").await else {
+        return;
+    };
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let p = policy(StalePolicy::Takeover);
+    use idem_core::Clock;
+
+    // Completion.
+    let ids = ids("wait-complete");
+    let token = claim(&a, &ids, &p, clock.now()).await;
+    let waiter = wait_on(&b, &ids, &clock).await;
+    let done = a
+        .complete(&ids.0, &ids.1, token, &ticket(), &p, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(done, CompleteAnswer::Completed);
+    woken(waiter, "completion").await;
+
+    // Release.
+    let ids = self::ids("wait-release");
+    let token = claim(&a, &ids, &p, clock.now()).await;
+    let waiter = wait_on(&b, &ids, &clock).await;
+    let released = a.release(&ids.0, &ids.1, token, clock.now()).await.unwrap();
+    assert_eq!(released, ReleaseAnswer::Released);
+    woken(waiter, "release").await;
+
+    // Takeover: the lease ends, a third handle's claim replaces the processing record.
+    let ids = self::ids("wait-takeover");
+    claim(&a, &ids, &p, clock.now()).await;
+    let waiter = wait_on(&b, &ids, &clock).await;
+    clock.advance(Duration::from_secs(31));
+    let c = common::store(&common::url().unwrap(), "wait-kinds-c").await;
+    claim(&c, &ids, &p, clock.now()).await;
+    woken(waiter, "takeover").await;
+    assert_eq!(b.wait_subscriptions(), 0, "nothing left registered");
+}
+
+#[tokio::test]
+async fn a_completion_in_the_callers_transaction_wakes_only_at_commit() {
+    let Some((a, b)) = two("wait-tx").await else {
+        return;
+    };
+    use idem_core::Clock;
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let p = policy(StalePolicy::Reconcile);
+    let ids = ids("wait-tx");
+    let token = claim(&a, &ids, &p, clock.now()).await;
+    let mut waiter = wait_on(&b, &ids, &clock).await;
+    let attempt = common::attempt(&a, &ids.0, &ids.1, token, &p, clock.now());
+    let mut tx = a.pool().begin().await.unwrap();
+    let answer = a.complete_in(&mut tx, &attempt, &ticket()).await.unwrap();
+    assert_eq!(answer, CompleteAnswer::Completed);
+    // Not before the commit: a notification is delivered at commit, and none was.
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiter).await;
+    assert!(early.is_err(), "woken before the commit");
+    tx.commit().await.unwrap();
+    woken(waiter, "commit").await;
+}
+
+#[tokio::test]
+async fn a_rolled_back_completion_wakes_nobody_and_a_later_release_does() {
+    let Some((a, b)) = two("wait-rollback").await else {
+        return;
+    };
+    use idem_core::Clock;
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let p = policy(StalePolicy::Reconcile);
+    let ids = ids("wait-rollback");
+    let token = claim(&a, &ids, &p, clock.now()).await;
+    let mut waiter = wait_on(&b, &ids, &clock).await;
+    let attempt = common::attempt(&a, &ids.0, &ids.1, token, &p, clock.now());
+    let mut tx = a.pool().begin().await.unwrap();
+    a.complete_in(&mut tx, &attempt, &ticket()).await.unwrap();
+    tx.rollback().await.unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiter).await;
+    assert!(early.is_err(), "woken by a rolled-back completion");
+    a.release(&ids.0, &ids.1, token, clock.now()).await.unwrap();
+    woken(waiter, "release").await;
+}
+
+/// Tickets created at the sink.
+#[derive(Debug, Default)]
+struct Sink(AtomicUsize);
+
+impl Sink {
+    fn create_ticket(&self) -> Outcome {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        Outcome::definitive(201, &json!({"ticket": format!("T-{n}")})).unwrap()
+    }
+}
+
+/// Listening connections of `app` on the server.
+async fn listening(admin: &sqlx::PgPool, app: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+    )
+    .bind(app)
+    .fetch_one(admin)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn fifty_waiters_in_one_process_share_one_listen_and_each_gets_the_replay() {
+    let Some(url) = common::url() else { return };
+    let app_b = common::unique("wait-fifty-b");
+    let (a, b) = (
+        common::store(&url, "wait-fifty-a").await,
+        common::store(&url, &app_b).await,
+    );
+    let admin = common::pool(&url, "wait-fifty-admin", 1).await;
+    let ids = ids("wait-fifty");
+    let p = policy(StalePolicy::Reconcile);
+    let sink = Arc::new(Sink::default());
+    let first = Executor::new(a).with_policy(p).with_clock(SystemClock);
+    let (finish, hold) = tokio::sync::oneshot::channel::<()>();
+    let (started, running) = tokio::sync::oneshot::channel();
+    let first = {
+        let (sink, ids) = (sink.clone(), ids.clone());
+        tokio::spawn(async move {
+            first
+                .run(&ids.0, &ids.1, &ids.2, |_| async move {
+                    started.send(()).unwrap();
+                    hold.await.unwrap();
+                    sink.create_ticket()
+                })
+                .await
+        })
+    };
+    running.await.unwrap();
+    let waiting = Executor::new(b.clone())
+        .with_policy(p)
+        .with_clock(SystemClock)
+        .waiting(Duration::from_secs(15));
+    let waiters: Vec<_> = (0..50)
+        .map(|_| {
+            let (exec, sink, ids) = (waiting.clone(), sink.clone(), ids.clone());
+            tokio::spawn(async move {
+                exec.run(
+                    &ids.0,
+                    &ids.1,
+                    &ids.2,
+                    |_| async move { sink.create_ticket() },
+                )
+                .await
+            })
+        })
+        .collect();
+    while b.wait_subscriptions() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Let every waiter reach its wait.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(b.wait_subscriptions(), 1, "one registration for 50 waiters");
+    assert_eq!(b.listen_connections_opened(), 1, "one LISTEN connection");
+    assert_eq!(
+        listening(&admin, &app_b).await,
+        1,
+        "one listening session on the server"
+    );
+    finish.send(()).unwrap();
+    let first = first.await.unwrap().unwrap();
+    for waiter in waiters {
+        let again = tokio::time::timeout(HANG, waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(again.is_replay());
+        assert_eq!(again.outcome(), first.outcome());
+    }
+    assert_eq!(
+        sink.0.load(Ordering::SeqCst),
+        1,
+        "one ticket for 51 requests"
+    );
+    assert_eq!(b.wait_subscriptions(), 0);
+}
+
+#[tokio::test]
+async fn a_dropped_waiter_leaves_no_record_change_and_no_registration() {
+    let Some((a, b)) = two("wait-drop").await else {
+        return;
+    };
+    use idem_core::Clock;
+    let ids = ids("wait-drop");
+    let p = policy(StalePolicy::Reconcile);
+    let token = claim(&a, &ids, &p, SystemClock.now()).await;
+    let before = a.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+    let sink = Arc::new(Sink::default());
+    let waiter = {
+        let exec = Executor::new(b.clone())
+            .with_policy(p)
+            .with_clock(SystemClock)
+            .waiting(Duration::from_secs(15));
+        let (sink, ids) = (sink.clone(), ids.clone());
+        tokio::spawn(async move {
+            exec.run(
+                &ids.0,
+                &ids.1,
+                &ids.2,
+                |_| async move { sink.create_ticket() },
+            )
+            .await
+        })
+    };
+    while b.wait_subscriptions() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    assert_eq!(b.wait_subscriptions(), 0, "unregistered");
+    let after = a.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+    assert_eq!(before, after, "no record change");
+    assert_eq!(sink.0.load(Ordering::SeqCst), 0, "nothing ran");
+    // The holder still completes as usual.
+    let done = a
+        .complete(&ids.0, &ids.1, token, &ticket(), &p, SystemClock.now())
+        .await
+        .unwrap();
+    assert_eq!(done, CompleteAnswer::Completed);
+}
+
+#[tokio::test]
+async fn a_waiter_survives_its_listen_connection_being_killed() {
+    let Some(url) = common::url() else { return };
+    let app_b = common::unique("wait-kill-b");
+    let (a, b) = (
+        common::store(&url, "wait-kill-a").await,
+        common::store(&url, &app_b).await,
+    );
+    let admin = common::pool(&url, "wait-kill-admin", 1).await;
+    use idem_core::Clock;
+    let clock = SystemClock;
+    let p = policy(StalePolicy::Reconcile);
+    let ids = ids("wait-kill");
+    let token = claim(&a, &ids, &p, clock.now()).await;
+    let seen = b.get(&ids.0, &ids.1, clock.now()).await.unwrap().unwrap();
+    let waiter = {
+        let (b, ids) = (b.clone(), ids.clone());
+        tokio::spawn(async move {
+            // Woken by the drop (it may have missed a notification), it waits again, as the
+            // executor's round does, until the record changed.
+            loop {
+                b.wait_for_change(&ids.0, &ids.1, &seen, &SystemClock, &Timer::tokio())
+                    .await
+                    .unwrap();
+                let now = b.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+                if idem_core::wait::changed(&seen, now.as_ref()) {
+                    return;
+                }
+            }
+        })
+    };
+    while listening(&admin, &app_b).await == 0 || b.wait_subscriptions() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+    )
+    .bind(&app_b)
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert_eq!(killed, 1);
+    a.complete(&ids.0, &ids.1, token, &ticket(), &p, clock.now())
+        .await
+        .unwrap();
+    tokio::time::timeout(HANG, waiter)
+        .await
+        .expect("the waiter did not hang")
+        .unwrap();
+    // The store listens again.
+    while listening(&admin, &app_b).await == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn without_notifications_a_waiter_polls() {
+    let Some((a, b)) = two("wait-poll").await else {
+        return;
+    };
+    let b = b.with_notifications(false);
+    use idem_core::Clock;
+    let p = policy(StalePolicy::Reconcile);
+    let ids = ids("wait-poll");
+    let token = claim(&a, &ids, &p, SystemClock.now()).await;
+    let seen = b
+        .get(&ids.0, &ids.1, SystemClock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let (b, ids) = (b.clone(), ids.clone());
+        tokio::spawn(async move {
+            b.wait_for_change(&ids.0, &ids.1, &seen, &SystemClock, &Timer::tokio())
+                .await
+                .unwrap()
+        })
+    };
+    a.complete(&ids.0, &ids.1, token, &ticket(), &p, SystemClock.now())
+        .await
+        .unwrap();
+    tokio::time::timeout(HANG, waiter).await.unwrap().unwrap();
+    assert_eq!(b.listen_connections_opened(), 0, "no LISTEN connection");
+}

@@ -1,0 +1,378 @@
+//! Waking the requests that wait on a record ([contract §5.2](idem_core::contract#waiting)) with
+//! pub/sub.
+//!
+//! - Writers: the completion, release and claim scripts publish an empty message on the channel
+//!   named like the record's key when they complete, release or replace a `processing` record
+//!   (`scripts.rs`): `PUBLISH` on a server, `SPUBLISH` on a cluster (the channel lives in the
+//!   key's slot, so the message stays on that shard).
+//! - Subscriber: one RESP3 connection per store (shared by its clones), made at the first wait,
+//!   whose pushes wake the waits by channel. A wait subscribes to its record's channel (one
+//!   subscription per key however many requests wait on it: the executor shares one wait per
+//!   key), and reads the record only once the server confirmed it. A channel nobody waits on any
+//!   more is unsubscribed by the next subscription (no task runs for it).
+//! - A lost connection wakes every wait (the executor reads again) and makes the next wait on a
+//!   channel subscribe again. A wait that cannot subscribe polls `get` as the portable wait does,
+//!   and a poll every [`SAFETY_POLL`] races each subscribed wait too, for a subscription that
+//!   stops hearing without an error. A store made from a caller's [`ConnectionManager`]
+//!   ([`RedisStore::from_connection_manager`]) always polls: it has no client to subscribe with.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use idem_core::wait::{Timer, changed, poll_for_change};
+use idem_core::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
+use redis::aio::ConnectionManager;
+use redis::cluster::{ClusterClient, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::sync::oneshot;
+
+use crate::RedisStore;
+use crate::keys::RecordKeys;
+
+/// How often a subscribed wait also reads the record, in case its subscription went deaf.
+pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
+/// How long a wait waits for its subscription to be confirmed before it polls instead.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a store subscribes with.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// No client: waits poll.
+    None,
+    /// A standalone server: this client, set to RESP3.
+    Single(Box<redis::Client>),
+    /// A cluster: this client (RESP3, or subscriptions fail and waits poll).
+    Cluster(Box<ClusterClient>),
+}
+
+impl Source {
+    /// The standalone client `client`, speaking RESP3 (pushes) for subscribing.
+    pub(crate) fn single(client: &redis::Client) -> Self {
+        let info = client.get_connection_info().clone();
+        let redis = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        match redis::Client::open(info.set_redis_settings(redis)) {
+            Ok(client) => Self::Single(Box::new(client)),
+            Err(_) => Self::None,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Subscriber {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// The waits of one store and its subscriber.
+pub(crate) struct Hub {
+    source: Source,
+    subscriber: tokio::sync::OnceCell<Subscriber>,
+    /// Set when the source cannot subscribe at all (e.g. a cluster client speaking RESP2).
+    unable: AtomicBool,
+    state: Mutex<State>,
+    /// Orders subscribe and unsubscribe commands with the decisions that send them.
+    order: tokio::sync::Mutex<()>,
+    /// How many subscriber connections were made (tests count them).
+    opened: AtomicUsize,
+}
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    channels: HashMap<String, Channel>,
+}
+
+#[derive(Default)]
+struct Channel {
+    /// Waits registered on it.
+    holders: usize,
+    /// Whether the server confirmed a subscription (and no disconnection happened since).
+    subscribed: bool,
+    woken: HashMap<u64, oneshot::Sender<()>>,
+}
+
+impl Hub {
+    pub(crate) fn new(source: Source) -> Self {
+        Self {
+            source,
+            subscriber: tokio::sync::OnceCell::new(),
+            unable: AtomicBool::new(false),
+            state: Mutex::default(),
+            order: tokio::sync::Mutex::new(()),
+            opened: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The map stays consistent across a panic: every change is one insert or remove.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many waits are registered right now, one per waited key.
+    pub(crate) fn subscriptions(&self) -> usize {
+        self.lock().channels.values().map(|c| c.holders).sum()
+    }
+
+    /// How many subscriber connections this store made.
+    pub(crate) fn subscribers_opened(&self) -> usize {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// The subscriber connection, made on the first call; `None` if there is none to be had now.
+    async fn subscriber(self: &Arc<Self>) -> Option<Subscriber> {
+        if self.unable.load(Ordering::Relaxed) {
+            return None;
+        }
+        let made = self
+            .subscriber
+            .get_or_try_init(|| async {
+                let hub = Arc::downgrade(self);
+                let push = move |info: PushInfo| -> Result<(), std::convert::Infallible> {
+                    if let Some(hub) = Weak::upgrade(&hub) {
+                        hub.on_push(info);
+                    }
+                    Ok(())
+                };
+                let made = match &self.source {
+                    Source::None => return Err(None),
+                    Source::Single(client) => ConnectionManager::new_with_config(
+                        (**client).clone(),
+                        RedisStore::default_connection_config().set_push_sender(push),
+                    )
+                    .await
+                    .map(Subscriber::Single),
+                    Source::Cluster(client) => client
+                        .get_async_connection_with_config(
+                            ClusterConfig::new().set_push_sender(push),
+                        )
+                        .await
+                        .map(Subscriber::Cluster),
+                };
+                if made.is_ok() {
+                    self.opened.fetch_add(1, Ordering::Relaxed);
+                }
+                made.map_err(Some)
+            })
+            .await;
+        match made {
+            Ok(subscriber) => Some(subscriber.clone()),
+            Err(None) => {
+                self.unable.store(true, Ordering::Relaxed);
+                None
+            }
+            Err(Some(error)) => {
+                if error.kind() == redis::ErrorKind::InvalidClientConfig {
+                    self.unable.store(true, Ordering::Relaxed);
+                }
+                tracing::warn!(%error, "waiting: cannot subscribe; this wait polls");
+                None
+            }
+        }
+    }
+
+    fn on_push(&self, info: PushInfo) {
+        let channel = || match info.data.first() {
+            Some(Value::BulkString(name)) => String::from_utf8(name.clone()).ok(),
+            _ => None,
+        };
+        match info.kind {
+            PushKind::Message | PushKind::SMessage => {
+                if let Some(name) = channel() {
+                    self.wake(&name, false);
+                }
+            }
+            // The server dropped a subscription (a slot moved, or our own unsubscribe): its
+            // waits read again and subscribe again.
+            PushKind::Unsubscribe | PushKind::SUnsubscribe => {
+                if let Some(name) = channel() {
+                    self.wake(&name, true);
+                }
+            }
+            PushKind::Disconnection => self.wake_all(),
+            _ => {}
+        }
+    }
+
+    fn wake(&self, name: &str, unsubscribed: bool) {
+        let woken = match self.lock().channels.get_mut(name) {
+            Some(channel) if channel.holders > 0 || !unsubscribed => {
+                if unsubscribed {
+                    channel.subscribed = false;
+                }
+                std::mem::take(&mut channel.woken)
+            }
+            _ => return,
+        };
+        for tx in woken.into_values() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// After a disconnection: what was published meanwhile is lost, so every wait reads again,
+    /// and subscribes again.
+    fn wake_all(&self) {
+        let mut woken = Vec::new();
+        for channel in self.lock().channels.values_mut() {
+            if channel.holders > 0 {
+                channel.subscribed = false;
+            }
+            woken.extend(std::mem::take(&mut channel.woken).into_values());
+        }
+        for tx in woken {
+            let _ = tx.send(());
+        }
+    }
+
+    fn register(&self, name: &str) -> Registered<'_> {
+        let (tx, rx) = oneshot::channel();
+        let mut state = self.lock();
+        state.next += 1;
+        let n = state.next;
+        let channel = state.channels.entry(name.to_owned()).or_default();
+        channel.holders += 1;
+        channel.woken.insert(n, tx);
+        Registered {
+            hub: self,
+            name: name.to_owned(),
+            n,
+            rx,
+        }
+    }
+
+    /// Subscribes to `name` unless it is already; unsubscribes the channels nobody waits on.
+    /// Answers whether the subscription is confirmed.
+    async fn subscribe(&self, subscriber: &mut Subscriber, name: &str) -> bool {
+        let _order = self.order.lock().await;
+        let (idle, subscribed) = {
+            let mut state = self.lock();
+            let idle: Vec<String> = state
+                .channels
+                .iter()
+                .filter(|(_, c)| c.holders == 0)
+                .map(|(n, _)| n.clone())
+                .collect();
+            for n in &idle {
+                state.channels.remove(n);
+            }
+            (idle, state.channels.get(name).is_some_and(|c| c.subscribed))
+        };
+        let command = async {
+            if !idle.is_empty() {
+                // Best effort: a channel left subscribed only costs an unused message.
+                let _ = match subscriber {
+                    Subscriber::Single(c) => c.unsubscribe(&idle).await,
+                    Subscriber::Cluster(c) => {
+                        for n in &idle {
+                            let _ = c.sunsubscribe(n).await;
+                        }
+                        Ok(())
+                    }
+                };
+            }
+            if subscribed {
+                return Ok(());
+            }
+            match subscriber {
+                Subscriber::Single(c) => c.subscribe(name).await,
+                Subscriber::Cluster(c) => c.ssubscribe(name).await,
+            }
+        };
+        match tokio::time::timeout(SUBSCRIBE_TIMEOUT, command).await {
+            Ok(Ok(())) => {
+                if let Some(channel) = self.lock().channels.get_mut(name) {
+                    channel.subscribed = true;
+                }
+                true
+            }
+            Ok(Err(error)) => {
+                if error.kind() == redis::ErrorKind::InvalidClientConfig {
+                    // RESP2: this client cannot subscribe at all.
+                    self.unable.store(true, Ordering::Relaxed);
+                }
+                tracing::debug!(%error, "waiting: subscribe failed; this wait polls");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// One registered wait; dropping it unregisters (the channel is unsubscribed later).
+struct Registered<'a> {
+    hub: &'a Hub,
+    name: String,
+    n: u64,
+    rx: oneshot::Receiver<()>,
+}
+
+impl Registered<'_> {
+    async fn woken(&mut self) {
+        // The sender is only dropped unsent when woken, so either way: woken.
+        let _ = (&mut self.rx).await;
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if let Some(channel) = self.hub.lock().channels.get_mut(&self.name) {
+            channel.holders = channel.holders.saturating_sub(1);
+            channel.woken.remove(&self.n);
+        }
+    }
+}
+
+/// Reads the record every `every` until it [`changed`] from `seen`.
+async fn poll_every(
+    store: &RedisStore,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    seen: &Record,
+    clock: &dyn Clock,
+    timer: &Timer,
+    every: Duration,
+) -> Result<(), StoreError> {
+    loop {
+        timer.sleep(every).await;
+        if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
+            return Ok(());
+        }
+    }
+}
+
+/// [`KeyStore::wait_for_change`] for Redis: register and subscribe, read, then the first of a
+/// message and a poll (every [`SAFETY_POLL`] when subscribed, the portable backoff when not).
+pub(crate) async fn wait_for_change(
+    store: &RedisStore,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    seen: &Record,
+    clock: &dyn Clock,
+    timer: &Timer,
+) -> Result<(), StoreError> {
+    let Some(mut subscriber) = store.hub.subscriber().await else {
+        return poll_for_change(store, scope, key, seen, clock, timer).await;
+    };
+    let name = RecordKeys::new(&store.prefix, scope, key).record;
+    let mut registered = store.hub.register(&name);
+    let subscribed = store.hub.subscribe(&mut subscriber, &name).await;
+    if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
+        return Ok(());
+    }
+    if subscribed {
+        tokio::select! {
+            () = registered.woken() => Ok(()),
+            polled = poll_every(store, scope, key, seen, clock, timer, SAFETY_POLL) => polled,
+        }
+    } else {
+        tokio::select! {
+            () = registered.woken() => Ok(()),
+            polled = poll_for_change(store, scope, key, seen, clock, timer) => polled,
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Waking waiting requests with pub/sub ([contract §5.2](idem_core::contract#waiting)), across
+//! two store handles with connections of their own (as two processes would be), on the standalone
+//! server of `IDEM_TEST_REDIS_URL` and the cluster of `IDEM_TEST_REDIS_CLUSTER_URLS` (sharded
+//! pub/sub).
+//!
+//! The store-level cases wait on a [`Timer`] that never fires: the waiting store's polls (its
+//! safety net included) never run, so a wait that ends was ended by a message.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::{
+    ClaimAnswer, Clock, CompleteAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore,
+    ManualClock, Outcome, Policy, ReleaseAnswer, Scope, StalePolicy, SystemClock, Timer, Timestamp,
+    Token,
+};
+use idem_store_redis::RedisStore;
+use serde_json::json;
+
+/// A guard against a hang, never a measure: the cases finish in milliseconds.
+const HANG: Duration = Duration::from_secs(20);
+
+type Ids = (Scope, IdempotencyKey, Fingerprint);
+
+fn never() -> Timer {
+    Timer::new(|_| Box::pin(std::future::pending()))
+}
+
+fn policy(stale: StalePolicy) -> Policy {
+    Policy::builder()
+        .lease(Duration::from_secs(30))
+        .stale(stale)
+        .build()
+        .unwrap()
+}
+
+fn ids(test: &str) -> Ids {
+    (
+        Scope::new(common::unique(test)).unwrap(),
+        IdempotencyKey::new("wf-1:step-1").unwrap(),
+        Fingerprint::of("create_ticket", &json!({"title": "t"})).unwrap(),
+    )
+}
+
+fn ticket() -> Outcome {
+    Outcome::definitive(201, &json!({"ticket": "T-1"})).unwrap()
+}
+
+/// A new handle (its own connections) on the standalone server, or on the cluster.
+async fn handle(cluster: bool, prefix: &str) -> Option<RedisStore> {
+    let store = if cluster {
+        RedisStore::connect_cluster(&common::cluster_urls()?).await
+    } else {
+        RedisStore::connect(&common::url()?).await
+    };
+    Some(store.unwrap().with_prefix(prefix).unwrap())
+}
+
+async fn claim(store: &RedisStore, ids: &Ids, p: &Policy, now: Timestamp) -> Token {
+    match store.claim(&ids.0, &ids.1, &ids.2, p, now).await.unwrap() {
+        ClaimAnswer::Claimed { token, .. } => token,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+/// Starts `b`'s wait on the record as it is now; returns once it is registered.
+async fn wait_on(b: &RedisStore, ids: &Ids, clock: &ManualClock) -> tokio::task::JoinHandle<()> {
+    let seen = b
+        .get(&ids.0, &ids.1, clock.now())
+        .await
+        .unwrap()
+        .expect("a record");
+    let (b2, ids2, clock2) = (b.clone(), ids.clone(), clock.clone());
+    let task = tokio::spawn(async move {
+        b2.wait_for_change(&ids2.0, &ids2.1, &seen, &clock2, &never())
+            .await
+            .unwrap();
+    });
+    while b.wait_subscriptions() == 0 {
+        tokio::task::yield_now().await;
+    }
+    task
+}
+
+async fn woken(task: tokio::task::JoinHandle<()>, by: &str) {
+    tokio::time::timeout(HANG, task)
+        .await
+        .unwrap_or_else(|_| panic!("the waiter was not woken by the {by}"))
+        .unwrap();
+}
+
+async fn wakes_on_completion_release_and_takeover(cluster: bool) {
+    let prefix = common::unique("wait-kinds");
+    let (Some(a), Some(b), Some(c)) = (
+        handle(cluster, &prefix).await,
+        handle(cluster, &prefix).await,
+        handle(cluster, &prefix).await,
+    ) else {
+        return;
+    };
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let p = policy(StalePolicy::Takeover);
+
+    let ids = self::ids("complete");
+    let token = claim(&a, &ids, &p, clock.now()).await;
+    let waiter = wait_on(&b, &ids, &clock).await;
+    let done = a
+        .complete(&ids.0, &ids.1, token, &ticket(), &p, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(done, CompleteAnswer::Completed);
+    woken(waiter, "completion").await;
+
+    let ids = self::ids("release");
+    let token = claim(&a, &ids, &p, clock.now()).await;
+    let waiter = wait_on(&b, &ids, &clock).await;
+    let released = a.release(&ids.0, &ids.1, token, clock.now()).await.unwrap();
+    assert_eq!(released, ReleaseAnswer::Released);
+    woken(waiter, "release").await;
+
+    let ids = self::ids("takeover");
+    claim(&a, &ids, &p, clock.now()).await;
+    let waiter = wait_on(&b, &ids, &clock).await;
+    clock.advance(Duration::from_secs(31));
+    claim(&c, &ids, &p, clock.now()).await;
+    woken(waiter, "takeover").await;
+    assert_eq!(b.wait_subscriptions(), 0, "nothing left registered");
+    assert_eq!(b.subscriber_connections_opened(), 1);
+}
+
+#[tokio::test]
+async fn standalone_a_waiter_on_another_store_wakes_on_completion_release_and_takeover() {
+    wakes_on_completion_release_and_takeover(false).await;
+}
+
+#[tokio::test]
+async fn cluster_a_waiter_on_another_store_wakes_on_completion_release_and_takeover() {
+    wakes_on_completion_release_and_takeover(true).await;
+}
+
+/// Tickets created at the sink.
+#[derive(Debug, Default)]
+struct Sink(AtomicUsize);
+
+impl Sink {
+    fn create_ticket(&self) -> Outcome {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        Outcome::definitive(201, &json!({"ticket": format!("T-{n}")})).unwrap()
+    }
+}
+
+async fn fifty_waiters_share_one_subscription(cluster: bool) {
+    let prefix = common::unique("wait-fifty");
+    let (Some(a), Some(b)) = (
+        handle(cluster, &prefix).await,
+        handle(cluster, &prefix).await,
+    ) else {
+        return;
+    };
+    let ids = ids("fifty");
+    let p = policy(StalePolicy::Reconcile);
+    let sink = Arc::new(Sink::default());
+    let first = Executor::new(a).with_policy(p).with_clock(SystemClock);
+    let (finish, hold) = tokio::sync::oneshot::channel::<()>();
+    let (started, running) = tokio::sync::oneshot::channel();
+    let first = {
+        let (sink, ids) = (sink.clone(), ids.clone());
+        tokio::spawn(async move {
+            first
+                .run(&ids.0, &ids.1, &ids.2, |_| async move {
+                    started.send(()).unwrap();
+                    hold.await.unwrap();
+                    sink.create_ticket()
+                })
+                .await
+        })
+    };
+    running.await.unwrap();
+    let waiting = Executor::new(b.clone())
+        .with_policy(p)
+        .with_clock(SystemClock)
+        .waiting(Duration::from_secs(15));
+    let waiters: Vec<_> = (0..50)
+        .map(|_| {
+            let (exec, sink, ids) = (waiting.clone(), sink.clone(), ids.clone());
+            tokio::spawn(async move {
+                exec.run(
+                    &ids.0,
+                    &ids.1,
+                    &ids.2,
+                    |_| async move { sink.create_ticket() },
+                )
+                .await
+            })
+        })
+        .collect();
+    while b.wait_subscriptions() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Let every waiter reach its wait.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(b.wait_subscriptions(), 1, "one subscription for 50 waiters");
+    assert_eq!(b.subscriber_connections_opened(), 1, "one subscriber");
+    if !cluster {
+        // On the server: one subscriber to the record's channel.
+        let client = redis::Client::open(common::url().unwrap()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(format!("{prefix}:*"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(channels.len(), 1, "one channel: {channels:?}");
+        let numsub: (String, usize) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channels[0])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(numsub.1, 1, "one subscriber on the server");
+    }
+    finish.send(()).unwrap();
+    let first = first.await.unwrap().unwrap();
+    for waiter in waiters {
+        let again = tokio::time::timeout(HANG, waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(again.is_replay());
+        assert_eq!(again.outcome(), first.outcome());
+    }
+    assert_eq!(
+        sink.0.load(Ordering::SeqCst),
+        1,
+        "one ticket for 51 requests"
+    );
+    assert_eq!(b.wait_subscriptions(), 0);
+}
+
+#[tokio::test]
+async fn standalone_fifty_waiters_in_one_process_share_one_subscription() {
+    fifty_waiters_share_one_subscription(false).await;
+}
+
+#[tokio::test]
+async fn cluster_fifty_waiters_in_one_process_share_one_subscription() {
+    fifty_waiters_share_one_subscription(true).await;
+}
+
+#[tokio::test]
+async fn a_dropped_waiter_leaves_no_record_change_and_no_subscription() {
+    let prefix = common::unique("wait-drop");
+    let (Some(a), Some(b)) = (handle(false, &prefix).await, handle(false, &prefix).await) else {
+        return;
+    };
+    let ids = ids("drop");
+    let p = policy(StalePolicy::Reconcile);
+    let token = claim(&a, &ids, &p, SystemClock.now()).await;
+    let before = a.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+    let sink = Arc::new(Sink::default());
+    let waiter = {
+        let exec = Executor::new(b.clone())
+            .with_policy(p)
+            .with_clock(SystemClock)
+            .waiting(Duration::from_secs(15));
+        let (sink, ids) = (sink.clone(), ids.clone());
+        tokio::spawn(async move {
+            exec.run(
+                &ids.0,
+                &ids.1,
+                &ids.2,
+                |_| async move { sink.create_ticket() },
+            )
+            .await
+        })
+    };
+    while b.wait_subscriptions() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    assert_eq!(b.wait_subscriptions(), 0, "unsubscribed");
+    let after = a.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+    assert_eq!(before, after, "no record change");
+    assert_eq!(sink.0.load(Ordering::SeqCst), 0, "nothing ran");
+    let done = a
+        .complete(&ids.0, &ids.1, token, &ticket(), &p, SystemClock.now())
+        .await
+        .unwrap();
+    assert_eq!(done, CompleteAnswer::Completed);
+}
+
+#[tokio::test]
+async fn a_store_on_a_callers_connection_manager_polls() {
+    let Some(url) = common::url() else { return };
+    let prefix = common::unique("wait-manager");
+    let a = handle(false, &prefix).await.unwrap();
+    let manager = redis::aio::ConnectionManager::new(redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    let b = RedisStore::from_connection_manager(manager)
+        .with_prefix(&prefix)
+        .unwrap();
+    let ids = ids("manager");
+    let p = policy(StalePolicy::Reconcile);
+    let token = claim(&a, &ids, &p, SystemClock.now()).await;
+    let seen = b
+        .get(&ids.0, &ids.1, SystemClock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let (b, ids) = (b.clone(), ids.clone());
+        tokio::spawn(async move {
+            b.wait_for_change(&ids.0, &ids.1, &seen, &SystemClock, &Timer::tokio())
+                .await
+                .unwrap()
+        })
+    };
+    a.complete(&ids.0, &ids.1, token, &ticket(), &p, SystemClock.now())
+        .await
+        .unwrap();
+    tokio::time::timeout(HANG, waiter).await.unwrap().unwrap();
+    assert_eq!(b.subscriber_connections_opened(), 0, "no subscriber");
+}
