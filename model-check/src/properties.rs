@@ -16,7 +16,8 @@ pub const FENCING: &str =
 /// the first request's outcome.
 pub const NO_FOREIGN_REPLAY: &str = "no silent replay of another request (contract §2, §4)";
 /// contract [§2](idem_core::contract#states) and [§3.5](idem_core::contract#guarantee-5): every replay carries the outcome of the operation's first completion.
-pub const FIRST_OUTCOME: &str = "a replay carries the first completion's outcome (contract §2, §3.5)";
+pub const FIRST_OUTCOME: &str =
+    "a replay carries the first completion's outcome (contract §2, §3.5)";
 /// contract [§2](idem_core::contract#states) and [§3.6](idem_core::contract#guarantee-6): an expired record is treated exactly as if it did not exist, and stays so:
 /// reconciliation (which settles stale claims) never writes a record that had expired or was
 /// purged back into existence.
