@@ -13,8 +13,7 @@ use crate::machine::{
 use crate::wait::{LocalNotifier, Timer, changed};
 use crate::{
     Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
-    Scope,
-    StoreError, Timestamp, Token,
+    Scope, StoreError, Timestamp, Token,
 };
 
 type Map = HashMap<(Scope, IdempotencyKey), Record>;

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod builder;
+mod connect;
 mod error;
 mod maintenance;
 mod pool;
@@ -18,7 +19,8 @@ use idem_core::machine::{self, CompleteAnswer};
 use idem_core::{Attempt, Outcome, StoreError};
 use rusqlite::Connection;
 
-pub use builder::{SqliteStoreBuilder, Synchronous};
+pub use builder::SqliteStoreBuilder;
+pub use connect::Synchronous;
 pub use error::TableNameError;
 pub use rusqlite;
 pub use schema::{SCHEMA_TABLE, TableName};

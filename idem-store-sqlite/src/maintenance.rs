@@ -4,7 +4,7 @@
 use idem_core::{ConfigWarning, Maintenance, StoreError, async_trait};
 
 use crate::SqliteStore;
-use crate::builder::Synchronous;
+use crate::connect::Synchronous;
 use crate::schema::{self, SCHEMA_TABLE, SCHEMA_VERSION};
 
 /// `migrate` and `schema_version` are brief blocking calls on a local file (one transaction,

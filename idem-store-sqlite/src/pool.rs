@@ -10,7 +10,7 @@ use idem_core::{IdempotencyKey, Record, Scope, StoreError};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::Semaphore;
 
-use crate::builder::Config;
+use crate::connect::Config;
 use crate::error::at;
 use crate::schema::{self, TableName};
 use crate::{SqliteStore, row};

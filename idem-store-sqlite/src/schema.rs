@@ -232,7 +232,7 @@ impl Sql {
     ) -> (String, Vec<rusqlite::types::Value>) {
         use idem_core::RecordState;
         use rusqlite::types::Value;
-        let mut params = vec![Value::Integer(crate::row::ts_to_sql(now))];
+        let mut params = vec![Value::Integer(idem_core::record::timestamp_to_column(now))];
         let mut conditions = String::from("expires_at > ?1");
         let mut state_param = None;
         if let Some(state) = filter.state {
@@ -244,7 +244,9 @@ impl Sql {
             conditions.push_str(&format!(" AND scope = ?{}", params.len()));
         }
         if let Some(before) = filter.updated_before {
-            params.push(Value::Integer(crate::row::ts_to_sql(before)));
+            params.push(Value::Integer(idem_core::record::timestamp_to_column(
+                before,
+            )));
             conditions.push_str(&format!(" AND updated_at <= ?{}", params.len()));
         }
         params.push(Value::Integer(limit));

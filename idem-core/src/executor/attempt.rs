@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Spawner;
-use super::steps::{count_completion, timed};
+use super::observe::{count_completion, timed};
 use crate::codec::{CodecContext, CodecError, OutcomeCodec, encode_outcome};
 use crate::machine::{ClaimKind, ExtendAnswer};
 use crate::{

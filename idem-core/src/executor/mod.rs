@@ -20,12 +20,13 @@ use crate::{
 
 mod attempt;
 mod checkpoints;
+mod observe;
 mod steps;
 mod wait;
 
 pub use attempt::Attempt;
+use observe::{count_claim, count_completion};
 pub(crate) use steps::{CompletionError, complete_or_not_kept};
-use steps::{count_claim, count_completion};
 
 /// A future handed to a [`Executor::with_spawner`] spawner.
 pub type BackgroundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;

@@ -1,10 +1,11 @@
 //! The executor's steps: claim and record (run inline, or through the spawner so a dropped caller
-//! cannot cancel them), completion with its "not kept" fallback, and the counters.
+//! cannot cancel them), completion with its "not kept" fallback.
 
 use std::future::Future;
 
 use futures_channel::oneshot;
 
+use super::observe::{count_completion, timed};
 use super::{Executor, attempt::ReleaseOnDrop};
 use crate::codec::{CodecContext, CodecError, OutcomeCodec, encode_outcome};
 use crate::machine::{ClaimAnswer, CompleteAnswer, OutcomeTooLarge, completed_state};
@@ -267,23 +268,4 @@ pub(crate) async fn complete_or_not_kept(
         answer,
         not_kept: Some(too_large),
     })
-}
-
-/// Counts one claim answer; `key_source` is the key's [`KeyOrigin`](crate::KeyOrigin) label.
-pub(super) fn count_claim(result: &'static str, key_source: &'static str) {
-    metrics::counter!(crate::metrics::CLAIMS, "result" => result, "key_source" => key_source)
-        .increment(1);
-}
-
-pub(super) fn count_completion(result: &'static str) {
-    metrics::counter!(crate::metrics::COMPLETIONS, "result" => result).increment(1);
-}
-
-/// Times a store call ([`crate::metrics::timed`]).
-pub(super) async fn timed<T>(
-    store: &dyn KeyStore,
-    op: &'static str,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    crate::metrics::timed(store.backend(), op, call).await
 }
