@@ -4,6 +4,7 @@ mod builder;
 mod connect;
 mod error;
 mod maintenance;
+mod migrate;
 mod pool;
 mod row;
 mod schema;
@@ -72,21 +73,6 @@ impl SqliteStore {
             busy_timeout: Duration::from_secs(10),
             max_connections: 4,
         }
-    }
-
-    /// Creates or upgrades the table to this build's schema version
-    /// ([`Maintenance::latest_schema_version`](idem_core::Maintenance::latest_schema_version)).
-    /// Idempotent, and safe to run from several processes at once (one `BEGIN IMMEDIATE`
-    /// transaction). Blocking (a local file): call it at start-up, also before a runtime
-    /// exists. [`Maintenance::migrate`](idem_core::Maintenance::migrate) is the same call.
-    pub fn migrate(&self) -> Result<(), StoreError> {
-        let conn = self.inner.take_connection()?;
-        let result = {
-            let _writer = self.inner.write_lock();
-            schema::migrate(&conn, &self.inner.table)
-        };
-        self.inner.give_back(conn);
-        result.map(|_| ())
     }
 
     /// The database file.
