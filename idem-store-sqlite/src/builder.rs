@@ -67,7 +67,7 @@ impl SqliteStoreBuilder {
         // One write lock per database file per process (see `Inner::write_lock`).
         let canonical = std::fs::canonicalize(&config.path).unwrap_or_else(|_| config.path.clone());
         let inner = Inner {
-            sql: schema::Sql::new(&self.table),
+            sql: schema::Statements::new(&self.table),
             table: self.table,
             config,
             max_connections: self.max_connections,

@@ -5,6 +5,7 @@ mod connect;
 mod error;
 mod maintenance;
 mod migrate;
+mod ops;
 mod pool;
 mod row;
 mod schema;
@@ -127,7 +128,7 @@ impl SqliteStore {
                 message: "sqlite: complete_in needs an open transaction on the connection".into(),
             });
         }
-        row::complete(
+        ops::complete_on(
             conn,
             &self.inner.sql,
             attempt.scope(),

@@ -43,7 +43,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX "{n}_updated" ON {t} (updated_at);
     "#,
     // 3: fewer pages per commit. `list` without a state filter reads `(state, updated_at)` once
-    // per state (see `Sql::list`), so `(updated_at)` goes; the in-flight index keeps only
+    // per state (see `Statements::list`), so `(updated_at)` goes; the in-flight index keeps only
     // `processing` records (what `list_in_flight` reads), ordered as it returns them, instead of
     // an entry for every record that each completion moves. Its leading `state` makes the
     // planner prefer it over `(state, updated_at)` even on a table never analysed.
@@ -140,18 +140,17 @@ impl std::str::FromStr for TableName {
     }
 }
 
-/// The columns every read selects, in the order `row::RawRow` reads them.
+/// The columns every read selects, in the order `row::read_row` reads them.
 pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token_seq, token_id, attempt, \
      lease_until, outcome_status, outcome_body, outcome_class, created_at, updated_at, expires_at, \
      checkpoints";
 
 /// The statements of one table, built once per store.
 #[derive(Debug)]
-pub(crate) struct Sql {
-    pub select: String,
+pub(crate) struct Statements {
+    pub select_any: String,
     pub insert: String,
-    pub insert_new: String,
-    pub update_held: String,
+    pub replace: String,
     pub complete: String,
     pub checkpoint: String,
     pub list_in_flight: String,
@@ -159,18 +158,15 @@ pub(crate) struct Sql {
     table: String,
 }
 
-impl Sql {
+impl Statements {
     pub(crate) fn new(table: &TableName) -> Self {
         let t = table.quoted();
         Self {
-            select: format!("SELECT {COLUMNS} FROM {t} WHERE scope = ?1 AND key = ?2"),
+            select_any: format!("SELECT {COLUMNS} FROM {t} WHERE scope = ?1 AND key = ?2"),
+            // A record where none was: inserts unless a record appeared meanwhile (a claim that
+            // read outside the write lock then reads and decides again; under the write lock, no
+            // row is inserted and the write fails).
             insert: format!(
-                "INSERT INTO {t} ({COLUMNS}) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
-            ),
-            // A claim of a key that was absent when read outside the write lock: inserts unless a
-            // record appeared meanwhile (then the claim reads and decides again).
-            insert_new: format!(
                 "INSERT INTO {t} ({COLUMNS}) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
                  ON CONFLICT (scope, key) DO NOTHING"
@@ -196,7 +192,7 @@ impl Sql {
                  AND token_id = ?4 AND expires_at > ?6"
             ),
             // Fenced in the statement itself: it writes only over the token that was read.
-            update_held: format!(
+            replace: format!(
                 "UPDATE {t} SET fingerprint = ?3, state = ?4, token_seq = ?5, token_id = ?6, \
                  attempt = ?7, lease_until = ?8, outcome_status = ?9, outcome_body = ?10, \
                  outcome_class = ?11, created_at = ?12, updated_at = ?13, expires_at = ?14, \
@@ -229,7 +225,7 @@ impl Sql {
     ) -> (String, Vec<rusqlite::types::Value>) {
         use idem_core::RecordState;
         use rusqlite::types::Value;
-        let mut params = vec![Value::Integer(idem_core::record::timestamp_to_column(now))];
+        let mut params = vec![Value::Integer(crate::row::ts(now))];
         let mut conditions = String::from("expires_at > ?1");
         let mut state_param = None;
         if let Some(state) = filter.state {
@@ -241,9 +237,7 @@ impl Sql {
             conditions.push_str(&format!(" AND scope = ?{}", params.len()));
         }
         if let Some(before) = filter.updated_before {
-            params.push(Value::Integer(idem_core::record::timestamp_to_column(
-                before,
-            )));
+            params.push(Value::Integer(crate::row::ts(before)));
             conditions.push_str(&format!(" AND updated_at <= ?{}", params.len()));
         }
         params.push(Value::Integer(limit));

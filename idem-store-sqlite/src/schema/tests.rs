@@ -80,7 +80,7 @@ fn every_listed_operation_is_served_by_an_index() {
 
 /// The plans, on the table as it is (empty and never analysed, or filled and analysed).
 fn check_plans(conn: &Connection, table: &TableName) {
-    let sql = Sql::new(table);
+    let sql = Statements::new(table);
     let scope = Some(Scope::new("s").unwrap());
     let filters = [
         ListFilter::default(),
