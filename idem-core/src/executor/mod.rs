@@ -5,8 +5,6 @@
 //! in `steps`; the counters in `observe`; waiting in `wait`; checkpoints in `checkpoints`.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -18,17 +16,15 @@ mod attempt;
 mod checkpoints;
 mod observe;
 mod run;
+mod spawn;
 mod steps;
 mod wait;
 
 pub use attempt::Attempt;
 pub(crate) use run::{Ran, Unserializable};
+pub use spawn::BackgroundTask;
+use spawn::Spawn;
 pub(crate) use steps::{CompletionError, complete_or_not_kept};
-
-/// A future handed to a [`Executor::with_spawner`] spawner.
-pub type BackgroundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
-
-type Spawner = Arc<dyn Fn(BackgroundTask) + Send + Sync>;
 
 /// What [`Executor::run`] returns when it has an outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,19 +91,21 @@ impl Execution {
 ///
 /// # Cancellation ([contract §2](crate::contract#states))
 ///
-/// With a spawner ([`Executor::with_spawner`]), the claim and the completion run as background
-/// tasks, so dropping the caller's future cannot lose them: a claim won after the caller went
-/// away (before the operation started) is released, and an outcome that is being recorded is
-/// recorded. Dropping the future while the operation runs leaves the record `processing` (the
-/// effect may have happened) for the lease and reconciliation. Without a spawner, dropping the
-/// future while the claim is in the store may leave a `processing` record behind, which the lease
-/// and reconciliation then settle.
+/// Inside a tokio runtime (with the `tokio` feature, on by default) or with a spawner of your own
+/// ([`Executor::with_spawner`]), the claim and the completion run as background tasks, so
+/// dropping the caller's future cannot lose them: a claim won after the caller went away (before
+/// the operation started) is released, and an outcome that is being recorded is recorded.
+/// Dropping the future while the operation runs leaves the record `processing` (the effect may
+/// have happened) for the lease and reconciliation. Without a spawner (outside a tokio runtime,
+/// without the `tokio` feature, or after [`Executor::without_spawner`]), dropping the future
+/// while the claim is in the store may leave a `processing` record behind, which the lease and
+/// reconciliation then settle.
 #[derive(Clone)]
 pub struct Executor {
     store: Arc<dyn KeyStore>,
     policy: Policy,
     clock: Arc<dyn Clock>,
-    spawner: Option<Spawner>,
+    spawn: Spawn,
     codec: Option<Arc<dyn OutcomeCodec>>,
     waiting: wait::Waiting,
 }
@@ -118,7 +116,7 @@ impl fmt::Debug for Executor {
             .field("store", &self.store)
             .field("policy", &self.policy)
             .field("clock", &self.clock)
-            .field("spawner", &self.spawner.is_some())
+            .field("spawner", &self.spawn.name())
             .field("codec", &self.codec)
             .field("wait", &self.waiting.requested)
             .field("max_wait", &self.max_wait())
@@ -138,7 +136,7 @@ impl Executor {
             store,
             policy: Policy::default(),
             clock: Arc::new(SystemClock),
-            spawner: None,
+            spawn: Spawn::default_for_build(),
             codec: None,
             waiting: wait::Waiting::new(),
         }
@@ -157,21 +155,22 @@ impl Executor {
     }
 
     /// Runs the claim and the completion as background tasks through `spawn`, so a dropped
-    /// caller cannot lose them (see "Cancellation"). With tokio:
-    /// `executor.with_spawner(|task| { tokio::spawn(task); })`.
+    /// caller cannot lose them (see "Cancellation"). Not needed on tokio: with the `tokio`
+    /// feature (on by default) the executor spawns on the tokio runtime current when it starts a
+    /// task. For another runtime, e.g. `executor.with_spawner(|task| { smol::spawn(task).detach(); })`.
     pub fn with_spawner(mut self, spawn: impl Fn(BackgroundTask) + Send + Sync + 'static) -> Self {
-        self.spawner = Some(Arc::new(spawn));
+        self.spawn = Spawn::With(Arc::new(spawn));
         self
     }
 
-    /// This executor without its spawner: the claim and the completion run inline, in the
-    /// caller's task. For a caller that already runs [`Executor::run`] in a task of its own that
+    /// This executor without a spawner (neither its own nor tokio's): the claim and the completion
+    /// run inline, in the caller's task. For a caller that already runs [`Executor::run`] in a task of its own that
     /// nothing cancels (the HTTP layer and the MCP wrapper spawn one per call): there the
     /// spawner's extra task per claim and per completion protects nothing more and costs a task
     /// hop each.
     pub fn without_spawner(&self) -> Self {
         Self {
-            spawner: None,
+            spawn: Spawn::Inline,
             ..self.clone()
         }
     }

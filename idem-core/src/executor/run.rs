@@ -152,12 +152,14 @@ impl Executor {
         let resumed = match self.resumed_checkpoints(scope, key, token, kind).await {
             Ok(resumed) => resumed,
             Err(e) => {
-                // Nothing ran: give the claim back (an armed guard does it when dropped).
-                if guard.is_none() {
-                    let now = self.clock.now();
-                    if let Err(release) = self.store.release(scope, key, token, now).await {
-                        tracing::warn!(error = %release, "claim could not be released; the lease will run out");
-                    }
+                // Nothing ran: give the claim back before answering, so a retry finds it free.
+                // The guard stays armed until then: a caller gone meanwhile still releases it.
+                let now = self.clock.now();
+                if let Err(release) = self.store.release(scope, key, token, now).await {
+                    tracing::warn!(error = %release, "claim could not be released; the lease will run out");
+                }
+                if let Some(mut guard) = guard {
+                    guard.armed = false;
                 }
                 tracing::error!(error = %e, "the checkpoints to resume from could not be read; nothing ran, claim released");
                 return Err(e);

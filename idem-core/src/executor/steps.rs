@@ -22,7 +22,7 @@ impl Executor {
         &self,
         task: impl Future<Output = T> + Send + 'static,
     ) -> Option<T> {
-        let Some(spawner) = &self.spawner else {
+        let Some(spawner) = self.spawn.here() else {
             return Some(task.await);
         };
         let (tx, rx) = oneshot::channel();
@@ -43,8 +43,7 @@ impl Executor {
         fingerprint: &Fingerprint,
     ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>), Error> {
         let now = self.clock.now();
-        let (store, clock, spawner) =
-            (self.store.clone(), self.clock.clone(), self.spawner.clone());
+        let (store, clock, spawner) = (self.store.clone(), self.clock.clone(), self.spawn.here());
         let (scope, key, fingerprint, policy) =
             (scope.clone(), key.clone(), fingerprint.clone(), self.policy);
         let claimed = self.on_spawner(async move {
