@@ -43,7 +43,7 @@ use crate::metrics::{count_reconcile, timed};
 use async_trait::async_trait;
 
 use crate::codec::OutcomeCodec;
-use crate::executor::{CompletionError, complete_or_not_kept};
+use crate::executor::{CompletionError, Held, complete_or_not_kept};
 use crate::machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ReleaseAnswer};
 use crate::{Clock, KeyStore, Outcome, Policy, Record, StalePolicy, StoreError, Timestamp};
 
@@ -279,23 +279,21 @@ impl<P: Probe> Reconciler<P> {
         match finding {
             Finding::Happened(outcome) => {
                 let now = self.clock.now();
-                let completion = complete_or_not_kept(
-                    &*self.store,
-                    self.codec.as_deref(),
-                    &taken.scope,
-                    &taken.key,
+                let held = Held {
+                    store: &*self.store,
+                    codec: self.codec.as_deref(),
+                    scope: &taken.scope,
+                    key: &taken.key,
                     token,
-                    &outcome,
-                    &self.policy,
-                    now,
-                )
-                .await
-                .map_err(|e| match e {
-                    CompletionError::Store(e) => e,
-                    CompletionError::Encode(e) => {
-                        StoreError::backend("the probe's outcome could not be encoded", e)
-                    }
-                })?;
+                };
+                let completion = complete_or_not_kept(held, &outcome, &self.policy, now)
+                    .await
+                    .map_err(|e| match e {
+                        CompletionError::Store(e) => e,
+                        CompletionError::Encode(e) => {
+                            StoreError::backend("the probe's outcome could not be encoded", e)
+                        }
+                    })?;
                 match completion.answer {
                     CompleteAnswer::Fenced => {
                         count_reconcile("skipped");

@@ -128,15 +128,11 @@ impl SqliteStore {
                 message: "sqlite: complete_in needs an open transaction on the connection".into(),
             });
         }
-        ops::complete_on(
-            conn,
-            &self.inner.sql,
-            attempt.scope(),
-            attempt.key(),
-            attempt.token(),
-            outcome,
-            policy,
-            now,
-        )
+        let held = ops::Held {
+            scope: attempt.scope(),
+            key: attempt.key(),
+            token: attempt.token(),
+        };
+        ops::complete_on(conn, &self.inner.sql, held, outcome, policy, now)
     }
 }

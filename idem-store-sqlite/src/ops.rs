@@ -101,20 +101,26 @@ pub(crate) fn insert_new(
     Ok(inserted == 1)
 }
 
+/// The claim a fenced write is made under: the record's address and the holder's token.
+#[derive(Clone, Copy)]
+pub(crate) struct Held<'a> {
+    pub(crate) scope: &'a Scope,
+    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) token: Token,
+}
+
 /// [`machine::complete`] as one fenced `UPDATE` (a live `processing` record held by `token`
 /// takes the outcome; anything else is `Fenced` and nothing is written), on `conn`: the store's
 /// write transaction or the caller's (`complete_in`).
-#[allow(clippy::too_many_arguments)] // the address, the token, the outcome under its policy, now
 pub(crate) fn complete_on(
     conn: &Connection,
     sql: &Statements,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    token: Token,
+    held: Held<'_>,
     outcome: &Outcome,
     policy: &Policy,
     now: Timestamp,
 ) -> Result<CompleteAnswer, StoreError> {
+    let Held { scope, key, token } = held;
     machine::check_outcome_size(outcome, policy)?;
     let state = machine::completed_state(outcome, policy);
     let updated = conn
@@ -145,11 +151,10 @@ pub(crate) fn complete_on(
 pub(crate) fn checkpoint(
     conn: &Connection,
     sql: &Statements,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    token: Token,
+    held: Held<'_>,
     checkpoint: &Checkpoint,
 ) -> Result<CheckpointAnswer, StoreError> {
+    let Held { scope, key, token } = held;
     let updated = conn
         .prepare_cached(&sql.checkpoint)
         .map_err(at("checkpoint: prepare"))?

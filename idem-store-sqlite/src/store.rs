@@ -71,7 +71,12 @@ impl KeyStore for SqliteStore {
         let (scope, key, outcome, policy) = (scope.clone(), key.clone(), outcome.clone(), *policy);
         self.run(move |inner, conn| {
             let answer = inner.write_tx(conn, |tx| {
-                ops::complete_on(tx, &inner.sql, &scope, &key, token, &outcome, &policy, now)
+                let held = ops::Held {
+                    scope: &scope,
+                    key: &key,
+                    token,
+                };
+                ops::complete_on(tx, &inner.sql, held, &outcome, &policy, now)
             })?;
             inner.notifier.notify(&scope, &key);
             Ok(answer)
@@ -192,7 +197,12 @@ impl KeyStore for SqliteStore {
         let (scope, key, checkpoint) = (scope.clone(), key.clone(), checkpoint.clone());
         self.run(move |inner, conn| {
             inner.write_tx(conn, |tx| {
-                ops::checkpoint(tx, &inner.sql, &scope, &key, token, &checkpoint)
+                let held = ops::Held {
+                    scope: &scope,
+                    key: &key,
+                    token,
+                };
+                ops::checkpoint(tx, &inner.sql, held, &checkpoint)
             })
         })
         .await

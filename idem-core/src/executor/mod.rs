@@ -24,7 +24,7 @@ pub use attempt::Attempt;
 pub(crate) use run::{Ran, Unserializable};
 pub use spawn::BackgroundTask;
 use spawn::Spawn;
-pub(crate) use steps::{CompletionError, complete_or_not_kept};
+pub(crate) use steps::{CompletionError, Held, complete_or_not_kept};
 
 /// What [`Executor::run`] returns when it has an outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -90,17 +90,14 @@ impl Executor {
         let (scope, key, policy, stored) =
             (scope.clone(), key.clone(), self.policy, outcome.clone());
         let completed = self.on_spawner(async move {
-            complete_or_not_kept(
-                &*store,
-                codec.as_deref(),
-                &scope,
-                &key,
+            let held = Held {
+                store: &*store,
+                codec: codec.as_deref(),
+                scope: &scope,
+                key: &key,
                 token,
-                &stored,
-                &policy,
-                now,
-            )
-            .await
+            };
+            complete_or_not_kept(held, &stored, &policy, now).await
         });
         let result = completed.await.unwrap_or_else(|| {
             Err(CompletionError::Store(StoreError::Unavailable {
@@ -212,22 +209,33 @@ pub(crate) struct Completion {
     pub(crate) not_kept: Option<OutcomeTooLarge>,
 }
 
+/// The claim a completion writes under: the store and codec, the record's address and the
+/// holder's token.
+pub(crate) struct Held<'a> {
+    pub(crate) store: &'a dyn KeyStore,
+    pub(crate) codec: Option<&'a dyn OutcomeCodec>,
+    pub(crate) scope: &'a Scope,
+    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) token: Token,
+}
+
 /// Completes the record with `outcome` encoded by `codec`; if that is over the policy's limit,
 /// completes it with [`Outcome::not_kept`] (encoded too) instead ([contract §2](crate::contract#states): a record is never left `processing` because its
 /// outcome could not be kept). The replacement is small and bounded; it is stored under the same
 /// policy with the limit raised to its size if the limit is smaller still, so it always fits.
-// The arguments of `KeyStore::complete`, plus the codec.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn complete_or_not_kept(
-    store: &dyn KeyStore,
-    codec: Option<&dyn OutcomeCodec>,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    token: Token,
+    held: Held<'_>,
     outcome: &Outcome,
     policy: &Policy,
     now: Timestamp,
 ) -> Result<Completion, CompletionError> {
+    let Held {
+        store,
+        codec,
+        scope,
+        key,
+        token,
+    } = held;
     let cx = CodecContext::new(scope, key);
     // The limit applies to what is stored: the encoded outcome.
     let stored = encode_outcome(codec, &cx, outcome).map_err(CompletionError::Encode)?;
