@@ -1,6 +1,20 @@
 //! The conformance suite every idem [`KeyStore`] runs: each guarantee of [contract §3](idem_core::contract#guarantees) and each row of
 //! the [contract §2](idem_core::contract#states) table as its own named case.
 //!
+//! ```
+//! use idem_core::MemoryStore;
+//! // The claim cases against the reference store. The factory hands out handles to one storage,
+//! // as a real backend's factory opens new connections to one database.
+//! let shared = MemoryStore::new();
+//! let factory = move || {
+//!     let store = shared.clone();
+//!     async move { store }
+//! };
+//! let report = idem_conformance::run_matching(factory, |case| case.starts_with("claim_"));
+//! report.assert_all_passed();
+//! assert!(report.passed.len() > 10);
+//! ```
+//!
 //! # Running it against your store
 //!
 //! In your store's `tests/conformance.rs`, one line generates one `#[test]` per case:
@@ -27,7 +41,11 @@
 //!
 //! ```no_run
 //! # use idem_core::MemoryStore;
-//! let report = idem_conformance::run_all(|| async { MemoryStore::new() });
+//! let shared = MemoryStore::new();
+//! let report = idem_conformance::run_all(move || {
+//!     let store = shared.clone();
+//!     async move { store }
+//! });
 //! println!("{report}");
 //! report.assert_all_passed();
 //! ```
