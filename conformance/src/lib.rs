@@ -1,4 +1,4 @@
-//! The conformance suite every idem [`KeyStore`] runs: each guarantee of [contract §3](idem_core::contract#guarantees) and each row of
+//! The conformance suite every idem [`KeyStore`](idem_core::KeyStore) runs: each guarantee of [contract §3](idem_core::contract#guarantees) and each row of
 //! the [contract §2](idem_core::contract#states) table as its own named case.
 //!
 //! ```
@@ -79,7 +79,7 @@
 //! - Cases run in parallel against the same storage; each isolates itself with scopes of its own
 //!   (`idem-conformance/<case>/<random run id>/…`), never by deleting data, so the storage may be
 //!   shared with other data and other runs.
-//! - Time comes from a [`ManualClock`] passed as `now`: cases move it by days, and the expiry,
+//! - Time comes from a [`ManualClock`](idem_core::ManualClock) passed as `now`: cases move it by days, and the expiry,
 //!   purge and inspection cases run it decades in the past (1972–2000), each purging case in a
 //!   window of its own, so that their purges cannot touch other cases' records. A store must
 //!   decide everything from the `now` it is given, never from its own clock.
@@ -149,7 +149,7 @@
 //!   record and a retry after a retryable failure run exactly once more; a slow operation that
 //!   outlived its lease, with nobody taking over, is recorded and replays.
 //! - **`wait_`** ([contract §5.2](idem_core::contract#waiting), through [`idem_core::Executor::waiting`]
-//!   and [`KeyStore::wait_for_change`]): a repeat that waits
+//!   and [`KeyStore::wait_for_change`](idem_core::KeyStore::wait_for_change)): a repeat that waits
 //!   on another handle is woken by the completion (it replays), the release (it claims and runs,
 //!   once) and a takeover (it waits on the new holder and replays its outcome), each within 5 s;
 //!   when nothing happens it answers `InFlight` after its bound, having written nothing. A store

@@ -5,11 +5,11 @@
 //!
 //! A store whose [`KeyStore::supports_checkpoints`] is false is not failed by these cases: each
 //! checks that it refuses a checkpoint with
-//! [`StoreError::CheckpointsUnsupported`](idem_core::StoreError::CheckpointsUnsupported) (never
+//! [`StoreError::CheckpointsUnsupported`] (never
 //! a silent "saved") and reports it as not supporting checkpoints.
 //!
 //! `checkpoint_gone_after_expiry_and_purge` purges in the window 1975–1976 (see
-//! [`expiry`](super::expiry)).
+//! [`expiry`]).
 
 use idem_core::machine::CheckpointAnswer;
 use idem_core::{Checkpoint, CompleteAnswer, RecordState, ReleaseAnswer, StoreError};

@@ -56,11 +56,11 @@ pub enum StoreError {
     /// The checkpoint is over the policy's size limit; nothing was written.
     #[error(transparent)]
     CheckpointTooLarge(#[from] CheckpointTooLarge),
-    /// The store does not keep checkpoints ([`KeyStore::supports_checkpoints`] is false);
+    /// The store does not keep checkpoints ([`KeyStore::supports_checkpoints`](crate::KeyStore::supports_checkpoints) is false);
     /// nothing was written.
     #[error("the store ({backend}) does not support checkpoints")]
     CheckpointsUnsupported {
-        /// The store's [`KeyStore::backend`].
+        /// The store's [`KeyStore::backend`](crate::KeyStore::backend).
         backend: &'static str,
     },
 }
