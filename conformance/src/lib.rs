@@ -1,5 +1,19 @@
-//! The conformance suite every idem [`KeyStore`] runs: each guarantee of [contract §3](idem_core::contract#guarantees) and each row of
+//! The conformance suite every idem [`KeyStore`](idem_core::KeyStore) runs: each guarantee of [contract §3](idem_core::contract#guarantees) and each row of
 //! the [contract §2](idem_core::contract#states) table as its own named case.
+//!
+//! ```
+//! use idem_core::MemoryStore;
+//! // The claim cases against the reference store. The factory hands out handles to one storage,
+//! // as a real backend's factory opens new connections to one database.
+//! let shared = MemoryStore::new();
+//! let factory = move || {
+//!     let store = shared.clone();
+//!     async move { store }
+//! };
+//! let report = idem_conformance::run_matching(factory, |case| case.starts_with("claim_"));
+//! report.assert_all_passed();
+//! assert!(report.passed.len() > 10);
+//! ```
 //!
 //! # Running it against your store
 //!
@@ -27,7 +41,11 @@
 //!
 //! ```no_run
 //! # use idem_core::MemoryStore;
-//! let report = idem_conformance::run_all(|| async { MemoryStore::new() });
+//! let shared = MemoryStore::new();
+//! let report = idem_conformance::run_all(move || {
+//!     let store = shared.clone();
+//!     async move { store }
+//! });
 //! println!("{report}");
 //! report.assert_all_passed();
 //! ```
@@ -61,7 +79,7 @@
 //! - Cases run in parallel against the same storage; each isolates itself with scopes of its own
 //!   (`idem-conformance/<case>/<random run id>/…`), never by deleting data, so the storage may be
 //!   shared with other data and other runs.
-//! - Time comes from a [`ManualClock`] passed as `now`: cases move it by days, and the expiry,
+//! - Time comes from a [`ManualClock`](idem_core::ManualClock) passed as `now`: cases move it by days, and the expiry,
 //!   purge and inspection cases run it decades in the past (1972–2000), each purging case in a
 //!   window of its own, so that their purges cannot touch other cases' records. A store must
 //!   decide everything from the `now` it is given, never from its own clock.
@@ -131,7 +149,7 @@
 //!   record and a retry after a retryable failure run exactly once more; a slow operation that
 //!   outlived its lease, with nobody taking over, is recorded and replays.
 //! - **`wait_`** ([contract §5.2](idem_core::contract#waiting), through [`idem_core::Executor::waiting`]
-//!   and [`KeyStore::wait_for_change`]): a repeat that waits
+//!   and [`KeyStore::wait_for_change`](idem_core::KeyStore::wait_for_change)): a repeat that waits
 //!   on another handle is woken by the completion (it replays), the release (it claims and runs,
 //!   once) and a takeover (it waits on the new holder and replays its outcome), each within 5 s;
 //!   when nothing happens it answers `InFlight` after its bound, having written nothing. A store
@@ -146,303 +164,17 @@
 //! `scope + ":" + key` addressing; a purge that miscounts; a wait that never wakes. Each fails the cases meant to catch it,
 //! through [`run_all`], [`run_matching`] and [`conformance_tests!`], and passes a basic case.
 
-use std::any::Any;
-use std::fmt;
-use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
-
-use idem_core::{IdempotencyKey, KeyStore, ManualClock, Scope, Timestamp};
-
 pub mod cases;
 pub mod failover;
 pub mod kit;
 pub mod model;
 
+mod harness;
+mod report;
+
+pub use harness::{BoxFuture, CASE_TIMEOUT, Case, Harness, StoreFactory, run_case};
 pub use model::{ModelConfig, ModelFailure, ModelStats, check_model, run_model};
-
-/// A boxed, sendable future.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// Makes store handles for the suite. Implemented for every
-/// `Fn() -> impl Future<Output = impl KeyStore>`; each call returns a new handle to the same
-/// storage.
-pub trait StoreFactory: Send + Sync + 'static {
-    /// A new handle.
-    fn make(&self) -> BoxFuture<'static, Arc<dyn KeyStore>>;
-}
-
-impl<F, Fut, S> StoreFactory for F
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = S> + Send + 'static,
-    S: KeyStore,
-{
-    fn make(&self) -> BoxFuture<'static, Arc<dyn KeyStore>> {
-        let fut = self();
-        Box::pin(async move { Arc::new(fut.await) as Arc<dyn KeyStore> })
-    }
-}
-
-/// What a case gets: store handles, a clock it controls, and names of its own.
-#[derive(Clone)]
-pub struct Harness {
-    factory: Arc<dyn StoreFactory>,
-    clock: ManualClock,
-    case: &'static str,
-    run: String,
-    not_supported: Arc<std::sync::Mutex<Option<&'static str>>>,
-}
-
-impl fmt::Debug for Harness {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Harness")
-            .field("case", &self.case)
-            .field("run", &self.run)
-            .field("now", &idem_core::Clock::now(&self.clock))
-            .finish_non_exhaustive()
-    }
-}
-
-impl Harness {
-    fn new(case: &'static str, factory: Arc<dyn StoreFactory>) -> Self {
-        Self {
-            factory,
-            clock: ManualClock::starting_now(),
-            case,
-            run: format!("{:016x}", rand::random::<u64>()),
-            not_supported: Arc::default(),
-        }
-    }
-
-    /// Notes that the store does not support `feature` (e.g. `"checkpoints"`), which the case
-    /// checked it refuses with a typed error: the case passes and is reported as not
-    /// supported ([`Report::not_supported`], [`CaseResult::not_supported`]).
-    pub fn not_supported(&self, feature: &'static str) {
-        *self.not_supported.lock().unwrap_or_else(|e| e.into_inner()) = Some(feature);
-    }
-
-    /// A new store handle (for a real backend, new connections).
-    pub async fn store(&self) -> Arc<dyn KeyStore> {
-        self.factory.make().await
-    }
-
-    /// The case's clock; it starts at the wall clock's time.
-    pub fn clock(&self) -> &ManualClock {
-        &self.clock
-    }
-
-    /// The clock's time.
-    pub fn now(&self) -> Timestamp {
-        idem_core::Clock::now(&self.clock)
-    }
-
-    /// Moves the clock forward.
-    pub fn advance(&self, by: Duration) {
-        self.clock.advance(by);
-    }
-
-    /// A scope no other case or run uses.
-    pub fn scope(&self, name: &str) -> Scope {
-        Scope::new(format!(
-            "idem-conformance/{}/{}/{}",
-            self.case, self.run, name
-        ))
-        .expect("valid scope")
-    }
-
-    /// A key (keys need not be unique: scopes are).
-    pub fn key(&self, name: &str) -> IdempotencyKey {
-        IdempotencyKey::new(name).expect("valid key")
-    }
-
-    /// The case's name.
-    pub fn case(&self) -> &'static str {
-        self.case
-    }
-}
-
-/// One case of the suite.
-#[derive(Clone, Copy)]
-pub struct Case {
-    /// Its name (also the name of its generated `#[test]`).
-    pub name: &'static str,
-    /// What it checks, in a line.
-    pub group: &'static str,
-    /// Runs it.
-    pub run: fn(Harness) -> BoxFuture<'static, ()>,
-}
-
-impl fmt::Debug for Case {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Case").field("name", &self.name).finish()
-    }
-}
-
-/// How long one case may take before it is failed (a deadlocked store must not hang CI).
-pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Runs one case on a fresh multi-threaded runtime; panics (fails the test) if the case fails.
-pub fn run_case(
-    name: &'static str,
-    factory: impl StoreFactory,
-    case: fn(Harness) -> BoxFuture<'static, ()>,
-) {
-    if let Some(feature) = run_case_shared(name, Arc::new(factory), case) {
-        eprintln!("{name}: the store does not support {feature} (it says so); not a failure");
-    }
-}
-
-fn run_case_shared(
-    name: &'static str,
-    factory: Arc<dyn StoreFactory>,
-    case: fn(Harness) -> BoxFuture<'static, ()>,
-) -> Option<&'static str> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    let harness = Harness::new(name, factory);
-    let not_supported = harness.not_supported.clone();
-    runtime.block_on(async move {
-        // Spawned, so the case's futures run on the worker threads in parallel.
-        let task = tokio::spawn(case(harness));
-        match tokio::time::timeout(CASE_TIMEOUT, task).await {
-            Ok(Ok(())) => {}
-            Ok(Err(join)) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
-            Ok(Err(join)) => panic!("case {name} was cancelled: {join}"),
-            Err(_) => panic!("case {name} did not finish within {CASE_TIMEOUT:?}"),
-        }
-    });
-    *not_supported.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The result of [`run_all`].
-#[derive(Debug, Default)]
-pub struct Report {
-    /// The cases that passed.
-    pub passed: Vec<&'static str>,
-    /// The cases that failed, with their failure message.
-    pub failed: Vec<(&'static str, String)>,
-    /// The cases that passed because the store says it does not support their feature (and
-    /// refuses it with a typed error), with the feature: e.g. `("checkpoint_…", "checkpoints")`.
-    /// They are also in `passed`.
-    pub not_supported: Vec<(&'static str, &'static str)>,
-}
-
-impl Report {
-    /// Panics, listing every failed case, if any failed.
-    pub fn assert_all_passed(&self) {
-        assert!(self.failed.is_empty(), "{self}");
-    }
-
-    /// Whether the named case failed.
-    pub fn failed(&self, case: &str) -> bool {
-        self.failed.iter().any(|(name, _)| *name == case)
-    }
-}
-
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for name in &self.passed {
-            writeln!(f, "pass  {name}")?;
-        }
-        for (name, why) in &self.failed {
-            writeln!(f, "FAIL  {name}: {why}")?;
-        }
-        for (name, feature) in &self.not_supported {
-            writeln!(f, "n/a   {name}: the store does not support {feature}")?;
-        }
-        write!(
-            f,
-            "{} passed, {} failed",
-            self.passed.len(),
-            self.failed.len()
-        )
-    }
-}
-
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panicked".into())
-}
-
-/// One finished case, as [`run_streaming`] hands it over.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct CaseResult {
-    /// The case's name.
-    pub name: &'static str,
-    /// What it checks, in a line.
-    pub group: &'static str,
-    /// `None` when it passed; else why it failed.
-    pub failure: Option<String>,
-    /// How long it took.
-    pub elapsed: Duration,
-    /// The feature the store says it does not support (e.g. `"checkpoints"`), when the case
-    /// passed only by checking that the store refuses it with a typed error.
-    pub not_supported: Option<&'static str>,
-}
-
-impl CaseResult {
-    /// Whether the case passed.
-    pub fn passed(&self) -> bool {
-        self.failure.is_none()
-    }
-}
-
-/// Runs the cases whose names satisfy `filter`, each on its own runtime, and reports every
-/// failure.
-pub fn run_matching(factory: impl StoreFactory, filter: impl Fn(&str) -> bool) -> Report {
-    run_streaming(factory, filter, |_| {})
-}
-
-/// [`run_matching`], calling `on_case` as each case finishes (in order), so a runner can show
-/// results while the suite is still running.
-pub fn run_streaming(
-    factory: impl StoreFactory,
-    filter: impl Fn(&str) -> bool,
-    mut on_case: impl FnMut(&CaseResult),
-) -> Report {
-    let factory: Arc<dyn StoreFactory> = Arc::new(factory);
-    let mut report = Report::default();
-    for case in cases::ALL.iter().filter(|c| filter(c.name)) {
-        let f = factory.clone();
-        let started = std::time::Instant::now();
-        let ran = catch_unwind(AssertUnwindSafe(|| run_case_shared(case.name, f, case.run)));
-        let (failure, not_supported) = match ran {
-            Ok(not_supported) => (None, not_supported),
-            Err(payload) => (Some(panic_message(payload.as_ref())), None),
-        };
-        let result = CaseResult {
-            name: case.name,
-            group: case.group,
-            failure,
-            elapsed: started.elapsed(),
-            not_supported,
-        };
-        on_case(&result);
-        if let Some(feature) = result.not_supported {
-            report.not_supported.push((case.name, feature));
-        }
-        match result.failure {
-            None => report.passed.push(case.name),
-            Some(why) => report.failed.push((case.name, why)),
-        }
-    }
-    report
-}
-
-/// Runs every case and reports every failure.
-pub fn run_all(factory: impl StoreFactory) -> Report {
-    run_matching(factory, |_| true)
-}
+pub use report::{CaseResult, Report, run_all, run_matching, run_streaming};
 
 /// Generates one `#[test]` per case, running it against the store the factory makes.
 ///

@@ -182,9 +182,7 @@ fuzz_target!(|input: Input| {
     }
 
     let store = MemoryStore::new();
-    let executor = Executor::new(store.clone()).with_spawner(|task| {
-        tokio::spawn(task);
-    });
+    let executor = Executor::new(store.clone());
     let layer = IdempotencyLayer::new(executor, |parts| {
         let tenant = parts
             .headers

@@ -184,10 +184,7 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
     let executor = Executor::from_arc(backend.store())
         .with_policy(policy)
         .with_max_wait(options.min_client_deadline())
-        .with_clock(options.clock.clone())
-        .with_spawner(|task| {
-            tokio::spawn(task);
-        });
+        .with_clock(options.clock.clone());
     // The tenant `authenticate` put in the request: from the token, or the header as sent.
     let layer = IdempotencyLayer::new(executor, |parts| {
         parts

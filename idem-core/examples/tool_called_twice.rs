@@ -11,9 +11,7 @@ use serde_json::json;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let executor = Executor::new(MemoryStore::new()).with_spawner(|task| {
-        tokio::spawn(task);
-    });
+    let executor = Executor::new(MemoryStore::new());
     // The effect: tickets created in the helpdesk. Counted where they land.
     let tickets = Arc::new(AtomicUsize::new(0));
 

@@ -20,7 +20,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{CodecContext, CodecError, OutcomeCodec, decode_outcome, encode_outcome};
-use crate::machine::CheckpointTooLarge;
+use crate::store::error::CheckpointTooLarge;
 use crate::{Outcome, OutcomeClass, StoreError, Timestamp};
 
 /// One saved step: a name, a JSON value (as the exact text stored: encoded by the executor's

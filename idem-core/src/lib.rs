@@ -34,6 +34,8 @@ pub mod token;
 pub mod typed;
 pub mod wait;
 
+mod timer;
+
 pub use async_trait::async_trait;
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};

@@ -49,7 +49,8 @@ use std::time::Duration;
 
 mod checkpoint;
 
-pub use checkpoint::{CheckpointAnswer, CheckpointTooLarge, check_checkpoint_size, checkpoint};
+pub use crate::store::error::{CheckpointTooLarge, OutcomeTooLarge, ZeroLease};
+pub use checkpoint::{CheckpointAnswer, check_checkpoint_size, checkpoint};
 
 use crate::{
     CachePolicy, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Policy, Record, RecordState,
@@ -126,26 +127,6 @@ pub enum ExtendAnswer {
     },
     /// The caller does not hold the current claim; nothing was written.
     Fenced,
-}
-
-/// An outcome over [`Policy::max_outcome_bytes`]: refused, nothing written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("outcome body is {size} bytes, over the limit of {limit} bytes; nothing was stored")]
-pub struct OutcomeTooLarge {
-    /// The body's size in bytes.
-    pub size: usize,
-    /// The limit in bytes.
-    pub limit: usize,
-}
-
-/// A lease of zero whole milliseconds given to `extend`: refused, nothing written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "a lease of {lease:?} is zero in whole milliseconds (leases are stored in milliseconds); extend needs at least 1 ms; nothing was written"
-)]
-pub struct ZeroLease {
-    /// The lease given.
-    pub lease: Duration,
 }
 
 /// Refuses a lease that is zero in whole milliseconds, the unit stores keep it in.

@@ -32,9 +32,18 @@ impl OutcomeClass {
     }
 }
 
+/// The prefix of every problem `type` idem defines, written once: `urn:idem:problem:` followed
+/// by the problem's name.
+macro_rules! problem_urn {
+    ($name:literal) => {
+        concat!("urn:idem:problem:", $name)
+    };
+}
+pub(crate) use problem_urn;
+
 /// The problem type (RFC 9457 `type`) of the outcome kept in place of one that was too large to
 /// store: `urn:idem:problem:outcome-not-kept`. See [`Outcome::not_kept`].
-pub const OUTCOME_NOT_KEPT: &str = crate::refusal::problem_urn!("outcome-not-kept");
+pub const OUTCOME_NOT_KEPT: &str = problem_urn!("outcome-not-kept");
 
 /// What an operation answered: a status code, a JSON body and a class.
 ///

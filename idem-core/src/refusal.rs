@@ -21,16 +21,8 @@
 
 use std::time::Duration;
 
+use crate::outcome::problem_urn;
 use crate::{Error, Outcome};
-
-/// The prefix of every problem `type` idem defines, written once: `urn:idem:problem:` followed
-/// by the problem's name.
-macro_rules! problem_urn {
-    ($name:literal) => {
-        concat!("urn:idem:problem:", $name)
-    };
-}
-pub(crate) use problem_urn;
 
 /// Why a request was refused: nothing ran for it in this call. Input the transport refuses
 /// before any record is read (`KeyRequired` … `InvalidScope`) and the executor's refusals

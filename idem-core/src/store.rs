@@ -94,130 +94,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::machine::{
-    CheckpointAnswer, CheckpointTooLarge, ClaimAnswer, CompleteAnswer, ExtendAnswer,
-    OutcomeTooLarge, ReleaseAnswer, ZeroLease,
-};
-use crate::wait::Timer;
+use crate::machine::{CheckpointAnswer, ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use crate::timer::Timer;
 use crate::{
     Checkpoint, Clock, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope,
     Timestamp, Token,
 };
 
-/// A boxed error kept as the source of a [`StoreError`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub(crate) mod error;
+pub(crate) mod poll;
 
-/// A store could not do what was asked. Domain answers (replay, in flight, fenced…) are never
-/// errors; this is for the store itself.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// The store cannot be reached or is overloaded right now (connection lost, pool timed out,
-    /// server restarting): try again later. Never a reason to run the operation without a claim.
-    #[error("store unavailable: {message}")]
-    Unavailable {
-        /// What failed, for people.
-        message: String,
-        /// The engine's error.
-        #[source]
-        source: Option<BoxError>,
-    },
-    /// The engine refused or failed the operation for another reason (a constraint, a syntax
-    /// error, a permission).
-    #[error("store error: {message}")]
-    Backend {
-        /// What failed, for people.
-        message: String,
-        /// The engine's error.
-        #[source]
-        source: Option<BoxError>,
-    },
-    /// A stored record could not be read back (a value out of range, a missing field).
-    #[error("corrupt record: {message}")]
-    Corrupt {
-        /// What was wrong.
-        message: String,
-        /// Why it does not parse, when a parser said so.
-        #[source]
-        source: Option<BoxError>,
-    },
-    /// The store is not set up as it must be (a schema missing, an unsafe server setting).
-    #[error("store misconfigured: {message}")]
-    Misconfigured {
-        /// What is wrong.
-        message: String,
-    },
-    /// The outcome is over the policy's size limit; nothing was stored.
-    #[error(transparent)]
-    OutcomeTooLarge(#[from] OutcomeTooLarge),
-    /// `extend` was given a lease of zero whole milliseconds; nothing was written.
-    #[error(transparent)]
-    ZeroLease(#[from] ZeroLease),
-    /// The checkpoint is over the policy's size limit; nothing was written.
-    #[error(transparent)]
-    CheckpointTooLarge(#[from] CheckpointTooLarge),
-    /// The store does not keep checkpoints ([`KeyStore::supports_checkpoints`] is false);
-    /// nothing was written.
-    #[error("the store ({backend}) does not support checkpoints")]
-    CheckpointsUnsupported {
-        /// The store's [`KeyStore::backend`].
-        backend: &'static str,
-    },
-}
-
-impl StoreError {
-    /// An [`StoreError::Unavailable`] keeping `source`.
-    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
-        Self::Unavailable {
-            message: message.into(),
-            source: Some(source.into()),
-        }
-    }
-
-    /// A [`StoreError::Backend`] keeping `source`.
-    pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
-        Self::Backend {
-            message: message.into(),
-            source: Some(source.into()),
-        }
-    }
-
-    /// A [`StoreError::Corrupt`] without a source.
-    pub fn corrupt(message: impl Into<String>) -> Self {
-        Self::Corrupt {
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// A [`StoreError::Corrupt`] keeping `source` (the parser's or the driver's error).
-    pub fn corrupt_with(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
-        Self::Corrupt {
-            message: message.into(),
-            source: Some(source.into()),
-        }
-    }
-
-    /// Whether this is "unavailable, try later" (HTTP 503).
-    pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Unavailable { .. })
-    }
-
-    /// A short label for metrics: `unavailable`, `backend`, `corrupt`, `misconfigured`,
-    /// `outcome_too_large`, `zero_lease`, `checkpoint_too_large`, `checkpoints_unsupported`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Unavailable { .. } => "unavailable",
-            Self::Backend { .. } => "backend",
-            Self::Corrupt { .. } => "corrupt",
-            Self::Misconfigured { .. } => "misconfigured",
-            Self::OutcomeTooLarge(_) => "outcome_too_large",
-            Self::ZeroLease(_) => "zero_lease",
-            Self::CheckpointTooLarge(_) => "checkpoint_too_large",
-            Self::CheckpointsUnsupported { .. } => "checkpoints_unsupported",
-        }
-    }
-}
+pub use error::{BoxError, StoreError};
 
 /// What [`KeyStore::list`] selects; each field that is set narrows the selection.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -416,7 +303,7 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
         clock: &dyn Clock,
         timer: &Timer,
     ) -> Result<(), StoreError> {
-        crate::wait::poll_for_change(self, scope, key, seen, clock, timer).await
+        poll::poll_for_change(self, scope, key, seen, clock, timer).await
     }
 }
 

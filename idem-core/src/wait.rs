@@ -1,12 +1,12 @@
 //! Waking a request that waits for an in-flight answer ([contract §5.2](crate::contract#waiting)):
-//! the [`Timer`] a wait runs on, the portable wait of [`KeyStore::wait_for_change`] (polling
-//! [`KeyStore::get`] with backoff), and [`LocalNotifier`], the in-process wake-up a store can
+//! the [`Timer`] a wait runs on, the portable wait of [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change) (polling
+//! [`KeyStore::get`](crate::KeyStore::get) with backoff), and [`LocalNotifier`], the in-process wake-up a store can
 //! build its own wait from.
 //!
 //! # For store authors
 //!
-//! A store that implements nothing new is waited on by polling: [`KeyStore::wait_for_change`]'s
-//! default reads the record with [`KeyStore::get`] every 5 ms at first, doubling up to every
+//! A store that implements nothing new is waited on by polling: [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)'s
+//! default reads the record with [`KeyStore::get`](crate::KeyStore::get) every 5 ms at first, doubling up to every
 //! 250 ms, until it differs from the record the waiter saw. A store whose engine can notify
 //! overrides `wait_for_change`: subscribe first, then read the record once, return at once if it
 //! already differs, else await the notification. Subscribing before the read is what makes a
@@ -15,114 +15,19 @@
 //! per waiter.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures_channel::oneshot;
 
-use crate::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
+use crate::{IdempotencyKey, Scope};
 
-/// A future that sleeps, as a [`Timer`] returns it.
-pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
-
-/// What a wait sleeps on: a function from a duration to a future that resolves after it.
-///
-/// idem-core runs on any executor, so it takes its timer from the caller, as it takes its
-/// spawner. With the `tokio` feature (on by default) [`Timer::tokio`] is the executor's default;
-/// on another runtime pass its sleep to [`Executor::with_timer`](crate::Executor::with_timer).
-#[derive(Clone)]
-pub struct Timer {
-    sleep: Arc<dyn Fn(Duration) -> Sleep + Send + Sync>,
-    needs_tokio: bool,
-}
-
-impl fmt::Debug for Timer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Timer")
-            .field("tokio", &self.needs_tokio)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Timer {
-    /// A timer that sleeps with `sleep`, e.g. `Timer::new(|d| Box::pin(async_io::Timer::after(d)))`.
-    pub fn new(sleep: impl Fn(Duration) -> Sleep + Send + Sync + 'static) -> Self {
-        Self {
-            sleep: Arc::new(sleep),
-            needs_tokio: false,
-        }
-    }
-
-    /// `tokio::time::sleep`. Usable only inside a tokio runtime with its time driver enabled;
-    /// outside one, the executor does not wait (it answers `InFlight` at once).
-    #[cfg(feature = "tokio")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-    pub fn tokio() -> Self {
-        Self {
-            sleep: Arc::new(|d| Box::pin(tokio::time::sleep(d))),
-            needs_tokio: true,
-        }
-    }
-
-    /// A future that resolves after `duration`.
-    pub fn sleep(&self, duration: Duration) -> Sleep {
-        (self.sleep)(duration)
-    }
-
-    /// Whether this timer can sleep here (a tokio timer needs a current tokio runtime).
-    pub(crate) fn usable(&self) -> bool {
-        #[cfg(feature = "tokio")]
-        if self.needs_tokio {
-            return tokio::runtime::Handle::try_current().is_ok();
-        }
-        true
-    }
-}
-
-/// The first pause of the portable wait.
-pub(crate) const POLL_FIRST: Duration = Duration::from_millis(5);
-/// The longest pause of the portable wait.
-pub(crate) const POLL_MAX: Duration = Duration::from_millis(250);
-
-/// Whether `now` differs from `seen` in anything a waiter acts on: gone, another state, another
-/// holder, another lease.
-pub fn changed(seen: &Record, now: Option<&Record>) -> bool {
-    now.is_none_or(|r| {
-        (r.state, r.token, r.lease_until, r.updated_at)
-            != (seen.state, seen.token, seen.lease_until, seen.updated_at)
-    })
-}
-
-/// The portable wait, [`KeyStore::wait_for_change`]'s default: reads the record with `get` after
-/// 5 ms, then after pauses doubling up to 250 ms, until it [`changed`] from `seen`.
-pub async fn poll_for_change<S: KeyStore + ?Sized>(
-    store: &S,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    seen: &Record,
-    clock: &dyn Clock,
-    timer: &Timer,
-) -> Result<(), StoreError> {
-    let mut pause = POLL_FIRST;
-    loop {
-        timer.sleep(pause).await;
-        let found =
-            crate::metrics::timed(store.backend(), "get", store.get(scope, key, clock.now()))
-                .await?;
-        if changed(seen, found.as_ref()) {
-            return Ok(());
-        }
-        pause = (pause * 2).min(POLL_MAX);
-    }
-}
+pub use crate::store::poll::{changed, poll_for_change};
+pub use crate::timer::{Sleep, Timer};
 
 type Subscribers = HashMap<(Scope, IdempotencyKey), HashMap<u64, oneshot::Sender<()>>>;
 
 /// In-process wake-ups by (scope, key): a store calls [`LocalNotifier::notify`] after each write
-/// (after its commit), and its [`KeyStore::wait_for_change`] awaits a [`LocalNotifier::subscribe`]
+/// (after its commit), and its [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change) awaits a [`LocalNotifier::subscribe`]
 /// made before it reads the record. Clones share the subscribers. `MemoryStore` uses it; a store
 /// whose writers are all in this process can too.
 #[derive(Debug, Clone, Default)]

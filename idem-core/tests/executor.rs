@@ -27,6 +27,7 @@ struct Setup {
     effects: Arc<AtomicUsize>,
 }
 
+/// An executor as a user builds one: no spawner given, so inside tokio it spawns on tokio.
 fn setup(policy: Policy) -> Setup {
     let store = FaultStore::new(MemoryStore::new());
     let called = Arc::new(Notify::new());
@@ -40,10 +41,7 @@ fn setup(policy: Policy) -> Setup {
     let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
     let executor = Executor::new(store.clone())
         .with_policy(policy)
-        .with_clock(clock.clone())
-        .with_spawner(|task| {
-            tokio::spawn(task);
-        });
+        .with_clock(clock.clone());
     Setup {
         store,
         called,
@@ -138,6 +136,53 @@ async fn caller_dropped_before_the_operation_started_releases_the_claim() {
     gate.add_permits(1);
     assert!(!s.spawn_call(None).await.unwrap().unwrap().is_replay());
     assert_eq!(s.effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_spawner_of_your_own_still_releases_an_abandoned_claim() {
+    let mut s = setup(Policy::default());
+    let spawned = Arc::new(AtomicUsize::new(0));
+    let counted = spawned.clone();
+    s.executor = s.executor.with_spawner(move |task| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(task);
+    });
+    let gate = s.gate(Op::Claim);
+    let call = s.spawn_call(None);
+    tokio::task::yield_now().await;
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    gate.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(10), s.called.notified())
+        .await
+        .expect("the abandoned claim is released");
+    assert_eq!(s.store.calls(Op::Release), 1);
+    assert_eq!(
+        s.record().await.unwrap().state,
+        RecordState::FailedRetryable
+    );
+    // The claim and the release went through the spawner given, not tokio's default.
+    assert_eq!(spawned.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn without_a_spawner_the_claim_dies_with_its_caller() {
+    let mut s = setup(Policy::default());
+    s.executor = s.executor.without_spawner();
+    let gate = s.gate(Op::Claim);
+    let call = s.spawn_call(None);
+    tokio::task::yield_now().await;
+    // The claim runs inline in the caller's task: aborting it drops the claim mid-call, where
+    // the default executor's claim goes on in a task of its own (and is then released).
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    gate.add_permits(1);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(s.record().await, None, "the claim never reached the store");
+    assert_eq!(s.store.calls(Op::Release), 0);
+    assert_eq!(s.effects.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]

@@ -119,9 +119,7 @@ fn stats(samples: &mut [Duration]) -> Stats {
 
 async fn run(n: usize) {
     let mut bare = Router::new().route("/tools/create_ticket", post(create_ticket));
-    let executor = Executor::new(MemoryStore::new()).with_spawner(|task| {
-        tokio::spawn(task);
-    });
+    let executor = Executor::new(MemoryStore::new());
     let mut layered = Router::new()
         .route("/tools/create_ticket", post(create_ticket))
         .route_layer(IdempotencyLayer::new(executor.clone(), |_| {

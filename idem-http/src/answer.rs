@@ -2,14 +2,34 @@
 //! as the response in the layer's [`Replay`] mode.
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, header};
+use http::{HeaderValue, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{Outcome, OutcomeClass};
 
-use crate::IDEMPOTENCY_REPLAYED;
-use crate::layer::{BoxError, ClassifyFn};
 use crate::replay::{self, Replay};
+
+/// The header set on a replayed response ([contract §5](idem_core::contract#http)).
+pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
+
+/// How a tool's status classifies its outcome ([`default_classify`] unless replaced).
+pub(crate) type ClassifyFn = dyn Fn(StatusCode) -> OutcomeClass + Send + Sync;
+/// A body's error, boxed.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The default classification of a tool's answer: 2xx and 4xx other than 408 and 429 are
+/// definitive; 5xx, 408 and 429 (and anything else) are retryable.
+pub fn default_classify(status: StatusCode) -> OutcomeClass {
+    let code = status.as_u16();
+    if status.is_success()
+        || (status.is_client_error() && code != 408 && code != 429)
+        || status.is_redirection()
+    {
+        OutcomeClass::Definitive
+    } else {
+        OutcomeClass::Retryable
+    }
+}
 
 /// The tool's response as an outcome: its status, its body (JSON kept byte for byte; an empty
 /// body becomes `null`, any other non-JSON body a JSON string), classified.
@@ -197,7 +217,6 @@ fn wrap<B: From<Bytes>>(outcome: &Outcome, replay: bool) -> Response<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::default_classify;
     use http_body_util::Full;
 
     async fn outcome_of(body: &'static str) -> Outcome {

@@ -1,53 +1,23 @@
-//! [`IdempotencyLayer`]: the tower layer.
+//! [`IdempotencyLayer`]: the tower layer and its settings.
 
 use std::fmt;
-use std::future::{Future, poll_fn};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use http::StatusCode;
 use http::request::Parts;
-use http::{Request, Response, StatusCode, header};
-use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{
-    ErrorAnswer, Execution, Executor, Fingerprint, KeyOrigin, KeySource, Outcome, OutcomeClass,
-    Scope,
-};
+use idem_core::{Executor, KeySource, OutcomeClass};
 use serde_json::Value;
-use tower_layer::Layer;
-use tower_service::Service;
 
-use crate::answer::{internal_failure, respond, to_outcome, to_verbatim_outcome};
-use crate::keyless::{IDEMPOTENCY_KEY_SOURCE, Keyless};
+use crate::Problem;
+use crate::answer::{ClassifyFn, default_classify};
+use crate::keyless::Keyless;
 use crate::replay::Replay;
-use crate::{IDEMPOTENCY_KEY, Problem, ProblemResponse, read_key};
-
-/// The header set on a replayed response ([contract §5](idem_core::contract#http)).
-pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
 
 /// The default request body limit: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 type PrincipalFn = dyn Fn(&Parts) -> Result<String, Problem> + Send + Sync;
-pub(crate) type ClassifyFn = dyn Fn(StatusCode) -> OutcomeClass + Send + Sync;
-type FingerprintFn = dyn Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync;
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The default classification of a tool's answer: 2xx and 4xx other than 408 and 429 are
-/// definitive; 5xx, 408 and 429 (and anything else) are retryable.
-pub fn default_classify(status: StatusCode) -> OutcomeClass {
-    let code = status.as_u16();
-    if status.is_success()
-        || (status.is_client_error() && code != 408 && code != 429)
-        || status.is_redirection()
-    {
-        OutcomeClass::Definitive
-    } else {
-        OutcomeClass::Retryable
-    }
-}
+pub(crate) type FingerprintFn = dyn Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync;
 
 /// Makes the routes it wraps exactly-once per `Idempotency-Key` (contract [§4](idem_core::contract#refusals)–[§5](idem_core::contract#http)).
 ///
@@ -82,13 +52,13 @@ pub fn default_classify(status: StatusCode) -> OutcomeClass {
 /// request.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    executor: Executor,
-    principal: Arc<PrincipalFn>,
-    classify: Arc<ClassifyFn>,
-    body_limit: usize,
-    replay: Replay,
-    keyless: Keyless,
-    fingerprint: Option<Arc<FingerprintFn>>,
+    pub(crate) executor: Executor,
+    pub(crate) principal: Arc<PrincipalFn>,
+    pub(crate) classify: Arc<ClassifyFn>,
+    pub(crate) body_limit: usize,
+    pub(crate) replay: Replay,
+    pub(crate) keyless: Keyless,
+    pub(crate) fingerprint: Option<Arc<FingerprintFn>>,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -244,283 +214,4 @@ impl IdempotencyLayer {
     pub fn executor(&self) -> &Executor {
         &self.executor
     }
-}
-
-impl<S> Layer<S> for IdempotencyLayer {
-    type Service = Idempotent<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Idempotent {
-            inner,
-            layer: Arc::new(Self {
-                // The request's own task already protects the claim and the completion.
-                executor: self.executor.without_spawner(),
-                ..self.clone()
-            }),
-        }
-    }
-}
-
-/// The service [`IdempotencyLayer`] wraps around a tool.
-#[derive(Clone, Debug)]
-pub struct Idempotent<S> {
-    inner: S,
-    // Shared: a request clones one `Arc`, not the layer's settings.
-    layer: Arc<IdempotencyLayer>,
-}
-
-impl<S, ReqB, ResB> Service<Request<ReqB>> for Idempotent<S>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send + 'static,
-    ReqB: Body + From<Bytes> + Send + 'static,
-    ReqB::Data: Send,
-    ReqB::Error: Into<BoxError>,
-    ResB: Body + From<Bytes> + Send + 'static,
-    ResB::Data: Send,
-    ResB::Error: Into<BoxError>,
-{
-    type Response = Response<ResB>;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ResB>, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // The inner service is driven to readiness per request, in its own task.
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
-        let inner = self.inner.clone();
-        let layer = self.layer.clone();
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            if layer.keyless.unprotected() && !parts.headers.contains_key(IDEMPOTENCY_KEY) {
-                idem_core::metrics::count_unprotected("http");
-                tracing::debug!(method = %parts.method, path = parts.uri.path(), "no Idempotency-Key on a route where it is optional: passed through unprotected");
-                let mut inner = inner;
-                poll_fn(|cx| inner.poll_ready(cx)).await?;
-                return inner.call(Request::from_parts(parts, body)).await;
-            }
-            // `Prefer: wait=N`: a repeat that finds its operation in flight waits for the answer.
-            let executor = match crate::prefer::requested_wait(&parts.headers) {
-                Some(wait) if !wait.is_zero() => layer.executor.waiting(wait),
-                _ => layer.executor.clone(),
-            };
-            let prepared = match prepare(&layer, &parts, body).await {
-                Ok(prepared) => prepared,
-                Err(problem) => {
-                    idem_core::metrics::count_refusal("http", problem.name());
-                    return Ok(problem.to_response());
-                }
-            };
-            let Prepared {
-                scope,
-                key,
-                fingerprint,
-                body,
-            } = prepared;
-            let origin = key.origin();
-            let derived_policy = match policy_for(&layer, origin) {
-                Ok(policy) => policy,
-                Err(response) => return Ok(response),
-            };
-            let request = Request::from_parts(parts, ReqB::from(body));
-            let task_layer = layer.clone();
-            // Detached, so a caller that goes away cannot cancel the tool halfway. The task
-            // hands back, beside the executor's result, the inner service's error (if it failed)
-            // and, in verbatim mode, the tool's whole response for the caller whose request ran it.
-            let task = tokio::spawn(async move {
-                let layer = task_layer;
-                let executor = match derived_policy {
-                    Some(policy) => executor.with_policy(policy),
-                    None => executor,
-                };
-                let mut failure: Option<S::Error> = None;
-                let mut original: Option<Response<Bytes>> = None;
-                let (failure_slot, original_slot) = (&mut failure, &mut original);
-                let (replay, classify) = (&layer.replay, &*layer.classify);
-                let result = executor
-                    .run(&scope, &key, &fingerprint, |attempt| async move {
-                        let mut request = request;
-                        request.extensions_mut().insert(attempt);
-                        let mut inner = inner;
-                        let answer = match poll_fn(|cx| inner.poll_ready(cx)).await {
-                            Ok(()) => inner.call(request).await,
-                            Err(e) => Err(e),
-                        };
-                        match answer {
-                            Ok(response) => match replay {
-                                Replay::Verbatim { headers } => {
-                                    let (outcome, response) =
-                                        to_verbatim_outcome(response, headers, classify).await;
-                                    *original_slot = response;
-                                    outcome
-                                }
-                                _ => to_outcome(response, classify).await,
-                            },
-                            Err(e) => {
-                                *failure_slot = Some(e);
-                                internal_failure()
-                            }
-                        }
-                    })
-                    .await;
-                let waited = executor.waited().map(|_| executor.wait_bound());
-                (result, failure, original, waited)
-            });
-            let (result, failure, original, waited) = match task.await {
-                Ok(done) => done,
-                Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
-                Err(_) => return Ok(Problem::StoreError.to_response()),
-            };
-            if let Some(e) = failure {
-                return Err(e);
-            }
-            let answer = |outcome: &Outcome| match original {
-                Some(response) => response.map(ResB::from),
-                None => respond(&layer.replay, outcome, false),
-            };
-            let mut response = match result {
-                Ok(Execution::Executed { outcome, .. }) => answer(&outcome),
-                Ok(Execution::Replayed { outcome }) => respond(&layer.replay, &outcome, true),
-                // The tool ran and answered, but the answer could not be recorded: the caller still
-                // gets it (the effect happened); the record is left to the lease and reconciliation.
-                Err(error) => match ErrorAnswer::observed(&error, "http") {
-                    ErrorAnswer::Answer(outcome) => answer(outcome),
-                    ErrorAnswer::Refuse(refusal) => refusal.to_response(),
-                },
-            };
-            if origin != KeyOrigin::Sent {
-                response.headers_mut().insert(
-                    IDEMPOTENCY_KEY_SOURCE,
-                    http::HeaderValue::from_static(origin.as_str()),
-                );
-            }
-            if let Some(bound) = waited {
-                response.headers_mut().insert(
-                    crate::prefer::PREFERENCE_APPLIED,
-                    crate::prefer::applied(bound),
-                );
-            }
-            Ok(response)
-        })
-    }
-}
-
-struct Prepared {
-    scope: Scope,
-    key: idem_core::IdempotencyKey,
-    fingerprint: Fingerprint,
-    body: Bytes,
-}
-
-/// Everything that can refuse a request before any record is written.
-async fn prepare<B>(layer: &IdempotencyLayer, parts: &Parts, body: B) -> Result<Prepared, Problem>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let sent = match read_key(&parts.headers) {
-        Ok(key) => Some(key),
-        Err(Problem::KeyRequired) if layer.keyless.derives() => None,
-        Err(problem) => return Err(problem),
-    };
-    let principal = (layer.principal)(parts)?;
-    let path = parts.uri.path();
-    let scope = Scope::from_parts([principal.as_str(), path])
-        .map_err(|e| Problem::InvalidScope(e.to_string()))?;
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > layer.body_limit as u64) {
-        return Err(Problem::BodyTooLarge {
-            limit: layer.body_limit,
-        });
-    }
-    let body = match Limited::new(body, layer.body_limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return Err(Problem::BodyTooLarge {
-                limit: layer.body_limit,
-            });
-        }
-        Err(e) => {
-            return Err(Problem::InvalidBody(format!(
-                "the body could not be read: {e}"
-            )));
-        }
-    };
-    let mut json: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| Problem::InvalidBody(format!("the body is not JSON: {e}")))?;
-    // The model argument is not the request's: out of the fingerprint and of the tool's body.
-    let model_value = layer.keyless.take_model_argument(&mut json);
-    let body = match model_value {
-        Some(_) => {
-            Bytes::from(serde_json::to_vec(&json).map_err(|e| Problem::InvalidBody(e.to_string()))?)
-        }
-        None => body,
-    };
-    let fingerprint = match &layer.fingerprint {
-        Some(choose) => Fingerprint::of_value(&operation(parts), &choose(parts, &json)?),
-        None => Fingerprint::of_value(&operation(parts), &json),
-    }
-    .map_err(|e| Problem::InvalidBody(e.to_string()))?;
-    let key = match sent {
-        Some(key) => key,
-        None => layer.keyless.key(parts, &json, model_value)?,
-    };
-    Ok(Prepared {
-        scope,
-        key,
-        fingerprint,
-        body,
-    })
-}
-
-/// The policy of a request under a key from `origin`, if not the executor's: a derived key's
-/// record lives for the key window. A window that does not fit the lease is a misconfiguration:
-/// 500, nothing runs.
-fn policy_for<B: From<Bytes>>(
-    layer: &IdempotencyLayer,
-    origin: KeyOrigin,
-) -> Result<Option<idem_core::Policy>, Response<B>> {
-    if origin == KeyOrigin::Sent {
-        return Ok(None);
-    }
-    let policy = layer
-        .executor
-        .policy()
-        .to_builder()
-        .ttl(layer.keyless.window)
-        .build();
-    match policy {
-        Ok(policy) => Ok(Some(policy)),
-        Err(e) => {
-            tracing::error!(error = %e, "the key window does not fit the executor's lease; nothing ran");
-            Err(Problem::StoreError.to_response())
-        }
-    }
-}
-
-/// The operation's name in the fingerprint: `METHOD /path`, then `?` and the
-/// [`canonical_query`](crate::canonical_query) when the request has query parameters. A request
-/// without them keeps the name it had before the query string was included.
-fn operation(parts: &Parts) -> String {
-    let (method, path) = (parts.method.as_str(), parts.uri.path());
-    let query = match parts.uri.query() {
-        Some(query) if !query.is_empty() => crate::canonical_query(query),
-        _ => String::new(),
-    };
-    let mut name = String::with_capacity(method.len() + path.len() + query.len() + 2);
-    name.push_str(method);
-    name.push(' ');
-    name.push_str(path);
-    if !query.is_empty() {
-        name.push('?');
-        name.push_str(&query);
-    }
-    name
 }

@@ -41,10 +41,8 @@ async fn create_ticket(State(tool): State<Arc<Tool>>) -> (StatusCode, axum::Json
 
 fn app(store: &MemoryStore, spawner: bool, tool: &Arc<Tool>) -> Router {
     let mut executor = Executor::new(store.clone());
-    if spawner {
-        executor = executor.with_spawner(|task| {
-            tokio::spawn(task);
-        });
+    if !spawner {
+        executor = executor.without_spawner();
     }
     Router::new()
         .route("/tools/create_ticket", post(create_ticket))

@@ -32,16 +32,12 @@ async fn listen(app: Router) -> String {
 /// The create_ticket tool behind the layer, taking `latency` to work, publishing
 /// `min_client_deadline_ms` on `GET /tools`.
 async fn tool_server(latency: Duration, seen: Arc<Seen>) -> String {
-    let executor = Executor::new(MemoryStore::new())
-        .with_policy(
-            Policy::builder()
-                .lease(Duration::from_secs(5))
-                .build()
-                .unwrap(),
-        )
-        .with_spawner(|t| {
-            tokio::spawn(t);
-        });
+    let executor = Executor::new(MemoryStore::new()).with_policy(
+        Policy::builder()
+            .lease(Duration::from_secs(5))
+            .build()
+            .unwrap(),
+    );
     let layer = IdempotencyLayer::new(executor, |_| Ok("public".into()));
     let tool = {
         let seen = seen.clone();

@@ -82,9 +82,7 @@ async fn https_tool(tickets: Arc<AtomicU32>) -> (String, String) {
     .with_no_client_auth()
     .with_single_cert(chain, key)
     .unwrap();
-    let executor = Executor::new(MemoryStore::new()).with_spawner(|t| {
-        tokio::spawn(t);
-    });
+    let executor = Executor::new(MemoryStore::new());
     let layer = IdempotencyLayer::new(executor, |_| Ok("public".into()));
     let tool = move || async move {
         let n = tickets.fetch_add(1, Ordering::SeqCst) + 1;

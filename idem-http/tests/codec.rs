@@ -25,9 +25,7 @@ async fn charge(State(runs): State<Arc<AtomicUsize>>) -> (StatusCode, axum::Json
 }
 
 async fn serve(store: MemoryStore, codec: AesGcmCodec, runs: Arc<AtomicUsize>) -> String {
-    let executor = Executor::new(store).with_codec(codec).with_spawner(|task| {
-        tokio::spawn(task);
-    });
+    let executor = Executor::new(store).with_codec(codec);
     let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned()));
     let app = Router::new()
         .route("/tools/charge", post(charge))
@@ -117,11 +115,7 @@ impl idem_core::codec::OutcomeCodec for CannotEncode {
 async fn an_outcome_the_codec_cannot_encode_still_reaches_the_caller_and_is_not_rerun() {
     let store = MemoryStore::new();
     let runs = Arc::new(AtomicUsize::new(0));
-    let executor = Executor::new(store.clone())
-        .with_codec(CannotEncode)
-        .with_spawner(|task| {
-            tokio::spawn(task);
-        });
+    let executor = Executor::new(store.clone()).with_codec(CannotEncode);
     let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned()));
     let app = Router::new()
         .route("/tools/charge", post(charge))

@@ -84,10 +84,7 @@ async fn serve(
                 .build()
                 .unwrap(),
         )
-        .with_clock(clock.clone())
-        .with_spawner(|task| {
-            tokio::spawn(task);
-        });
+        .with_clock(clock.clone());
     let layer = IdempotencyLayer::new(executor, |parts| {
         Ok(parts
             .headers
@@ -553,9 +550,7 @@ async fn store_down_is_503_and_the_tool_does_not_run() {
 /// A tool that fails retryably (503) on its first call and succeeds after.
 async fn flaky_server(layer_classify_503_definitive: bool) -> (String, Arc<Mutex<Vec<u16>>>) {
     let calls: Arc<Mutex<Vec<u16>>> = Arc::default();
-    let executor = Executor::new(MemoryStore::new()).with_spawner(|t| {
-        tokio::spawn(t);
-    });
+    let executor = Executor::new(MemoryStore::new());
     let mut layer = IdempotencyLayer::new(executor, |_| Ok("public".into()));
     if layer_classify_503_definitive {
         layer = layer.classify_with(|status| {

@@ -86,9 +86,7 @@ async fn pay(
 }
 
 fn executor(store: Arc<dyn KeyStore>) -> Executor {
-    Executor::from_arc(store).with_spawner(|task| {
-        tokio::spawn(task);
-    })
+    Executor::from_arc(store)
 }
 
 fn layer(store: &Arc<dyn KeyStore>) -> IdempotencyLayer {

@@ -28,17 +28,13 @@ async fn export(State(runs): State<Arc<AtomicUsize>>) -> (StatusCode, axum::Json
 /// 1 KiB: its URL and the count of its runs.
 async fn serve(replay: idem_http::Replay) -> (String, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
-    let executor = Executor::new(MemoryStore::new())
-        .with_policy(
-            Policy::builder()
-                .lease(Duration::from_secs(10))
-                .max_outcome_bytes(1024)
-                .build()
-                .unwrap(),
-        )
-        .with_spawner(|task| {
-            tokio::spawn(task);
-        });
+    let executor = Executor::new(MemoryStore::new()).with_policy(
+        Policy::builder()
+            .lease(Duration::from_secs(10))
+            .max_outcome_bytes(1024)
+            .build()
+            .unwrap(),
+    );
     let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned())).replay(replay);
     let app = Router::new()
         .route("/tools/export", post(export))

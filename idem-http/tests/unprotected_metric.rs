@@ -62,9 +62,7 @@ async fn keyless_requests_on_an_optional_key_route_are_counted() {
     metrics::set_global_recorder(OneCounter(unprotected.clone())).unwrap();
 
     let runs = Arc::new(AtomicUsize::new(0));
-    let executor = Executor::new(MemoryStore::new()).with_spawner(|task| {
-        tokio::spawn(task);
-    });
+    let executor = Executor::new(MemoryStore::new());
     let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned()))
         .key_source(idem_core::KeySource::Unprotected);
     let app = Router::new()

@@ -116,15 +116,9 @@ impl IdempotentTools {
         }
     }
 
-    /// An executor over `store` with `policy`, the system clock and a tokio spawner.
+    /// An executor over `store` with `policy` and the system clock (spawning on tokio).
     pub fn with_store(store: impl KeyStore, policy: Policy) -> Self {
-        Self::new(
-            Executor::new(store)
-                .with_policy(policy)
-                .with_spawner(|task| {
-                    tokio::spawn(task);
-                }),
-        )
+        Self::new(Executor::new(store).with_policy(policy))
     }
 
     /// Marks tool `name` side-effecting, protected with `settings`.

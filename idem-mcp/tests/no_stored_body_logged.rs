@@ -142,10 +142,7 @@ async fn a_full_run_logs_no_stored_body_and_names_every_transition() {
         .unwrap();
     let executor = Executor::new(store.clone())
         .with_policy(policy)
-        .with_clock(clock.clone())
-        .with_spawner(|task| {
-            tokio::spawn(task);
-        });
+        .with_clock(clock.clone());
     let scope = Scope::new("tenant-a/create_ticket").unwrap();
     let fp = Fingerprint::of("create_ticket", &json!({"title": "x"})).unwrap();
 

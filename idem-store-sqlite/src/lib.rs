@@ -1,8 +1,11 @@
 #![doc = include_str!("../README.md")]
 
 mod builder;
+mod connect;
 mod error;
 mod maintenance;
+mod migrate;
+mod ops;
 mod pool;
 mod row;
 mod schema;
@@ -18,7 +21,8 @@ use idem_core::machine::{self, CompleteAnswer};
 use idem_core::{Attempt, Outcome, StoreError};
 use rusqlite::Connection;
 
-pub use builder::{SqliteStoreBuilder, Synchronous};
+pub use builder::SqliteStoreBuilder;
+pub use connect::Synchronous;
 pub use error::TableNameError;
 pub use rusqlite;
 pub use schema::{SCHEMA_TABLE, TableName};
@@ -70,21 +74,6 @@ impl SqliteStore {
             busy_timeout: Duration::from_secs(10),
             max_connections: 4,
         }
-    }
-
-    /// Creates or upgrades the table to this build's schema version
-    /// ([`Maintenance::latest_schema_version`](idem_core::Maintenance::latest_schema_version)).
-    /// Idempotent, and safe to run from several processes at once (one `BEGIN IMMEDIATE`
-    /// transaction). Blocking (a local file): call it at start-up, also before a runtime
-    /// exists. [`Maintenance::migrate`](idem_core::Maintenance::migrate) is the same call.
-    pub fn migrate(&self) -> Result<(), StoreError> {
-        let conn = self.inner.take_connection()?;
-        let result = {
-            let _writer = self.inner.write_lock();
-            schema::migrate(&conn, &self.inner.table)
-        };
-        self.inner.give_back(conn);
-        result.map(|_| ())
     }
 
     /// The database file.
@@ -139,15 +128,11 @@ impl SqliteStore {
                 message: "sqlite: complete_in needs an open transaction on the connection".into(),
             });
         }
-        row::complete(
-            conn,
-            &self.inner.sql,
-            attempt.scope(),
-            attempt.key(),
-            attempt.token(),
-            outcome,
-            policy,
-            now,
-        )
+        let held = ops::Held {
+            scope: attempt.scope(),
+            key: attempt.key(),
+            token: attempt.token(),
+        };
+        ops::complete_on(conn, &self.inner.sql, held, outcome, policy, now)
     }
 }

@@ -4,8 +4,9 @@
 use idem_core::{ConfigWarning, Maintenance, StoreError, async_trait};
 
 use crate::SqliteStore;
-use crate::builder::Synchronous;
-use crate::schema::{self, SCHEMA_TABLE, SCHEMA_VERSION};
+use crate::connect::Synchronous;
+use crate::migrate::version;
+use crate::schema::{SCHEMA_TABLE, SCHEMA_VERSION};
 
 /// `migrate` and `schema_version` are brief blocking calls on a local file (one transaction,
 /// one read): they run on the calling thread, as opening the file does, not on the blocking
@@ -21,7 +22,7 @@ impl Maintenance for SqliteStore {
     /// anything (0 when it was never migrated), read on the calling thread.
     async fn schema_version(&self) -> Result<u32, StoreError> {
         let conn = self.inner.take_connection()?;
-        let result = schema::version(&conn, &self.inner.table);
+        let result = version(&conn, &self.inner.table);
         self.inner.give_back(conn);
         let found = result?;
         u32::try_from(found).map_err(|_| {

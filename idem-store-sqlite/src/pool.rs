@@ -10,15 +10,15 @@ use idem_core::{IdempotencyKey, Record, Scope, StoreError};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::Semaphore;
 
-use crate::builder::Config;
+use crate::connect::Config;
 use crate::error::at;
 use crate::schema::{self, TableName};
-use crate::{SqliteStore, row};
+use crate::{SqliteStore, ops};
 
 pub(crate) struct Inner {
     pub(crate) config: Config,
     pub(crate) table: TableName,
-    pub(crate) sql: schema::Sql,
+    pub(crate) sql: schema::Statements,
     pub(crate) max_connections: usize,
     pub(crate) idle: Mutex<Vec<Connection>>,
     pub(crate) permits: Arc<Semaphore>,
@@ -94,10 +94,10 @@ impl Inner {
         key: &IdempotencyKey,
         rule: impl FnOnce(Option<&Record>) -> Result<Transition<A>, StoreError>,
     ) -> Result<A, StoreError> {
-        let found = row::read(conn, &self.sql, scope, key)?;
+        let found = ops::read(conn, &self.sql, scope, key)?;
         let transition = rule(found.as_ref())?;
         if let Some(record) = &transition.write {
-            row::write(conn, &self.sql, record, found.as_ref())?;
+            ops::write(conn, &self.sql, record, found.as_ref())?;
         }
         Ok(transition.answer)
     }

@@ -13,7 +13,7 @@ use idem_core::{
 use rusqlite::params;
 
 use crate::error::at;
-use crate::{SqliteStore, row};
+use crate::{SqliteStore, ops, row};
 
 #[async_trait]
 impl KeyStore for SqliteStore {
@@ -31,7 +31,7 @@ impl KeyStore for SqliteStore {
             let req = ClaimRequest::new(&scope, &key, &fingerprint);
             // Read-only answers (replay, in flight, mismatch) are decided from one SELECT, which
             // sees one committed state: no write lock, so replays do not queue behind writers.
-            let found = row::read(conn, &inner.sql, &scope, &key)?;
+            let found = ops::read(conn, &inner.sql, &scope, &key)?;
             let first = machine::claim(found.as_ref(), req, now, &policy);
             if first.write.is_none() {
                 return Ok(first.answer);
@@ -41,7 +41,7 @@ impl KeyStore for SqliteStore {
             // other record is read again and decided on.
             let answer = inner.write_tx(conn, |tx| {
                 if let (None, Some(record)) = (&found, &first.write)
-                    && row::insert_new(tx, &inner.sql, record)?
+                    && ops::insert_new(tx, &inner.sql, record)?
                 {
                     return Ok(first.answer);
                 }
@@ -71,7 +71,12 @@ impl KeyStore for SqliteStore {
         let (scope, key, outcome, policy) = (scope.clone(), key.clone(), outcome.clone(), *policy);
         self.run(move |inner, conn| {
             let answer = inner.write_tx(conn, |tx| {
-                row::complete(tx, &inner.sql, &scope, &key, token, &outcome, &policy, now)
+                let held = ops::Held {
+                    scope: &scope,
+                    key: &key,
+                    token,
+                };
+                ops::complete_on(tx, &inner.sql, held, &outcome, &policy, now)
             })?;
             inner.notifier.notify(&scope, &key);
             Ok(answer)
@@ -128,7 +133,7 @@ impl KeyStore for SqliteStore {
     ) -> Result<Option<Record>, StoreError> {
         let (scope, key) = (scope.clone(), key.clone());
         self.run(move |inner, conn| {
-            Ok(row::read(conn, &inner.sql, &scope, &key)?.filter(|r| !r.is_expired(now)))
+            Ok(ops::read(conn, &inner.sql, &scope, &key)?.filter(|r| !r.is_expired(now)))
         })
         .await
     }
@@ -140,10 +145,10 @@ impl KeyStore for SqliteStore {
     ) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.run(move |inner, conn| {
-            row::read_all(
+            ops::read_all(
                 conn,
                 &inner.sql.list_in_flight,
-                params![row::ts_to_sql(older_than), limit],
+                params![row::ts(older_than), limit],
             )
         })
         .await
@@ -159,7 +164,7 @@ impl KeyStore for SqliteStore {
         let filter = filter.clone();
         self.run(move |inner, conn| {
             let (sql, params) = inner.sql.list(&filter, now, limit);
-            row::read_all(conn, &sql, rusqlite::params_from_iter(params))
+            ops::read_all(conn, &sql, rusqlite::params_from_iter(params))
         })
         .await
     }
@@ -170,7 +175,7 @@ impl KeyStore for SqliteStore {
             let _writer = inner.write_lock();
             conn.prepare_cached(&inner.sql.purge)
                 .map_err(at("purge: prepare"))?
-                .execute(params![row::ts_to_sql(now), limit])
+                .execute(params![row::ts(now), limit])
                 .map_err(at("purge"))
         })
         .await
@@ -192,7 +197,12 @@ impl KeyStore for SqliteStore {
         let (scope, key, checkpoint) = (scope.clone(), key.clone(), checkpoint.clone());
         self.run(move |inner, conn| {
             inner.write_tx(conn, |tx| {
-                row::checkpoint(tx, &inner.sql, &scope, &key, token, &checkpoint)
+                let held = ops::Held {
+                    scope: &scope,
+                    key: &key,
+                    token,
+                };
+                ops::checkpoint(tx, &inner.sql, held, &checkpoint)
             })
         })
         .await

@@ -63,9 +63,7 @@ async fn main() -> Result<(), BoxError> {
 
 async fn demo(app: App) -> Result<(), BoxError> {
     // The layer claims the key before the handler runs and replays the stored answer after.
-    let executor = Executor::new(app.store.clone()).with_spawner(|task| {
-        tokio::spawn(task);
-    });
+    let executor = Executor::new(app.store.clone());
     // Who is asking: from your authentication in a real server (it is part of the record's scope).
     let layer = IdempotencyLayer::new(executor, |_parts| Ok("tenant-acme".to_owned()));
     let router = Router::new()

@@ -102,9 +102,7 @@ async fn start(
 ) -> Result<(String, JoinHandle<()>), BoxError> {
     let store = SqliteStore::open(path)?;
     store.migrate()?; // creates the records table once; a no-op on the second start
-    let executor = Executor::new(store).with_spawner(|task| {
-        tokio::spawn(task);
-    });
+    let executor = Executor::new(store);
     // Who is asking: from your authentication in a real server (it is part of the record's scope).
     let layer = IdempotencyLayer::new(executor, |_parts| Ok("tenant-acme".to_owned()));
     let router = Router::new()

@@ -122,7 +122,7 @@ impl Runner {
                     }
                     Err(payload) => format!(
                         "the store panicked: {}",
-                        crate::panic_message(payload.as_ref())
+                        crate::report::panic_message(payload.as_ref())
                     ),
                     Ok((_, Ok(Ok(_)))) => unreachable!(),
                 })

@@ -2,17 +2,18 @@
 //! same store, at p50, p99 and mean, for one or many callers, at growing numbers of live
 //! records, as a table, JSON or an SVG plot.
 
+mod measure;
 mod plot;
+mod purge;
 mod raw;
 mod report;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    ClaimAnswer, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, PurgePace,
-    PurgeReport, Scope, SystemClock, Timestamp, purge_expired_paced,
+    ClaimAnswer, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock,
+    Timestamp,
 };
 use serde_json::json;
 use tokio::task::JoinSet;
@@ -23,6 +24,8 @@ pub use report::{BenchReport, Comparison, Point, PurgePoint, Stats};
 use crate::exit::Failure;
 use crate::ops::open;
 use idemkit::StoreUrl;
+use measure::measure;
+use purge::purge_under_load;
 use raw::Raw;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -218,136 +221,6 @@ async fn prefill(
     Ok(())
 }
 
-/// How long each purge window and each idle window of [`purge_under_load`] lasts.
-const PURGE_WINDOW: Duration = Duration::from_millis(500);
-
-/// The phase [`purge_under_load`]'s callers see: which window a claim ran in.
-const IDLE: u8 = 0;
-const PURGING: u8 = 1;
-const DONE: u8 = 2;
-
-/// Fills `expired` records that expired an hour ago, then measures first executions of new keys
-/// while the purge alternates windows of [`PURGE_WINDOW`]: deleting (paced by
-/// `purge_batch`/`purge_duty`, with a deadline at the window's end) and resting, until the
-/// expired records are gone, then one more idle window. A first execution counts as idle or as
-/// purging by the window it began and ended in (one that straddles two is dropped): the two sets
-/// span the same stretch of time, so a shared machine's drift hits both alike.
-async fn purge_under_load(
-    setup: &Arc<Setup>,
-    scope: &str,
-    expired: u64,
-    opts: &BenchOptions,
-) -> Result<PurgePoint, BoxError> {
-    let before_fill = setup.raw.store_bytes().await?;
-    let written = Timestamp::now() - raw::FILL_TTL - Duration::from_secs(3600);
-    prefill(setup, scope, (0, expired), written).await?;
-    setup.raw.settle().await?;
-    let after_fill = setup.raw.store_bytes().await?;
-    let pace = PurgePace::new(opts.purge_batch).duty(opts.purge_duty)?;
-    let phase = Arc::new(AtomicU8::new(IDLE));
-    let rss_before = resident_kib();
-    let purge = {
-        let (store, phase) = (setup.store.clone(), phase.clone());
-        tokio::spawn(async move {
-            let (mut total, mut purging, mut peak_rss) =
-                (PurgeReport::default(), Duration::ZERO, 0);
-            let result = async {
-                loop {
-                    tokio::time::sleep(PURGE_WINDOW).await;
-                    phase.store(PURGING, Ordering::Release);
-                    let t = Instant::now();
-                    let window = pace.deadline(Timestamp::now() + PURGE_WINDOW);
-                    let report = purge_expired_paced(
-                        &*store,
-                        &SystemClock,
-                        window,
-                        tokio::time::sleep,
-                        |_| peak_rss = peak_rss.max(resident_kib().unwrap_or(0)),
-                    )
-                    .await;
-                    phase.store(IDLE, Ordering::Release);
-                    purging += t.elapsed();
-                    let report = report?;
-                    total.deleted += report.deleted;
-                    total.batches += report.batches;
-                    if !report.stopped_at_deadline {
-                        tokio::time::sleep(PURGE_WINDOW).await;
-                        return Ok::<_, idem_core::StoreError>(());
-                    }
-                }
-            }
-            .await;
-            phase.store(DONE, Ordering::Release);
-            result.map(|()| (total, purging, peak_rss))
-        })
-    };
-    let measured = claims(setup, "claims-purge", opts.concurrency.max(1), phase).await;
-    let (report, took, peak_rss) = purge.await??;
-    let [idle, during] = measured?;
-    let after_purge = setup.raw.store_bytes().await?;
-    Ok(PurgePoint {
-        expired,
-        deleted: report.deleted,
-        batches: report.batches,
-        batch: opts.purge_batch,
-        duty: opts.purge_duty,
-        seconds: took.as_secs_f64(),
-        idle_claim: Stats::of(&mut idle.claim.clone()),
-        busy_claim: Stats::of(&mut during.claim.clone()),
-        idle_first: Stats::of(&mut idle.first.clone()),
-        busy_first: Stats::of(&mut during.first.clone()),
-        store_bytes: [before_fill, after_fill, after_purge],
-        client_rss_growth_kib: rss_before.map(|before| peak_rss.saturating_sub(before)),
-    })
-}
-
-/// Latencies of first executions of new keys and of their claims.
-#[derive(Default)]
-struct Claims {
-    first: Vec<Duration>,
-    claim: Vec<Duration>,
-}
-
-/// `callers` callers making first executions (claim + complete) of new keys of their own until
-/// `phase` says [`DONE`]: the ones in an idle window, and the ones in a purge window.
-async fn claims(
-    setup: &Arc<Setup>,
-    tag: &str,
-    callers: usize,
-    phase: Arc<AtomicU8>,
-) -> Result<[Claims; 2], BoxError> {
-    let mut tasks = JoinSet::new();
-    for c in 0..callers {
-        let (setup, phase) = (setup.clone(), phase.clone());
-        let scope = Scope::new(format!("idem-bench/{}/{tag}", setup.run))?;
-        tasks.spawn(async move {
-            let mut out = [Claims::default(), Claims::default()];
-            for i in 0.. {
-                let before = phase.load(Ordering::Acquire);
-                if before == DONE {
-                    break;
-                }
-                let key = IdempotencyKey::new(format!("c{c}-{i}"))?;
-                let (claim, all) = first_execution(&setup, &scope, &key).await?;
-                if phase.load(Ordering::Acquire) == before {
-                    let into = &mut out[usize::from(before == PURGING)];
-                    into.claim.push(claim);
-                    into.first.push(all);
-                }
-            }
-            Ok::<_, BoxError>(out)
-        });
-    }
-    let mut all = [Claims::default(), Claims::default()];
-    while let Some(done) = tasks.join_next().await {
-        for (all, done) in all.iter_mut().zip(done??) {
-            all.first.extend(done.first);
-            all.claim.extend(done.claim);
-        }
-    }
-    Ok(all)
-}
-
 /// One first execution of a new key through the store: (the claim's latency, the whole).
 async fn first_execution(
     setup: &Setup,
@@ -388,138 +261,6 @@ fn resident_kib() -> Option<u64> {
         .trim()
         .parse()
         .ok()
-}
-
-/// Samples of one caller.
-#[derive(Default)]
-struct Samples {
-    idem_first: Vec<Duration>,
-    claim: Vec<Duration>,
-    complete: Vec<Duration>,
-    raw_first: Vec<Duration>,
-    floor_first: Vec<Duration>,
-    idem_replay: Vec<Duration>,
-    raw_replay: Vec<Duration>,
-    read_idem_row: Vec<Duration>,
-}
-
-impl Samples {
-    fn extend(&mut self, other: Samples) {
-        self.idem_first.extend(other.idem_first);
-        self.claim.extend(other.claim);
-        self.complete.extend(other.complete);
-        self.raw_first.extend(other.raw_first);
-        self.floor_first.extend(other.floor_first);
-        self.idem_replay.extend(other.idem_replay);
-        self.raw_replay.extend(other.raw_replay);
-        self.read_idem_row.extend(other.read_idem_row);
-    }
-}
-
-/// Runs `opts.concurrency` callers at once, each interleaving idem and raw operations on keys
-/// of its own, and gathers their latencies.
-async fn measure(setup: &Arc<Setup>, tag: &str, opts: &BenchOptions) -> Result<Point, BoxError> {
-    let callers = opts.concurrency.max(1);
-    let per_caller = opts.operations.div_ceil(callers).max(1);
-    let deadline = opts.duration.map(|d| Instant::now() + d);
-    let mut tasks = JoinSet::new();
-    for c in 0..callers {
-        let setup = setup.clone();
-        let scope = Scope::new(format!("idem-bench/{}/{tag}", setup.run))?;
-        let prefix = format!("c{c}-");
-        // Operations of this caller: a share of `operations` (the first callers take one more).
-        let share = if deadline.is_some() {
-            usize::MAX
-        } else {
-            per_caller.min(opts.operations.saturating_sub(c * per_caller))
-        };
-        tasks.spawn(async move { caller(&setup, &scope, &prefix, share, deadline).await });
-    }
-    let mut all = Samples::default();
-    while let Some(done) = tasks.join_next().await {
-        all.extend(done??);
-    }
-    let optional = |v: &mut Vec<Duration>| (!v.is_empty()).then(|| Stats::of(v));
-    Ok(Point {
-        first: Comparison {
-            idem: Stats::of(&mut all.idem_first),
-            raw: Stats::of(&mut all.raw_first),
-        },
-        replay: Comparison {
-            idem: Stats::of(&mut all.idem_replay),
-            raw: Stats::of(&mut all.raw_replay),
-        },
-        first_floor: optional(&mut all.floor_first),
-        claim: Stats::of(&mut all.claim),
-        complete: Stats::of(&mut all.complete),
-        read_idem_row: optional(&mut all.read_idem_row),
-        ..Point::default()
-    })
-}
-
-/// One caller: first executions of `count` new keys (or until `deadline`), then a replay of
-/// each; idem and raw alternate which goes first, so neither always follows the other.
-async fn caller(
-    setup: &Setup,
-    scope: &Scope,
-    prefix: &str,
-    count: usize,
-    deadline: Option<Instant>,
-) -> Result<Samples, BoxError> {
-    let (store, raw) = (&setup.store, &setup.raw);
-    let mut s = Samples::default();
-    let mut keys = Vec::new();
-    let raw_key =
-        |key: &IdempotencyKey| format!("idem-bench:{}:{}:{key}", setup.run, scope.as_str());
-    let mut i = 0;
-    while i < count && deadline.is_none_or(|d| Instant::now() < d) {
-        let key = IdempotencyKey::new(format!("{prefix}{i}"))?;
-        let rk = raw_key(&key);
-        for idem_turn in [i % 2 == 0, i % 2 != 0] {
-            let t = Instant::now();
-            if idem_turn {
-                let (claimed, all) = first_execution(setup, scope, &key).await?;
-                s.idem_first.push(all);
-                s.claim.push(claimed);
-                s.complete.push(all - claimed);
-            } else {
-                raw.write(&rk).await?;
-                s.raw_first.push(t.elapsed());
-                let t = Instant::now();
-                if raw.floor_first(&rk).await?.is_some() {
-                    s.floor_first.push(t.elapsed());
-                }
-            }
-        }
-        keys.push((key, rk));
-        i += 1;
-    }
-    for (i, (key, rk)) in keys.iter().enumerate() {
-        for idem_turn in [i % 2 == 0, i % 2 != 0] {
-            let t = Instant::now();
-            if idem_turn {
-                let answer = store
-                    .claim(scope, key, &setup.fp, &setup.policy, SystemClock.now())
-                    .await?;
-                s.idem_replay.push(t.elapsed());
-                if !matches!(answer, ClaimAnswer::Replay(_)) {
-                    return Err(format!("expected a replay, got {answer:?}").into());
-                }
-            } else {
-                raw.read(rk).await?;
-                s.raw_replay.push(t.elapsed());
-                let t = Instant::now();
-                if raw
-                    .read_idem_row(scope.as_str(), key.as_str())
-                    .await?
-                    .is_some()
-                {
-                    s.read_idem_row.push(t.elapsed());
-                }
-            }
-        }
-    }
-    Ok(s)
 }
 
 #[cfg(test)]

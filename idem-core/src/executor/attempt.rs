@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::Spawner;
-use super::steps::{count_completion, timed};
+use super::observe::{count_completion, timed};
+use super::spawn::Spawner;
 use crate::codec::{CodecContext, CodecError, OutcomeCodec, encode_outcome};
 use crate::machine::{ClaimKind, ExtendAnswer};
 use crate::{

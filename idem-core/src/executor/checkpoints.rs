@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 
 use super::Executor;
 use super::attempt::Attempt;
-use super::steps::timed;
+use super::observe::timed;
 use crate::checkpoint::{decode_checkpoint, encode_checkpoint};
 use crate::codec::CodecContext;
 use crate::machine::{self, CheckpointAnswer, ClaimKind};

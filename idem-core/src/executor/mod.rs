@@ -1,36 +1,30 @@
 //! [`Executor`]: claim, run at most once, record, replay.
 //!
-//! The executor and its builder live here; [`Attempt`] (and the guard that gives an abandoned
-//! claim back) in `attempt`; the claim and record steps, the completion and the counters in `steps`.
+//! The executor and its builder live here; [`Executor::run`] in `run`; [`Attempt`] (and the guard
+//! that gives an abandoned claim back) in `attempt`; the claim and record steps and the completion
+//! in `steps`; the counters in `observe`; waiting in `wait`; checkpoints in `checkpoints`.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
-use tracing::Instrument;
-
-use crate::codec::{CodecContext, OutcomeCodec, decode_outcome};
-use crate::machine::{ClaimAnswer, ClaimKind};
-use crate::{
-    Clock, Error, Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Scope,
-    SystemClock,
-};
+use crate::codec::OutcomeCodec;
+use crate::machine::ClaimAnswer;
+use crate::{Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock};
 
 mod attempt;
 mod checkpoints;
+mod observe;
+mod run;
+mod spawn;
 mod steps;
 mod wait;
 
 pub use attempt::Attempt;
-pub(crate) use steps::{CompletionError, complete_or_not_kept};
-use steps::{count_claim, count_completion};
-
-/// A future handed to a [`Executor::with_spawner`] spawner.
-pub type BackgroundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
-
-type Spawner = Arc<dyn Fn(BackgroundTask) + Send + Sync>;
+pub(crate) use run::{Ran, Unserializable};
+pub use spawn::BackgroundTask;
+use spawn::Spawn;
+pub(crate) use steps::{CompletionError, Held, complete_or_not_kept};
 
 /// What [`Executor::run`] returns when it has an outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,19 +91,21 @@ impl Execution {
 ///
 /// # Cancellation ([contract §2](crate::contract#states))
 ///
-/// With a spawner ([`Executor::with_spawner`]), the claim and the completion run as background
-/// tasks, so dropping the caller's future cannot lose them: a claim won after the caller went
-/// away (before the operation started) is released, and an outcome that is being recorded is
-/// recorded. Dropping the future while the operation runs leaves the record `processing` (the
-/// effect may have happened) for the lease and reconciliation. Without a spawner, dropping the
-/// future while the claim is in the store may leave a `processing` record behind, which the lease
-/// and reconciliation then settle.
+/// Inside a tokio runtime (with the `tokio` feature, on by default) or with a spawner of your own
+/// ([`Executor::with_spawner`]), the claim and the completion run as background tasks, so
+/// dropping the caller's future cannot lose them: a claim won after the caller went away (before
+/// the operation started) is released, and an outcome that is being recorded is recorded.
+/// Dropping the future while the operation runs leaves the record `processing` (the effect may
+/// have happened) for the lease and reconciliation. Without a spawner (outside a tokio runtime,
+/// without the `tokio` feature, or after [`Executor::without_spawner`]), dropping the future
+/// while the claim is in the store may leave a `processing` record behind, which the lease and
+/// reconciliation then settle.
 #[derive(Clone)]
 pub struct Executor {
     store: Arc<dyn KeyStore>,
     policy: Policy,
     clock: Arc<dyn Clock>,
-    spawner: Option<Spawner>,
+    spawn: Spawn,
     codec: Option<Arc<dyn OutcomeCodec>>,
     waiting: wait::Waiting,
 }
@@ -120,7 +116,7 @@ impl fmt::Debug for Executor {
             .field("store", &self.store)
             .field("policy", &self.policy)
             .field("clock", &self.clock)
-            .field("spawner", &self.spawner.is_some())
+            .field("spawner", &self.spawn.name())
             .field("codec", &self.codec)
             .field("wait", &self.waiting.requested)
             .field("max_wait", &self.max_wait())
@@ -140,7 +136,7 @@ impl Executor {
             store,
             policy: Policy::default(),
             clock: Arc::new(SystemClock),
-            spawner: None,
+            spawn: Spawn::default_for_build(),
             codec: None,
             waiting: wait::Waiting::new(),
         }
@@ -159,21 +155,22 @@ impl Executor {
     }
 
     /// Runs the claim and the completion as background tasks through `spawn`, so a dropped
-    /// caller cannot lose them (see "Cancellation"). With tokio:
-    /// `executor.with_spawner(|task| { tokio::spawn(task); })`.
+    /// caller cannot lose them (see "Cancellation"). Not needed on tokio: with the `tokio`
+    /// feature (on by default) the executor spawns on the tokio runtime current when it starts a
+    /// task. For another runtime, e.g. `executor.with_spawner(|task| { smol::spawn(task).detach(); })`.
     pub fn with_spawner(mut self, spawn: impl Fn(BackgroundTask) + Send + Sync + 'static) -> Self {
-        self.spawner = Some(Arc::new(spawn));
+        self.spawn = Spawn::With(Arc::new(spawn));
         self
     }
 
-    /// This executor without its spawner: the claim and the completion run inline, in the
-    /// caller's task. For a caller that already runs [`Executor::run`] in a task of its own that
+    /// This executor without a spawner (neither its own nor tokio's): the claim and the completion
+    /// run inline, in the caller's task. For a caller that already runs [`Executor::run`] in a task of its own that
     /// nothing cancels (the HTTP layer and the MCP wrapper spawn one per call): there the
     /// spawner's extra task per claim and per completion protects nothing more and costs a task
     /// hop each.
     pub fn without_spawner(&self) -> Self {
         Self {
-            spawner: None,
+            spawn: Spawn::Inline,
             ..self.clone()
         }
     }
@@ -181,7 +178,7 @@ impl Executor {
     /// Encodes every outcome with `codec` before it is stored and decodes every stored outcome
     /// before it is replayed (encryption, redaction: see [`codec`](crate::codec)). The status,
     /// the class, the fingerprint and the record's metadata stay clear. A stored outcome that
-    /// does not decode is [`Error::Decode`]: nothing runs and nothing is replayed.
+    /// does not decode is [`Error::Decode`](crate::Error::Decode): nothing runs and nothing is replayed.
     pub fn with_codec(mut self, codec: impl OutcomeCodec) -> Self {
         self.codec = Some(Arc::new(codec));
         self
@@ -239,230 +236,4 @@ impl Executor {
             resumed: Arc::from(Vec::new()),
         })
     }
-
-    /// Runs `operation` at most once for (scope, key) and the request `fingerprint`.
-    ///
-    /// - No live record, or a retryable failure before: claims, runs `operation`, records its
-    ///   outcome and returns [`Execution::Executed`].
-    /// - Completed before: returns [`Execution::Replayed`] with the stored outcome, without
-    ///   running `operation`.
-    /// - Otherwise an [`Error`] that says whether the operation ran.
-    pub async fn run<F, Fut>(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        operation: F,
-    ) -> Result<Execution, Error>
-    where
-        F: FnOnce(Attempt) -> Fut,
-        Fut: Future<Output = Outcome>,
-    {
-        let span = Self::span(scope, key, fingerprint);
-        let ran = self
-            .run_in_span(scope, key, fingerprint, operation, |o| ((), Ok(o)))
-            .instrument(span)
-            .await?;
-        Ok(match ran {
-            Ran::Executed {
-                outcome, attempt, ..
-            } => Execution::Executed { outcome, attempt },
-            Ran::Replayed(outcome) => Execution::Replayed { outcome },
-        })
-    }
-
-    /// The span of one executor call ([contract §8](crate::contract#observability)).
-    pub(crate) fn span(
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-    ) -> tracing::Span {
-        tracing::info_span!(
-            "idem.call",
-            scope = %scope,
-            key = %key,
-            fingerprint = fingerprint.short(),
-            attempt = tracing::field::Empty,
-            token = tracing::field::Empty,
-        )
-    }
-
-    /// Claims, runs, records or replays; `to_answer` turns the operation's output into the value
-    /// handed back and the outcome to record.
-    pub(crate) async fn run_in_span<F, Fut, O, V>(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        operation: F,
-        to_answer: impl FnOnce(O) -> (V, Result<Outcome, Unserializable>),
-    ) -> Result<Ran<V>, Error>
-    where
-        F: FnOnce(Attempt) -> Fut,
-        Fut: Future<Output = O>,
-    {
-        let (answer, guard) = self.claim_or_wait(scope, key, fingerprint).await?;
-        let origin = key.origin().as_str();
-        let (token, number, kind) = match answer {
-            ClaimAnswer::Claimed {
-                token,
-                attempt,
-                kind,
-            } => (token, attempt, kind),
-            ClaimAnswer::Replay(stored) => {
-                let cx = CodecContext::new(scope, key);
-                let outcome = match decode_outcome(self.codec.as_deref(), &cx, stored) {
-                    Ok(outcome) => outcome,
-                    Err(e) => {
-                        tracing::error!(error = %e, "stored outcome could not be decoded; nothing ran, nothing replayed");
-                        count_claim("replayed", origin);
-                        return Err(Error::Decode(e));
-                    }
-                };
-                transition!(
-                    INFO,
-                    "replayed",
-                    status = outcome.status(),
-                    key_source = origin,
-                    "replaying stored outcome"
-                );
-                count_claim("replayed", origin);
-                return Ok(Ran::Replayed(outcome));
-            }
-            ClaimAnswer::InFlight { retry_after, stale } => {
-                transition!(
-                    INFO,
-                    "in_flight",
-                    retry_after_ms = retry_after.as_millis() as u64,
-                    stale,
-                    "operation in flight"
-                );
-                count_claim("in_flight", origin);
-                return Err(Error::InFlight { retry_after, stale });
-            }
-            ClaimAnswer::FingerprintMismatch => {
-                transition!(WARN, "mismatch", "key reused with a different request");
-                count_claim("mismatch", origin);
-                return Err(Error::FingerprintMismatch);
-            }
-        };
-        let span = tracing::Span::current();
-        span.record("attempt", number);
-        span.record("token", token.short());
-        match kind {
-            ClaimKind::TakenOver => {
-                transition!(
-                    WARN,
-                    "taken_over",
-                    attempt = number,
-                    "stale claim taken over"
-                );
-                count_claim("taken_over", origin);
-            }
-            ClaimKind::ExpiredReplaced => {
-                transition!(INFO, "expired_replaced", "expired record replaced");
-                count_claim("claimed", origin);
-            }
-            ClaimKind::New | ClaimKind::Retry => {
-                transition!(
-                    INFO,
-                    "claimed",
-                    attempt = number,
-                    ?kind,
-                    key_source = origin,
-                    "claimed"
-                );
-                count_claim("claimed", origin);
-            }
-        }
-
-        let resumed = match self.resumed_checkpoints(scope, key, token, kind).await {
-            Ok(resumed) => resumed,
-            Err(e) => {
-                // Nothing ran: give the claim back (an armed guard does it when dropped).
-                if guard.is_none() {
-                    let now = self.clock.now();
-                    if let Err(release) = self.store.release(scope, key, token, now).await {
-                        tracing::warn!(error = %release, "claim could not be released; the lease will run out");
-                    }
-                }
-                tracing::error!(error = %e, "the checkpoints to resume from could not be read; nothing ran, claim released");
-                return Err(e);
-            }
-        };
-        let attempt = Attempt {
-            store: self.store.clone(),
-            clock: self.clock.clone(),
-            scope: scope.clone(),
-            key: key.clone(),
-            token,
-            number,
-            kind,
-            recorded: Arc::new(AtomicBool::new(false)),
-            policy: self.policy,
-            codec: self.codec.clone(),
-            resumed: resumed.into(),
-        };
-        let recorded = attempt.recorded.clone();
-        // From here on the operation has started: a drop leaves the record `processing`.
-        if let Some(mut guard) = guard {
-            guard.armed = false;
-        }
-        let (value, outcome) = to_answer(operation(attempt).await);
-        let recorded = recorded.load(Ordering::SeqCst);
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(failed) => {
-                // The effect happened: record "ran, answer not kept" rather than leave the record
-                // to run again (as for an outcome too large, contract §2).
-                tracing::error!(error = %failed.source, status = failed.status, "the operation's answer could not be serialised; recorded as 'ran, answer not kept'");
-                if !recorded {
-                    let kept = Outcome::not_serializable(failed.status, failed.class);
-                    if let Err(e) = self.record(scope, key, token, kept).await {
-                        tracing::error!(error = %e, "'ran, answer not kept' could not be recorded either");
-                    }
-                }
-                return Err(Error::Serialize(failed.source));
-            }
-        };
-        if recorded {
-            transition!(
-                INFO,
-                "completed",
-                status = outcome.status(),
-                "outcome recorded by the operation's own transaction"
-            );
-            count_completion("completed");
-            return Ok(Ran::Executed {
-                value,
-                outcome,
-                attempt: number,
-            });
-        }
-        let outcome = self.record(scope, key, token, outcome).await?;
-        Ok(Ran::Executed {
-            value,
-            outcome,
-            attempt: number,
-        })
-    }
-}
-
-/// What [`Executor::run_in_span`] did.
-pub(crate) enum Ran<V> {
-    /// This call ran the operation.
-    Executed {
-        value: V,
-        outcome: Outcome,
-        attempt: u32,
-    },
-    /// A stored outcome, decoded.
-    Replayed(Outcome),
-}
-
-/// An operation's answer that could not be serialised: the status and class it would have had.
-pub(crate) struct Unserializable {
-    pub(crate) status: u16,
-    pub(crate) class: OutcomeClass,
-    pub(crate) source: serde_json::Error,
 }

@@ -1,10 +1,11 @@
 //! The executor's steps: claim and record (run inline, or through the spawner so a dropped caller
-//! cannot cancel them), completion with its "not kept" fallback, and the counters.
+//! cannot cancel them), completion with its "not kept" fallback.
 
 use std::future::Future;
 
 use futures_channel::oneshot;
 
+use super::observe::{count_completion, timed};
 use super::{Executor, attempt::ReleaseOnDrop};
 use crate::codec::{CodecContext, CodecError, OutcomeCodec, encode_outcome};
 use crate::machine::{ClaimAnswer, CompleteAnswer, OutcomeTooLarge, completed_state};
@@ -21,7 +22,7 @@ impl Executor {
         &self,
         task: impl Future<Output = T> + Send + 'static,
     ) -> Option<T> {
-        let Some(spawner) = &self.spawner else {
+        let Some(spawner) = self.spawn.here() else {
             return Some(task.await);
         };
         let (tx, rx) = oneshot::channel();
@@ -42,8 +43,7 @@ impl Executor {
         fingerprint: &Fingerprint,
     ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>), Error> {
         let now = self.clock.now();
-        let (store, clock, spawner) =
-            (self.store.clone(), self.clock.clone(), self.spawner.clone());
+        let (store, clock, spawner) = (self.store.clone(), self.clock.clone(), self.spawn.here());
         let (scope, key, fingerprint, policy) =
             (scope.clone(), key.clone(), fingerprint.clone(), self.policy);
         let claimed = self.on_spawner(async move {
@@ -90,17 +90,14 @@ impl Executor {
         let (scope, key, policy, stored) =
             (scope.clone(), key.clone(), self.policy, outcome.clone());
         let completed = self.on_spawner(async move {
-            complete_or_not_kept(
-                &*store,
-                codec.as_deref(),
-                &scope,
-                &key,
+            let held = Held {
+                store: &*store,
+                codec: codec.as_deref(),
+                scope: &scope,
+                key: &key,
                 token,
-                &stored,
-                &policy,
-                now,
-            )
-            .await
+            };
+            complete_or_not_kept(held, &stored, &policy, now).await
         });
         let result = completed.await.unwrap_or_else(|| {
             Err(CompletionError::Store(StoreError::Unavailable {
@@ -212,22 +209,33 @@ pub(crate) struct Completion {
     pub(crate) not_kept: Option<OutcomeTooLarge>,
 }
 
+/// The claim a completion writes under: the store and codec, the record's address and the
+/// holder's token.
+pub(crate) struct Held<'a> {
+    pub(crate) store: &'a dyn KeyStore,
+    pub(crate) codec: Option<&'a dyn OutcomeCodec>,
+    pub(crate) scope: &'a Scope,
+    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) token: Token,
+}
+
 /// Completes the record with `outcome` encoded by `codec`; if that is over the policy's limit,
 /// completes it with [`Outcome::not_kept`] (encoded too) instead ([contract §2](crate::contract#states): a record is never left `processing` because its
 /// outcome could not be kept). The replacement is small and bounded; it is stored under the same
 /// policy with the limit raised to its size if the limit is smaller still, so it always fits.
-// The arguments of `KeyStore::complete`, plus the codec.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn complete_or_not_kept(
-    store: &dyn KeyStore,
-    codec: Option<&dyn OutcomeCodec>,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    token: Token,
+    held: Held<'_>,
     outcome: &Outcome,
     policy: &Policy,
     now: Timestamp,
 ) -> Result<Completion, CompletionError> {
+    let Held {
+        store,
+        codec,
+        scope,
+        key,
+        token,
+    } = held;
     let cx = CodecContext::new(scope, key);
     // The limit applies to what is stored: the encoded outcome.
     let stored = encode_outcome(codec, &cx, outcome).map_err(CompletionError::Encode)?;
@@ -267,23 +275,4 @@ pub(crate) async fn complete_or_not_kept(
         answer,
         not_kept: Some(too_large),
     })
-}
-
-/// Counts one claim answer; `key_source` is the key's [`KeyOrigin`](crate::KeyOrigin) label.
-pub(super) fn count_claim(result: &'static str, key_source: &'static str) {
-    metrics::counter!(crate::metrics::CLAIMS, "result" => result, "key_source" => key_source)
-        .increment(1);
-}
-
-pub(super) fn count_completion(result: &'static str) {
-    metrics::counter!(crate::metrics::COMPLETIONS, "result" => result).increment(1);
-}
-
-/// Times a store call ([`crate::metrics::timed`]).
-pub(super) async fn timed<T>(
-    store: &dyn KeyStore,
-    op: &'static str,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    crate::metrics::timed(store.backend(), op, call).await
 }

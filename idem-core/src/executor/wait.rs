@@ -11,7 +11,7 @@ use futures_util::future::{BoxFuture, Either, FutureExt, Shared, WeakShared, sel
 
 use super::Executor;
 use super::attempt::ReleaseOnDrop;
-use super::steps::timed;
+use super::observe::timed;
 use crate::machine::ClaimAnswer;
 use crate::wait::Timer;
 use crate::{Clock, Error, Fingerprint, IdempotencyKey, KeyStore, RecordState, Scope};

@@ -2,7 +2,7 @@
 
 use crate::{Checkpoint, Policy, Record, Token};
 
-use super::{Transition, held};
+use super::{CheckpointTooLarge, Transition, held};
 
 /// The answer to `checkpoint` ([contract §6.1](crate::contract#checkpoints)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -11,18 +11,6 @@ pub enum CheckpointAnswer {
     Saved,
     /// The caller does not hold the current claim; nothing was written.
     Fenced,
-}
-
-/// A checkpoint over [`Policy::max_checkpoint_bytes`]: refused, nothing written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "checkpoint is {size} bytes (name and value), over the limit of {limit} bytes; nothing was saved"
-)]
-pub struct CheckpointTooLarge {
-    /// The checkpoint's size in bytes ([`Checkpoint::size`]).
-    pub size: usize,
-    /// The limit in bytes.
-    pub limit: usize,
 }
 
 /// Checks a checkpoint against the policy's size limit.

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::codec::{CodecContext, OutcomeCodec};
-use crate::executor::{CompletionError, complete_or_not_kept};
+use crate::executor::{CompletionError, Held, complete_or_not_kept};
 use crate::machine::{ClaimAnswer, ClaimKind, CompleteAnswer, ReleaseAnswer};
 use crate::metrics::{count_reconcile, timed};
 use crate::{Clock, KeyStore, Policy, Record, StalePolicy, StoreError, Timestamp, Token};
@@ -196,23 +196,22 @@ impl<P: Probe> Settler<'_, P> {
         };
         match finding {
             Finding::Happened(outcome) => {
-                let completion = complete_or_not_kept(
+                let held = Held {
                     store,
-                    self.codec,
-                    &taken.scope,
-                    &taken.key,
+                    codec: self.codec,
+                    scope: &taken.scope,
+                    key: &taken.key,
                     token,
-                    &outcome,
-                    self.policy,
-                    self.clock.now(),
-                )
-                .await
-                .map_err(|e| match e {
-                    CompletionError::Store(e) => e,
-                    CompletionError::Encode(e) => {
-                        StoreError::backend("the probe's outcome could not be encoded", e)
-                    }
-                })?;
+                };
+                let completion =
+                    complete_or_not_kept(held, &outcome, self.policy, self.clock.now())
+                        .await
+                        .map_err(|e| match e {
+                            CompletionError::Store(e) => e,
+                            CompletionError::Encode(e) => {
+                                StoreError::backend("the probe's outcome could not be encoded", e)
+                            }
+                        })?;
                 if completion.answer == CompleteAnswer::Fenced {
                     count_reconcile("skipped");
                     report.skipped += 1;

@@ -1,0 +1,243 @@
+//! [`Executor::run`]: claim, run at most once, record, or replay, in the call's span.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tracing::Instrument;
+
+use super::observe::{count_claim, count_completion};
+use super::{Attempt, Execution, Executor};
+use crate::codec::{CodecContext, decode_outcome};
+use crate::machine::{ClaimAnswer, ClaimKind};
+use crate::{Error, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope};
+
+impl Executor {
+    /// Runs `operation` at most once for (scope, key) and the request `fingerprint`.
+    ///
+    /// - No live record, or a retryable failure before: claims, runs `operation`, records its
+    ///   outcome and returns [`Execution::Executed`].
+    /// - Completed before: returns [`Execution::Replayed`] with the stored outcome, without
+    ///   running `operation`.
+    /// - Otherwise an [`Error`] that says whether the operation ran.
+    pub async fn run<F, Fut>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        operation: F,
+    ) -> Result<Execution, Error>
+    where
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Outcome>,
+    {
+        let span = Self::span(scope, key, fingerprint);
+        let ran = self
+            .run_in_span(scope, key, fingerprint, operation, |o| ((), Ok(o)))
+            .instrument(span)
+            .await?;
+        Ok(match ran {
+            Ran::Executed {
+                outcome, attempt, ..
+            } => Execution::Executed { outcome, attempt },
+            Ran::Replayed(outcome) => Execution::Replayed { outcome },
+        })
+    }
+
+    /// The span of one executor call ([contract §8](crate::contract#observability)).
+    pub(crate) fn span(
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> tracing::Span {
+        tracing::info_span!(
+            "idem.call",
+            scope = %scope,
+            key = %key,
+            fingerprint = fingerprint.short(),
+            attempt = tracing::field::Empty,
+            token = tracing::field::Empty,
+        )
+    }
+
+    /// Claims, runs, records or replays; `to_answer` turns the operation's output into the value
+    /// handed back and the outcome to record.
+    pub(crate) async fn run_in_span<F, Fut, O, V>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        operation: F,
+        to_answer: impl FnOnce(O) -> (V, Result<Outcome, Unserializable>),
+    ) -> Result<Ran<V>, Error>
+    where
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = O>,
+    {
+        let (answer, guard) = self.claim_or_wait(scope, key, fingerprint).await?;
+        let origin = key.origin().as_str();
+        let (token, number, kind) = match answer {
+            ClaimAnswer::Claimed {
+                token,
+                attempt,
+                kind,
+            } => (token, attempt, kind),
+            ClaimAnswer::Replay(stored) => {
+                let cx = CodecContext::new(scope, key);
+                let outcome = match decode_outcome(self.codec.as_deref(), &cx, stored) {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        tracing::error!(error = %e, "stored outcome could not be decoded; nothing ran, nothing replayed");
+                        count_claim("replayed", origin);
+                        return Err(Error::Decode(e));
+                    }
+                };
+                transition!(
+                    INFO,
+                    "replayed",
+                    status = outcome.status(),
+                    key_source = origin,
+                    "replaying stored outcome"
+                );
+                count_claim("replayed", origin);
+                return Ok(Ran::Replayed(outcome));
+            }
+            ClaimAnswer::InFlight { retry_after, stale } => {
+                transition!(
+                    INFO,
+                    "in_flight",
+                    retry_after_ms = retry_after.as_millis() as u64,
+                    stale,
+                    "operation in flight"
+                );
+                count_claim("in_flight", origin);
+                return Err(Error::InFlight { retry_after, stale });
+            }
+            ClaimAnswer::FingerprintMismatch => {
+                transition!(WARN, "mismatch", "key reused with a different request");
+                count_claim("mismatch", origin);
+                return Err(Error::FingerprintMismatch);
+            }
+        };
+        let span = tracing::Span::current();
+        span.record("attempt", number);
+        span.record("token", token.short());
+        match kind {
+            ClaimKind::TakenOver => {
+                transition!(
+                    WARN,
+                    "taken_over",
+                    attempt = number,
+                    "stale claim taken over"
+                );
+                count_claim("taken_over", origin);
+            }
+            ClaimKind::ExpiredReplaced => {
+                transition!(INFO, "expired_replaced", "expired record replaced");
+                count_claim("claimed", origin);
+            }
+            ClaimKind::New | ClaimKind::Retry => {
+                transition!(
+                    INFO,
+                    "claimed",
+                    attempt = number,
+                    ?kind,
+                    key_source = origin,
+                    "claimed"
+                );
+                count_claim("claimed", origin);
+            }
+        }
+
+        let resumed = match self.resumed_checkpoints(scope, key, token, kind).await {
+            Ok(resumed) => resumed,
+            Err(e) => {
+                // Nothing ran: give the claim back before answering, so a retry finds it free.
+                // The guard stays armed until then: a caller gone meanwhile still releases it.
+                let now = self.clock.now();
+                if let Err(release) = self.store.release(scope, key, token, now).await {
+                    tracing::warn!(error = %release, "claim could not be released; the lease will run out");
+                }
+                if let Some(mut guard) = guard {
+                    guard.armed = false;
+                }
+                tracing::error!(error = %e, "the checkpoints to resume from could not be read; nothing ran, claim released");
+                return Err(e);
+            }
+        };
+        let attempt = Attempt {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            number,
+            kind,
+            recorded: Arc::new(AtomicBool::new(false)),
+            policy: self.policy,
+            codec: self.codec.clone(),
+            resumed: resumed.into(),
+        };
+        let recorded = attempt.recorded.clone();
+        // From here on the operation has started: a drop leaves the record `processing`.
+        if let Some(mut guard) = guard {
+            guard.armed = false;
+        }
+        let (value, outcome) = to_answer(operation(attempt).await);
+        let recorded = recorded.load(Ordering::SeqCst);
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(failed) => {
+                // The effect happened: record "ran, answer not kept" rather than leave the record
+                // to run again (as for an outcome too large, contract §2).
+                tracing::error!(error = %failed.source, status = failed.status, "the operation's answer could not be serialised; recorded as 'ran, answer not kept'");
+                if !recorded {
+                    let kept = Outcome::not_serializable(failed.status, failed.class);
+                    if let Err(e) = self.record(scope, key, token, kept).await {
+                        tracing::error!(error = %e, "'ran, answer not kept' could not be recorded either");
+                    }
+                }
+                return Err(Error::Serialize(failed.source));
+            }
+        };
+        if recorded {
+            transition!(
+                INFO,
+                "completed",
+                status = outcome.status(),
+                "outcome recorded by the operation's own transaction"
+            );
+            count_completion("completed");
+            return Ok(Ran::Executed {
+                value,
+                outcome,
+                attempt: number,
+            });
+        }
+        let outcome = self.record(scope, key, token, outcome).await?;
+        Ok(Ran::Executed {
+            value,
+            outcome,
+            attempt: number,
+        })
+    }
+}
+
+/// What [`Executor::run_in_span`] did.
+pub(crate) enum Ran<V> {
+    /// This call ran the operation.
+    Executed {
+        value: V,
+        outcome: Outcome,
+        attempt: u32,
+    },
+    /// A stored outcome, decoded.
+    Replayed(Outcome),
+}
+
+/// An operation's answer that could not be serialised: the status and class it would have had.
+pub(crate) struct Unserializable {
+    pub(crate) status: u16,
+    pub(crate) class: OutcomeClass,
+    pub(crate) source: serde_json::Error,
+}

@@ -1,0 +1,43 @@
+//! The portable wait, [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)'s default (re-exported from [`crate::wait`]).
+
+use std::time::Duration;
+
+use crate::timer::Timer;
+use crate::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
+
+/// The first pause of the portable wait.
+pub(crate) const POLL_FIRST: Duration = Duration::from_millis(5);
+/// The longest pause of the portable wait.
+pub(crate) const POLL_MAX: Duration = Duration::from_millis(250);
+
+/// Whether `now` differs from `seen` in anything a waiter acts on: gone, another state, another
+/// holder, another lease.
+pub fn changed(seen: &Record, now: Option<&Record>) -> bool {
+    now.is_none_or(|r| {
+        (r.state, r.token, r.lease_until, r.updated_at)
+            != (seen.state, seen.token, seen.lease_until, seen.updated_at)
+    })
+}
+
+/// The portable wait, [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)'s default: reads the record with `get` after
+/// 5 ms, then after pauses doubling up to 250 ms, until it [`changed`] from `seen`.
+pub async fn poll_for_change<S: KeyStore + ?Sized>(
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    seen: &Record,
+    clock: &dyn Clock,
+    timer: &Timer,
+) -> Result<(), StoreError> {
+    let mut pause = POLL_FIRST;
+    loop {
+        timer.sleep(pause).await;
+        let found =
+            crate::metrics::timed(store.backend(), "get", store.get(scope, key, clock.now()))
+                .await?;
+        if changed(seen, found.as_ref()) {
+            return Ok(());
+        }
+        pause = (pause * 2).min(POLL_MAX);
+    }
+}
