@@ -83,7 +83,7 @@ impl idem_core::KeyStore for Plain {
         fingerprint: &idem_core::Fingerprint,
         policy: &idem_core::Policy,
         now: idem_core::Timestamp,
-    ) -> Result<idem_core::ClaimAnswer, idem_core::StoreError> {
+    ) -> Result<idem_core::machine::ClaimAnswer, idem_core::StoreError> {
         self.0.claim(scope, key, fingerprint, policy, now).await
     }
     async fn complete(
@@ -94,7 +94,7 @@ impl idem_core::KeyStore for Plain {
         outcome: &idem_core::Outcome,
         policy: &idem_core::Policy,
         now: idem_core::Timestamp,
-    ) -> Result<idem_core::CompleteAnswer, idem_core::StoreError> {
+    ) -> Result<idem_core::machine::CompleteAnswer, idem_core::StoreError> {
         self.0
             .complete(scope, key, token, outcome, policy, now)
             .await
@@ -105,7 +105,7 @@ impl idem_core::KeyStore for Plain {
         key: &idem_core::IdempotencyKey,
         token: idem_core::Token,
         now: idem_core::Timestamp,
-    ) -> Result<idem_core::ReleaseAnswer, idem_core::StoreError> {
+    ) -> Result<idem_core::machine::ReleaseAnswer, idem_core::StoreError> {
         self.0.release(scope, key, token, now).await
     }
     async fn extend(
@@ -115,7 +115,7 @@ impl idem_core::KeyStore for Plain {
         token: idem_core::Token,
         lease: std::time::Duration,
         now: idem_core::Timestamp,
-    ) -> Result<idem_core::ExtendAnswer, idem_core::StoreError> {
+    ) -> Result<idem_core::machine::ExtendAnswer, idem_core::StoreError> {
         self.0.extend(scope, key, token, lease, now).await
     }
     async fn get(
@@ -135,7 +135,7 @@ impl idem_core::KeyStore for Plain {
     }
     async fn list(
         &self,
-        filter: &idem_core::ListFilter,
+        filter: &idem_core::store::ListFilter,
         now: idem_core::Timestamp,
         limit: usize,
     ) -> Result<Vec<idem_core::Record>, idem_core::StoreError> {

@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(decoded, parts, "scope {:?}", scope.as_str());
         }
         Err(ScopeError::Empty) => assert!(parts.len() == 1 && parts[0].is_empty()),
-        Err(ScopeError::TooLong { len }) => assert!(len > idem_core::key::MAX_SCOPE_BYTES),
+        Err(ScopeError::TooLong { len }) => assert!(len > idem_core::Scope::MAX_BYTES),
         Err(ScopeError::ControlCharacter { .. }) => {
             assert!(parts.iter().any(|p| p.chars().any(char::is_control)))
         }

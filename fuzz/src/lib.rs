@@ -8,7 +8,7 @@ use std::future::Future;
 
 use idem_core::{
     Fingerprint, IdempotencyKey, KeyError, KeyStore, MemoryStore, Policy, RecordState, Scope,
-    ScopeError, Timestamp, key::MAX_KEY_BYTES, key::MAX_SCOPE_BYTES,
+    ScopeError, Timestamp,
 };
 
 thread_local! {
@@ -40,7 +40,7 @@ pub fn check_key(text: &str) -> Option<IdempotencyKey> {
     match IdempotencyKey::new(text) {
         Ok(key) => {
             assert_eq!(key.as_str(), text);
-            assert!(!text.is_empty() && text.len() <= MAX_KEY_BYTES);
+            assert!(!text.is_empty() && text.len() <= IdempotencyKey::MAX_BYTES);
             assert!(text.bytes().all(visible_ascii), "accepted {text:?}");
             assert_eq!(key.to_string().parse::<IdempotencyKey>().as_ref(), Ok(&key));
             let json = serde_json::to_string(&key).expect("a key serialises");
@@ -54,11 +54,11 @@ pub fn check_key(text: &str) -> Option<IdempotencyKey> {
         }
         Err(KeyError::TooLong { len }) => {
             assert_eq!(len, text.len());
-            assert!(len > MAX_KEY_BYTES);
+            assert!(len > IdempotencyKey::MAX_BYTES);
             None
         }
         Err(KeyError::InvalidCharacter { index, byte }) => {
-            assert!(!text.is_empty() && text.len() <= MAX_KEY_BYTES);
+            assert!(!text.is_empty() && text.len() <= IdempotencyKey::MAX_BYTES);
             assert_eq!(text.as_bytes()[index], byte);
             assert!(!visible_ascii(byte));
             assert!(text.as_bytes()[..index].iter().all(|&b| visible_ascii(b)));
@@ -74,7 +74,7 @@ pub fn check_scope(text: &str) -> Option<Scope> {
     match Scope::new(text) {
         Ok(scope) => {
             assert_eq!(scope.as_str(), text);
-            assert!(!text.is_empty() && text.len() <= MAX_SCOPE_BYTES);
+            assert!(!text.is_empty() && text.len() <= Scope::MAX_BYTES);
             assert!(!text.chars().any(char::is_control), "accepted {text:?}");
             assert_eq!(Scope::new(scope.as_str()).as_ref(), Ok(&scope));
             assert_eq!(scope.to_string().parse::<Scope>().as_ref(), Ok(&scope));
@@ -89,11 +89,11 @@ pub fn check_scope(text: &str) -> Option<Scope> {
         }
         Err(ScopeError::TooLong { len }) => {
             assert_eq!(len, text.len());
-            assert!(len > MAX_SCOPE_BYTES);
+            assert!(len > Scope::MAX_BYTES);
             None
         }
         Err(ScopeError::ControlCharacter { index }) => {
-            assert!(!text.is_empty() && text.len() <= MAX_SCOPE_BYTES);
+            assert!(!text.is_empty() && text.len() <= Scope::MAX_BYTES);
             let c = text[index..].chars().next().expect("a character at index");
             assert!(c.is_control());
             assert!(!text[..index].chars().any(char::is_control));

@@ -20,9 +20,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemkit::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idemkit::store::ListFilter;
 use idemkit::{
-    Executor, Fingerprint, IdempotencyKey, KeyStore, ListFilter, MemoryStore, Outcome, Policy,
-    Record, Scope, StoreError, SystemClock, Timestamp, Token, async_trait,
+    Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, Record, Scope,
+    StoreError, SystemClock, Timestamp, Token, async_trait,
 };
 use serde_json::json;
 

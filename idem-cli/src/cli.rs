@@ -276,7 +276,7 @@ fn parse_duty(s: &str) -> Result<f64, String> {
     let duty: f64 = s
         .parse()
         .map_err(|e| format!("{s:?} is not a number: {e}"))?;
-    idem_core::PurgePace::new(1)
+    idem_core::reconcile::PurgePace::new(1)
         .duty(duty)
         .map(|pace| pace.duty_cycle())
         .map_err(|e| e.to_string())

@@ -116,7 +116,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Purge { batch, duty, json } => {
             let store = store_or_default();
             let s = ops::open_store(&store).await?;
-            let pace = idem_core::PurgePace::new(batch)
+            let pace = idem_core::reconcile::PurgePace::new(batch)
                 .duty(duty)
                 .map_err(|e| Failure::usage(e.to_string()))?;
             let report = ops::purge(&*s, pace, !json).await?;
@@ -208,7 +208,7 @@ async fn keys(store: StoreUrl, command: KeysCommand) -> Result<(), Failure> {
             limit,
             json,
         } => {
-            let filter = idem_core::ListFilter {
+            let filter = idem_core::store::ListFilter {
                 state,
                 scope,
                 updated_before: older_than.map(|d| idem_core::Timestamp::now() - d),

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
 use idem_core::metrics::timed;
+use idem_core::reconcile::{PurgePace, purge_expired_paced};
 use idem_core::{
-    Clock, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, PurgePace, Record, RecordState,
-    Scope, StalePolicy, SystemClock, Timestamp, purge_expired_paced,
+    Clock, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Record, RecordState, Scope,
+    StalePolicy, SystemClock, Timestamp,
 };
 use idemkit::{OpenOptions, Opened, StoreUrl};
 use serde_json::{Value, json};
@@ -155,7 +156,7 @@ fn pretty(v: &Value) -> String {
 /// `idem keys ls`: the records the filter selects, as a table or JSON.
 pub async fn ls(
     store: &dyn KeyStore,
-    filter: &idem_core::ListFilter,
+    filter: &idem_core::store::ListFilter,
     limit: usize,
     as_json: bool,
 ) -> Result<String, Failure> {

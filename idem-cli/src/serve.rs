@@ -19,7 +19,8 @@ use std::time::Duration;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem_core::contract::{ListedTool, ToolListing};
-use idem_core::{Clock, Executor, KeySource, Policy, Reconciler, SystemClock, ToolContract};
+use idem_core::reconcile::Reconciler;
+use idem_core::{Clock, Executor, KeySource, Policy, SystemClock, ToolContract};
 use idem_http::{IdempotencyLayer, Problem};
 use serde_json::json;
 

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use idem_conformance::kit::{self, TempDir, unique};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
+use idem_core::reconcile::{Finding, Probe, Reconciler};
 use idem_core::{
-    Clock, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Probe,
-    Reconciler, Record, RecordState, Scope, Timestamp, async_trait, downstream_key,
+    Clock, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Record,
+    RecordState, Scope, Timestamp, async_trait, downstream_key,
 };
 use idemkit::OpenOptions;
 use serde_json::json;

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::store::ListFilter;
 use idem_core::{
-    Executor, Fingerprint, IdempotencyKey, KeyStore, ListFilter, MemoryStore, Outcome, Policy,
-    Record, Scope, StoreError, Timestamp, Token, async_trait,
+    Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, Record, Scope,
+    StoreError, Timestamp, Token, async_trait,
 };
 use serde_json::json;
 

@@ -10,10 +10,8 @@
 //! [`Attempt::checkpoint`](crate::Attempt::checkpoint) and
 //! [`Attempt::checkpoints`](crate::Attempt::checkpoints).
 //!
-//! Stores keep the list in one text column: a JSON array of
-//! `{"name": "charged", "value": "<the value's JSON text>", "saved_at": <ms>}`, the value kept
-//! as a string so it reads back byte for byte. [`checkpoints_to_column`],
-//! [`checkpoint_item`] and [`checkpoints_from_column`] write and read it.
+//! Stores keep the list in one text column, written and read by
+//! [`store::columns`](crate::store::columns).
 
 use std::fmt;
 
@@ -25,6 +23,15 @@ use crate::{Outcome, OutcomeClass, StoreError, Timestamp};
 
 /// One saved step: a name, a JSON value (as the exact text stored: encoded by the executor's
 /// codec where there is one) and when it was saved.
+///
+/// Checkpoints are the named steps an operation with several effects saves as it goes, so that
+/// the attempt after a crash resumes instead of starting over
+/// ([contract §6.1](crate::contract#checkpoints)). A record keeps its checkpoints in the order they were saved (saving a name again adds another entry; a lookup
+/// by name sees the latest). The rules (fencing, size limit, what keeps and what ends them) are
+/// [`machine::checkpoint`](crate::machine::checkpoint)'s; the store operation is
+/// [`KeyStore::checkpoint`](crate::KeyStore::checkpoint); operations save and read them through
+/// [`Attempt::checkpoint`](crate::Attempt::checkpoint) and
+/// [`Attempt::checkpoints`](crate::Attempt::checkpoints).
 ///
 /// Its `Debug` shows the name, the value's size and the time, never the value: stored values
 /// are never logged.
@@ -143,66 +150,6 @@ impl fmt::Debug for Checkpoint {
     }
 }
 
-/// One element of the checkpoints column.
-#[derive(Serialize, Deserialize)]
-struct Item<'a> {
-    #[serde(borrow)]
-    name: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    value: std::borrow::Cow<'a, str>,
-    saved_at: i64,
-}
-
-impl<'a> Item<'a> {
-    fn of(c: &'a Checkpoint) -> Self {
-        Self {
-            name: c.name.as_str().into(),
-            value: c.value.as_str().into(),
-            saved_at: i64::try_from(c.saved_at.as_millis()).unwrap_or(i64::MAX),
-        }
-    }
-}
-
-/// One checkpoint as an element of the checkpoints column, for a store that appends it in one
-/// statement (SQL: `'[' || item || ']'` or the column without its closing `]` followed by
-/// `',' || item || ']'`).
-pub fn checkpoint_item(checkpoint: &Checkpoint) -> String {
-    serde_json::to_string(&Item::of(checkpoint)).expect("strings and integers serialise")
-}
-
-/// The checkpoints column for `checkpoints`: `None` when there are none.
-pub fn checkpoints_to_column(checkpoints: &[Checkpoint]) -> Option<String> {
-    if checkpoints.is_empty() {
-        return None;
-    }
-    let items: Vec<Item<'_>> = checkpoints.iter().map(Item::of).collect();
-    Some(serde_json::to_string(&items).expect("strings and integers serialise"))
-}
-
-/// The checkpoints in a checkpoints column (`None` or `[]`: none). Anything that does not parse
-/// is [`StoreError::Corrupt`].
-pub fn checkpoints_from_column(column: Option<&str>) -> Result<Vec<Checkpoint>, StoreError> {
-    let Some(text) = column else {
-        return Ok(Vec::new());
-    };
-    let items: Vec<Item<'_>> = serde_json::from_str(text)
-        .map_err(|e| StoreError::corrupt_with(format!("column checkpoints: {e}"), e))?;
-    items
-        .into_iter()
-        .map(|item| {
-            let saved_at = match item.saved_at {
-                i64::MAX => Timestamp::from_millis(u64::MAX),
-                ms => u64::try_from(ms).map(Timestamp::from_millis).map_err(|e| {
-                    StoreError::corrupt_with(format!("checkpoint saved_at is {ms}"), e)
-                })?,
-            };
-            Checkpoint::new(item.name, item.value, saved_at).map_err(|e| {
-                StoreError::corrupt_with(format!("checkpoint value is not JSON: {e}"), e)
-            })
-        })
-        .collect()
-}
-
 /// Why [`Attempt::checkpoint`](crate::Attempt::checkpoint) saved nothing.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -249,41 +196,6 @@ mod tests {
 
     fn cp(name: &str, value: &str, at: u64) -> Checkpoint {
         Checkpoint::new(name, value, Timestamp::from_millis(at)).unwrap()
-    }
-
-    #[test]
-    fn column_round_trips_byte_for_byte() {
-        let list = vec![
-            cp("charged", "{ \"b\":1, \"a\":\"é/\\u00e9\" }", 10),
-            cp("émail \"sent\"", "[1, 2.50]", u64::MAX),
-        ];
-        let column = checkpoints_to_column(&list).unwrap();
-        assert_eq!(checkpoints_from_column(Some(&column)).unwrap(), list);
-        assert_eq!(checkpoints_to_column(&[]), None);
-        assert!(checkpoints_from_column(None).unwrap().is_empty());
-        assert!(checkpoints_from_column(Some("[]")).unwrap().is_empty());
-        // Appending an item as the SQL stores do gives the same column.
-        let appended = format!(
-            "{},{}]",
-            &checkpoints_to_column(&list[..1])
-                .unwrap()
-                .trim_end_matches(']'),
-            checkpoint_item(&list[1])
-        );
-        assert_eq!(appended, column);
-    }
-
-    #[test]
-    fn bad_columns_are_corrupt() {
-        for bad in [
-            "{",
-            "[{\"name\":\"a\",\"value\":\"not json\",\"saved_at\":1}]",
-            "[{\"name\":\"a\",\"value\":\"1\",\"saved_at\":-1}]",
-            "[{\"name\":\"a\",\"saved_at\":1}]",
-        ] {
-            let e = checkpoints_from_column(Some(bad)).unwrap_err();
-            assert_eq!(e.kind(), "corrupt", "{bad}: {e:?}");
-        }
     }
 
     #[test]

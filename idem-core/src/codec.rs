@@ -67,7 +67,7 @@ pub use redact::Redact;
 /// `{"idem_sealed": {"v": 1, "alg": "A256GCM", "kid": "…", "nonce": "…", "ct": "…"}}`. Tools such
 /// as `idem keys show` recognise it with [`sealed_info`] and say "encrypted" instead of printing
 /// ciphertext.
-pub const SEALED_MARKER: &str = "idem_sealed";
+pub(crate) const SEALED_MARKER: &str = "idem_sealed";
 
 /// Which record an outcome belongs to, handed to a codec with every outcome (an encrypting codec
 /// binds its ciphertext to it, so a sealed body copied into another record does not open).
@@ -200,7 +200,7 @@ impl<C: OutcomeCodec + ?Sized> OutcomeCodec for Arc<C> {
 
 /// The outcome to store for `outcome`: its status and class around the codec's body. Without a
 /// codec, `outcome` itself.
-pub fn encode_outcome<'o>(
+pub(crate) fn encode_outcome<'o>(
     codec: Option<&dyn OutcomeCodec>,
     cx: &CodecContext<'_>,
     outcome: &'o Outcome,
@@ -216,7 +216,7 @@ pub fn encode_outcome<'o>(
 
 /// The outcome to replay for the stored `stored`: its status and class around the codec's body.
 /// Without a codec, `stored` itself.
-pub fn decode_outcome(
+pub(crate) fn decode_outcome(
     codec: Option<&dyn OutcomeCodec>,
     cx: &CodecContext<'_>,
     stored: Outcome,
@@ -238,7 +238,7 @@ pub struct SealedInfo {
     pub key_id: String,
 }
 
-/// If `body` is a sealed envelope (an object whose only field is [`SEALED_MARKER`], holding
+/// If `body` is a sealed envelope (an object whose only field is `idem_sealed`, holding
 /// `alg` and `kid`), its algorithm and key id; otherwise `None`. Needs no key and no feature.
 ///
 /// ```

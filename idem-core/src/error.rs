@@ -64,7 +64,7 @@ pub enum Error {
     /// The record is completed, but the executor's [codec](crate::codec) could not decode its
     /// stored outcome: an unknown key id, a wrong key, a body tampered with or stored without the
     /// codec. Nothing ran and nothing is replayed (never a replay of garbage); the record is left
-    /// as it is. Also a resumed attempt whose [checkpoints](crate::checkpoint) do not decode:
+    /// as it is. Also a resumed attempt whose [checkpoints](crate::Checkpoint) do not decode:
     /// nothing ran, and the claim was released. Over HTTP and MCP it is an internal error (500). Fix the codec's keys; the next
     /// call replays.
     #[error("the stored outcome could not be decoded; nothing ran and nothing was replayed")]

@@ -4,11 +4,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The longest key accepted, in bytes ([contract §4](crate::contract#refusals)).
-pub const MAX_KEY_BYTES: usize = 255;
-
-/// The longest scope accepted, in bytes.
-pub const MAX_SCOPE_BYTES: usize = 512;
+const MAX_KEY_BYTES: usize = IdempotencyKey::MAX_BYTES;
+const MAX_SCOPE_BYTES: usize = Scope::MAX_BYTES;
 
 /// Why a key was refused ([contract §4](crate::contract#refusals)). Each variant names the rule it broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -17,7 +14,7 @@ pub enum KeyError {
     /// The key was the empty string.
     #[error("invalid idempotency key: it is empty (a key is 1 to 255 bytes of visible ASCII)")]
     Empty,
-    /// The key was longer than [`MAX_KEY_BYTES`].
+    /// The key was longer than [`IdempotencyKey::MAX_BYTES`].
     #[error("invalid idempotency key: it is {len} bytes long, the limit is 255 bytes")]
     TooLong {
         /// The length that was given, in bytes.
@@ -52,6 +49,9 @@ pub enum KeyError {
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
+    /// The longest key accepted, in bytes ([contract §4](crate::contract#refusals)).
+    pub const MAX_BYTES: usize = 255;
+
     /// Validates `key` per [contract §4](crate::contract#refusals).
     pub fn new(key: impl Into<String>) -> Result<Self, KeyError> {
         let key = key.into();
@@ -333,7 +333,7 @@ pub enum ScopeError {
     /// The scope was the empty string.
     #[error("invalid scope: it is empty")]
     Empty,
-    /// The scope was longer than [`MAX_SCOPE_BYTES`].
+    /// The scope was longer than [`Scope::MAX_BYTES`].
     #[error("invalid scope: it is {len} bytes long, the limit is 512 bytes")]
     TooLong {
         /// The length that was given, in bytes.
@@ -366,6 +366,9 @@ pub enum ScopeError {
 pub struct Scope(String);
 
 impl Scope {
+    /// The longest scope accepted, in bytes ([contract §4](crate::contract#refusals)).
+    pub const MAX_BYTES: usize = 512;
+
     /// Validates an already-built scope: 1 to 512 bytes of UTF-8 with no control characters.
     pub fn new(scope: impl Into<String>) -> Result<Self, ScopeError> {
         let scope = scope.into();

@@ -1,13 +1,5 @@
 //! What a tool does with a call that sends no key ([contract §5.1](crate::contract#keyless)): its
 //! [`KeySource`], shared by the HTTP layer and the MCP wrapper.
-//!
-//! A key the caller sends always wins. Without one, the tool refuses the call (the default),
-//! derives a key from the call (its arguments, an argument the model fills, the MCP request), or
-//! runs it unprotected. A derived key carries its source ([`KeyOrigin`](crate::KeyOrigin)), so it
-//! never equals a key a caller could send, and it lives in the caller's scope (principal and
-//! tool), so two tools or two tenants never share one. Its record is kept for the tool's window
-//! ([`KeySource::DEFAULT_WINDOW`], 1 hour): the same call within it is the same operation and
-//! replays; a deliberate repeat must differ in what the key covers.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -17,6 +9,14 @@ use serde_json::Value;
 use crate::{FingerprintError, IdempotencyKey};
 
 /// The key of a call that sends none, chosen per tool ([contract §5.1](crate::contract#keyless)).
+///
+/// A key the caller sends always wins. Without one, the tool refuses the call (the default),
+/// derives a key from the call (its arguments, an argument the model fills, the MCP request), or
+/// runs it unprotected. A derived key carries its source ([`KeyOrigin`](crate::KeyOrigin)), so it
+/// never equals a key a caller could send, and it lives in the caller's scope (principal and
+/// tool), so two tools or two tenants never share one. Its record is kept for the tool's window
+/// ([`KeySource::DEFAULT_WINDOW`], 1 hour): the same call within it is the same operation and
+/// replays; a deliberate repeat must differ in what the key covers.
 ///
 /// ```
 /// use idem_core::{IdempotencyKey, KeyOrigin, KeySource};
@@ -189,7 +189,7 @@ mod tests {
             assert_eq!(&key.as_str().parse::<IdempotencyKey>().unwrap(), key);
             let json = serde_json::to_string(key).unwrap();
             assert_eq!(&serde_json::from_str::<IdempotencyKey>(&json).unwrap(), key);
-            assert!(key.as_str().len() <= crate::key::MAX_KEY_BYTES);
+            assert!(key.as_str().len() <= crate::IdempotencyKey::MAX_BYTES);
         }
         assert_eq!(keys[1].as_str(), "model: plain-id");
         assert!(keys[2].as_str().starts_with("model: sha256 "));

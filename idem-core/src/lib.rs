@@ -9,37 +9,36 @@ macro_rules! transition {
     };
 }
 
-pub mod checkpoint;
-pub mod clock;
 pub mod codec;
 pub mod contract;
-pub mod downstream;
-pub mod error;
-pub mod executor;
-pub mod fingerprint;
-pub mod key;
-pub mod key_source;
 pub mod machine;
-pub mod maintenance;
-pub mod memory;
 pub mod metrics;
-pub mod outcome;
-pub mod policy;
 pub mod reconcile;
-pub mod record;
-pub mod refusal;
 pub mod retry;
 pub mod store;
-pub mod token;
-pub mod typed;
 pub mod wait;
 
+mod checkpoint;
+mod clock;
+mod downstream;
+mod error;
+mod executor;
+mod fingerprint;
+mod key;
+mod key_source;
+mod maintenance;
+mod memory;
+mod outcome;
+mod policy;
+mod record;
+mod refusal;
 mod timer;
+mod token;
+mod typed;
 
 pub use async_trait::async_trait;
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use codec::{CodecError, OutcomeCodec};
 pub use contract::ToolContract;
 pub use downstream::downstream_key;
 pub use error::Error;
@@ -47,20 +46,14 @@ pub use executor::{Attempt, BackgroundTask, Execution, Executor};
 pub use fingerprint::{Fingerprint, FingerprintError, canonical_json};
 pub use key::{IdempotencyKey, KeyError, KeyOrigin, Scope, ScopeError};
 pub use key_source::KeySource;
-pub use machine::{
-    CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
-};
+pub use machine::ClaimKind;
 pub use maintenance::{ConfigWarning, Maintenance};
 pub use memory::MemoryStore;
 pub use outcome::{OUTCOME_NOT_KEPT, Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};
-pub use reconcile::{
-    Finding, InvalidDuty, Probe, PurgePace, PurgeReport, ReconcileFailure, ReconcileReport,
-    Reconciler, purge_expired_all, purge_expired_paced,
-};
 pub use record::{Record, RecordState};
 pub use refusal::{ErrorAnswer, Ran, Refusal};
-pub use store::{BoxError, KeyStore, ListFilter, StoreError};
+pub use store::{KeyStore, StoreError};
 pub use token::Token;
 pub use typed::{OperationError, TypedExecution};
 pub use wait::Timer;

@@ -1,20 +1,5 @@
 //! Looking after a store: [`Maintenance`] (migrate, schema version, configuration warnings), the
 //! same for every backend, and the [`ConfigWarning`] each backend reports.
-//!
-//! Every store idem ships implements it, so an operator tool holds an `&dyn Maintenance` (or an
-//! `Arc<dyn Maintenance>`) next to its `Arc<dyn KeyStore>` and never needs the store's own type:
-//!
-//! ```
-//! use idem_core::{Maintenance, MemoryStore};
-//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! let store: &dyn Maintenance = &MemoryStore::new();
-//! store.migrate().await?;
-//! assert_eq!(store.schema_version().await?, store.latest_schema_version());
-//! for warning in store.check_config().await? {
-//!     eprintln!("warning: {warning}"); // what is set, what can go wrong, what to do
-//! }
-//! # Ok::<(), idem_core::StoreError>(()) }).unwrap();
-//! ```
 
 use std::fmt;
 
@@ -25,6 +10,21 @@ use crate::store::StoreError;
 
 /// Migrating a store, reading its schema version and judging its configuration: what an
 /// operator (`idem migrate`, `idem conformance`, `idemkit::open`) does with any store.
+///
+/// Every store idem ships implements it, so an operator tool holds an `&dyn Maintenance` (or an
+/// `Arc<dyn Maintenance>`) next to its `Arc<dyn KeyStore>` and never needs the store's own type:
+///
+/// ```
+/// use idem_core::{Maintenance, MemoryStore};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let store: &dyn Maintenance = &MemoryStore::new();
+/// store.migrate().await?;
+/// assert_eq!(store.schema_version().await?, store.latest_schema_version());
+/// for warning in store.check_config().await? {
+///     eprintln!("warning: {warning}"); // what is set, what can go wrong, what to do
+/// }
+/// # Ok::<(), idem_core::StoreError>(()) }).unwrap();
+/// ```
 ///
 /// Dyn-safe: `&dyn Maintenance` and `Arc<dyn Maintenance>` work. A store without a schema (a
 /// key-value server, memory) migrates by preparing what it needs, if anything, and answers 0

@@ -10,10 +10,11 @@ use crate::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
     Transition,
 };
+use crate::store::ListFilter;
 use crate::wait::{LocalNotifier, Timer, changed};
 use crate::{
-    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
-    Scope, StoreError, Timestamp, Token,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope,
+    StoreError, Timestamp, Token,
 };
 
 type Map = HashMap<(Scope, IdempotencyKey), Record>;

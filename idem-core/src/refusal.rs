@@ -1,23 +1,5 @@
 //! [`Refusal`]: why a call got no answer from the tool, whatever the protocol
 //! ([contract §4](crate::contract#refusals)).
-//!
-//! One value per refusal, with its stable name, its problem `type` URN, what the caller should do
-//! and whether to try again. The transports map it to their wire: `idem-http` to an
-//! `application/problem+json` response (with the HTTP status), `idem-mcp` to a JSON-RPC error
-//! (with its code and `data.type`). [`ErrorAnswer::of`] says, for every executor [`Error`],
-//! whether the caller gets the operation's answer or a refusal.
-//!
-//! ```
-//! use idem_core::refusal::{ErrorAnswer, Refusal};
-//! use idem_core::{Error, StoreError};
-//!
-//! let down = Error::Store(StoreError::unavailable("redis: claim", "connection refused"));
-//! let ErrorAnswer::Refuse(refusal) = ErrorAnswer::of(&down) else { unreachable!() };
-//! assert_eq!(refusal, Refusal::StoreUnavailable);
-//! assert_eq!(refusal.name(), "store-unavailable");
-//! assert_eq!(refusal.type_uri(), "urn:idem:problem:store-unavailable");
-//! assert!(refusal.retry_later());
-//! ```
 
 use std::time::Duration;
 
@@ -28,6 +10,23 @@ use crate::{Error, Outcome};
 /// before any record is read (`KeyRequired` … `InvalidScope`) and the executor's refusals
 /// ([`FingerprintMismatch`](Self::FingerprintMismatch), [`InFlight`](Self::InFlight), the store's
 /// failures). `idem-http` re-exports it as `Problem`.
+///
+/// One value per refusal, with its stable name, its problem `type` URN, what the caller should do
+/// and whether to try again. The transports map it to their wire: `idem-http` to an
+/// `application/problem+json` response (with the HTTP status), `idem-mcp` to a JSON-RPC error
+/// (with its code and `data.type`). [`ErrorAnswer::of`] says, for every executor [`Error`],
+/// whether the caller gets the operation's answer or a refusal.
+///
+/// ```
+/// use idem_core::{Error, ErrorAnswer, Refusal, StoreError};
+///
+/// let down = Error::Store(StoreError::unavailable("redis: claim", "connection refused"));
+/// let ErrorAnswer::Refuse(refusal) = ErrorAnswer::of(&down) else { unreachable!() };
+/// assert_eq!(refusal, Refusal::StoreUnavailable);
+/// assert_eq!(refusal.name(), "store-unavailable");
+/// assert_eq!(refusal.type_uri(), "urn:idem:problem:store-unavailable");
+/// assert!(refusal.retry_later());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {

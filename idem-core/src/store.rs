@@ -12,8 +12,9 @@
 //! use std::sync::{Arc, Mutex};
 //! use std::time::Duration;
 //! use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
-//! use idem_core::{async_trait, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
+//! use idem_core::{async_trait, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record,
 //!     Scope, StoreError, Timestamp, Token};
+//! use idem_core::store::ListFilter;
 //!
 //! /// A store in a mutex: each method reads, decides with the pure rules and writes, under one lock.
 //! #[derive(Debug, Default)]
@@ -101,6 +102,7 @@ use crate::{
     Timestamp, Token,
 };
 
+pub mod columns;
 pub(crate) mod error;
 pub(crate) mod poll;
 

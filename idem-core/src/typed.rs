@@ -145,8 +145,11 @@ impl Executor {
     /// [`Executor::run`] for an operation that returns `Result<T, E>` with your own types: runs
     /// it at most once for (scope, key) and the request `fingerprint`; a replay hands back the
     /// stored `T`, or the stored `E` when that error was the answer (definitive, or any error
-    /// under [`CachePolicy::CacheAll`](crate::CachePolicy)). See the [`typed`](crate::typed)
-    /// module for how values are stored.
+    /// under [`CachePolicy::CacheAll`](crate::CachePolicy)).
+    ///
+    /// An `Ok(T)` is stored as status 200, class definitive, body `T` as JSON. An `Err(E)` is
+    /// stored with the status and class `E` gives through [`OperationError`]. A replay reads the
+    /// stored body back as `T` (status 2xx) or `E` (any other status).
     ///
     /// ```
     /// use idem_core::{Executor, Fingerprint, IdempotencyKey, MemoryStore, OperationError, OutcomeClass, Scope};

@@ -21,7 +21,7 @@ use futures_channel::oneshot;
 
 use crate::{IdempotencyKey, Scope};
 
-pub use crate::store::poll::{changed, poll_for_change};
+pub use crate::store::poll::{changed, poll_every, poll_for_change};
 pub use crate::timer::{Sleep, Timer};
 
 type Subscribers = HashMap<(Scope, IdempotencyKey), HashMap<u64, oneshot::Sender<()>>>;

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use idem_core::codec::{AesGcmCodec, sealed_info};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::store::ListFilter;
 use idem_core::{
     Checkpoint, CheckpointError, Clock, Error, Executor, Fingerprint, IdempotencyKey, KeyStore,
-    ListFilter, ManualClock, MemoryStore, OperationError, Outcome, OutcomeClass, Policy,
-    RecordState, Scope, StalePolicy, StoreError, Timestamp, Token, async_trait,
+    ManualClock, MemoryStore, OperationError, Outcome, OutcomeClass, Policy, RecordState, Scope,
+    StalePolicy, StoreError, Timestamp, Token, async_trait,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;

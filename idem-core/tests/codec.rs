@@ -268,7 +268,7 @@ async fn transactional_completion_stores_the_encoded_outcome() {
                 )
                 .await
                 .unwrap();
-            assert_eq!(answer, idem_core::CompleteAnswer::Completed);
+            assert_eq!(answer, idem_core::machine::CompleteAnswer::Completed);
             attempt.mark_recorded();
             outcome
         })
@@ -315,7 +315,8 @@ async fn the_limit_counts_the_sealed_body() {
 #[tokio::test]
 async fn reconciliation_stores_the_sealed_outcome() {
     use idem_core::machine::ClaimAnswer;
-    use idem_core::{Finding, ManualClock, Probe, Reconciler, Record, async_trait};
+    use idem_core::reconcile::{Finding, Probe, Reconciler};
+    use idem_core::{ManualClock, Record, async_trait};
 
     struct Found;
     #[async_trait]
@@ -328,7 +329,7 @@ async fn reconciliation_stores_the_sealed_outcome() {
     let store = MemoryStore::new();
     let clock = ManualClock::new(idem_core::Timestamp::from_millis(1_700_000_000_000));
     let policy = Policy::default();
-    let codec: Arc<dyn idem_core::OutcomeCodec> = Arc::new(aes("k1", 1));
+    let codec: Arc<dyn idem_core::codec::OutcomeCodec> = Arc::new(aes("k1", 1));
     // A holder claimed, did the effect and died before recording it.
     let claimed = store
         .claim(&scope(), &key("k-1"), &fp(), &policy, clock.now())

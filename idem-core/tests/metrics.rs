@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use idem_core::machine::ClaimAnswer;
 use idem_core::metrics::{self as names, describe};
+use idem_core::reconcile::{Finding, Probe, Reconciler, purge_expired_all};
 use idem_core::{
-    Clock, Executor, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
-    Outcome, Policy, Probe, Reconciler, Record, Scope, Timestamp, async_trait, purge_expired_all,
+    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
+    Policy, Record, Scope, Timestamp, async_trait,
 };
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use idem_conformance::kit::{FaultStore, Op};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
+use idem_core::reconcile::{
+    Finding, Probe, PurgePace, Reconciler, purge_expired_all, purge_expired_paced,
+};
 use idem_core::{
-    Clock, Executor, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
-    Outcome, Policy, Probe, PurgePace, Reconciler, Record, RecordState, Scope, StalePolicy,
-    Timestamp, async_trait, downstream_key, purge_expired_all, purge_expired_paced,
+    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
+    Policy, Record, RecordState, Scope, StalePolicy, Timestamp, async_trait, downstream_key,
 };
 use serde_json::json;
 

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::codec::AesGcmCodec;
+use idem_core::reconcile::{Finding, Probe, Reconciler};
 use idem_core::{
-    Clock, Executor, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
-    Outcome, Policy, Probe, Reconciler, Record, RecordState, Scope, Timestamp, async_trait,
+    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
+    Policy, Record, RecordState, Scope, Timestamp, async_trait,
 };
 use serde_json::json;
 

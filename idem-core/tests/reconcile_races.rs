@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use idem_conformance::kit::{FaultStore, Op};
 use idem_core::machine::{ClaimAnswer, ReleaseAnswer};
+use idem_core::reconcile::{Finding, Probe, Reconciler};
 use idem_core::{
-    Clock, Executor, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
-    Outcome, Policy, Probe, Reconciler, Record, RecordState, Scope, StoreError, Timestamp, Token,
-    async_trait,
+    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
+    Policy, Record, RecordState, Scope, StoreError, Timestamp, Token, async_trait,
 };
 use serde_json::json;
 

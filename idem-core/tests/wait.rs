@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idem_core::metrics as names;
+use idem_core::store::ListFilter;
 use idem_core::{
-    Clock, Error, Execution, Executor, Fingerprint, IdempotencyKey, KeyStore, ListFilter,
-    MemoryStore, Outcome, Policy, Record, Scope, StalePolicy, StoreError, Timer, Timestamp, Token,
-    async_trait,
+    Clock, Error, Execution, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome,
+    Policy, Record, Scope, StalePolicy, StoreError, Timer, Timestamp, Token, async_trait,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde_json::json;

@@ -23,9 +23,10 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use http_body_util::BodyExt;
+use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    ClaimAnswer, Executor, Fingerprint, IdempotencyKey, KeySource, KeyStore, MemoryStore, Outcome,
-    Policy, Scope, Timestamp,
+    Executor, Fingerprint, IdempotencyKey, KeySource, KeyStore, MemoryStore, Outcome, Policy,
+    Scope, Timestamp,
 };
 use idem_http::IdempotencyLayer;
 use serde_json::{Value, json};

@@ -10,7 +10,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use idem_core::codec::{AesGcmCodec, sealed_info};
-use idem_core::{Clock, Executor, KeyStore, ListFilter, MemoryStore, SystemClock};
+use idem_core::store::ListFilter;
+use idem_core::{Clock, Executor, KeyStore, MemoryStore, SystemClock};
 use idem_http::IdempotencyLayer;
 use serde_json::{Value, json};
 

@@ -8,9 +8,9 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
+use idem_core::store::ListFilter;
 use idem_core::{
-    Executor, KeyOrigin, KeySource, KeyStore, ListFilter, ManualClock, MemoryStore, Policy,
-    Timestamp,
+    Executor, KeyOrigin, KeySource, KeyStore, ManualClock, MemoryStore, Policy, Timestamp,
 };
 use idem_http::{IDEMPOTENCY_KEY_SOURCE, IdempotencyLayer, Problem};
 use serde_json::{Value, json};

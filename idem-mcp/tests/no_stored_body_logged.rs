@@ -16,9 +16,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use idem_core::machine::ClaimAnswer;
+use idem_core::reconcile::{Finding, Probe, Reconciler};
 use idem_core::{
-    Clock, Executor, Finding, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
-    Outcome, Policy, Probe, Reconciler, Record, Scope, Timestamp, async_trait,
+    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
+    Policy, Record, Scope, Timestamp, async_trait,
 };
 use idem_http::IdempotencyLayer;
 use idem_mcp::{IdempotentTools, META_KEY, ToolSettings, is_replay};
@@ -180,7 +181,7 @@ async fn a_full_run_logs_no_stored_body_and_names_every_transition() {
     assert_eq!(report.completed, 1);
     tracing::info!(?report, "application: reconciliation pass");
     let listed = store
-        .list(&idem_core::ListFilter::default(), clock.now(), 100)
+        .list(&idem_core::store::ListFilter::default(), clock.now(), 100)
         .await
         .unwrap();
     tracing::info!(?listed, "application: every record");

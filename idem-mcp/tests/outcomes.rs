@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_conformance::kit::{Fault, FaultStore, Op};
-use idem_core::{KeySource, KeyStore, ListFilter, MemoryStore, Policy, Timestamp};
+use idem_core::store::ListFilter;
+use idem_core::{KeySource, KeyStore, MemoryStore, Policy, Timestamp};
 use idem_mcp::{
     IdempotentTools, META_KEY, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED, is_replay,
 };

@@ -13,9 +13,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp,
-};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, PgPool, postgres::PgPoolOptions};
 

@@ -171,7 +171,8 @@ impl PostgresStore {
     ///
     /// ```no_run
     /// # use idem_store_postgres::PostgresStore;
-    /// # use idem_core::{Attempt, CompleteAnswer, Outcome};
+    /// # use idem_core::{Attempt, Outcome};
+    /// # use idem_core::machine::CompleteAnswer;
     /// # async fn demo(store: &PostgresStore, attempt: &Attempt)
     /// #     -> Result<(), Box<dyn std::error::Error>> {
     /// let mut tx = store.pool().begin().await?;

@@ -1,4 +1,4 @@
-//! Records to bind parameters and back, through the columns of [`idem_core::record::RawRecord`].
+//! Records to bind parameters and back, through the columns of [`idem_core::store::columns::RawRecord`].
 //!
 //! Timestamps and the token's `seq` are kept as BIGINT by the one clamping rule of
 //! [`idem_core::record`] (past `i64::MAX`, the year 292 million, they are stored as `i64::MAX`,
@@ -6,13 +6,13 @@
 //! digits, the outcome body as TEXT exactly as [`idem_core::Outcome::body`] gives it (never jsonb,
 //! which reorders keys).
 
-use idem_core::record::{RawRecord, timestamp_from_column};
+use idem_core::store::columns::{RawRecord, timestamp_from_column};
 use idem_core::{Record, StoreError, Timestamp};
 use sqlx::Row;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 
-pub(crate) use idem_core::record::{timestamp_to_column as ts, to_column as big};
+pub(crate) use idem_core::store::columns::{timestamp_to_column as ts, to_column as big};
 
 pub(crate) type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 

@@ -7,10 +7,11 @@ use std::time::Duration;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
+use idem_core::store::ListFilter;
 use idem_core::wait::Timer;
 use idem_core::{
-    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
-    RecordState, Scope, StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState,
+    Scope, StoreError, Timestamp, Token, async_trait,
 };
 
 use crate::PostgresStore;
@@ -230,7 +231,7 @@ impl KeyStore for PostgresStore {
         policy: &Policy,
     ) -> Result<CheckpointAnswer, StoreError> {
         machine::check_checkpoint_size(checkpoint, policy)?;
-        let item = idem_core::checkpoint::checkpoint_item(checkpoint);
+        let item = idem_core::store::columns::checkpoint_item(checkpoint);
         let updated = retry_conflicts("checkpoint", || {
             sqlx::query(self.sql.checkpoint.clone())
                 .bind(scope.as_str())

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use idem_core::wait::{Timer, changed, poll_for_change};
+use idem_core::wait::{Timer, changed, poll_every, poll_for_change};
 use idem_core::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
 use sqlx::PgPool;
 use sqlx::postgres::{PgListener, PgPoolOptions};
@@ -238,24 +238,6 @@ async fn listen(
             () = tokio::time::sleep(pause) => {}
         }
         pause = (pause * 2).min(RECONNECT_MAX);
-    }
-}
-
-/// Reads the record every `every` until it [`changed`] from `seen`.
-pub(crate) async fn poll_every<S: KeyStore + ?Sized>(
-    store: &S,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    seen: &Record,
-    clock: &dyn Clock,
-    timer: &Timer,
-    every: Duration,
-) -> Result<(), StoreError> {
-    loop {
-        timer.sleep(every).await;
-        if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
-            return Ok(());
-        }
     }
 }
 

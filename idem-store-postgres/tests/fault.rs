@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    ClaimAnswer, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy,
-    RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, StalePolicy,
+    StoreError, Timestamp, Token,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
@@ -158,7 +159,7 @@ async fn killed_connection_is_unavailable_then_recovers() {
             .await
     );
     assert!(
-        matches!(extended, idem_core::ExtendAnswer::Extended { .. }),
+        matches!(extended, idem_core::machine::ExtendAnswer::Extended { .. }),
         "{extended:?}"
     );
     let record = after_kill!("get", store.get(&scope, &key, now).await);

@@ -6,9 +6,9 @@ mod common;
 
 use std::process::{Command, Stdio};
 
+use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope,
-    Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp,
 };
 use idem_store_postgres::sqlx;
 

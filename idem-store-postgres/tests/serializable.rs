@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idem_core::{
-    ClaimAnswer, CompleteAnswer, ExtendAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome,
-    Policy, RecordState, ReleaseAnswer, Scope, Timestamp, Token,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp, Token,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, postgres::PgPoolOptions};

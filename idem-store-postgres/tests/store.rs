@@ -6,9 +6,10 @@ mod common;
 
 use std::time::Duration;
 
+use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    ClaimAnswer, ClaimKind, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Maintenance,
-    Outcome, OutcomeClass, Policy, RecordState, Scope, StoreError, Timestamp,
+    ClaimKind, Fingerprint, IdempotencyKey, KeyStore, Maintenance, Outcome, OutcomeClass, Policy,
+    RecordState, Scope, StoreError, Timestamp,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, postgres::PgPoolOptions};
@@ -431,7 +432,7 @@ async fn a_version_2_table_upgrades_in_place() {
     let before = memory.get(&scope, &done, now).await.unwrap().unwrap();
     for k in [&done, &held] {
         let record = memory.get(&scope, k, now).await.unwrap().unwrap();
-        let r = idem_core::record::RawRecord::from_record(&record);
+        let r = idem_core::store::columns::RawRecord::from_record(&record);
         sqlx::query(AssertSqlSafe(format!(
             r#"INSERT INTO idem_test."{table}" VALUES
                ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"#
@@ -498,7 +499,7 @@ async fn a_version_2_table_upgrades_in_place() {
             .checkpoint(&scope, &held, held_token, &step, &policy)
             .await
             .unwrap(),
-        idem_core::CheckpointAnswer::Saved
+        idem_core::machine::CheckpointAnswer::Saved
     );
     assert_eq!(
         store
@@ -517,7 +518,7 @@ async fn a_version_2_table_upgrades_in_place() {
         CompleteAnswer::Completed
     );
     let listed = store
-        .list(&idem_core::ListFilter::default(), later, 10)
+        .list(&idem_core::store::ListFilter::default(), later, 10)
         .await
         .unwrap();
     let keys: Vec<&str> = listed.iter().map(|r| r.key.as_str()).collect();

@@ -10,7 +10,8 @@ mod common;
 
 use std::error::Error as _;
 
-use idem_core::{ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Policy, Scope, StoreError};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Policy, Scope, StoreError};
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx;
 

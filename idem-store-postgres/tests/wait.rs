@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
 use idem_core::{
-    ClaimAnswer, CompleteAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock,
-    Outcome, Policy, ReleaseAnswer, Scope, StalePolicy, SystemClock, Timer, Timestamp, Token,
+    Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Scope,
+    StalePolicy, SystemClock, Timer, Timestamp, Token,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx;

@@ -18,9 +18,8 @@
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp,
-};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
 use idem_store_redis::RedisStore;
 use idem_store_redis::redis::{self, Script, aio::ConnectionManager};
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};

@@ -3,7 +3,8 @@
 
 use std::collections::HashSet;
 
-use idem_core::{ListFilter, Record, StoreError, Timestamp};
+use idem_core::store::ListFilter;
+use idem_core::{Record, StoreError, Timestamp};
 
 use crate::RedisStore;
 use crate::error::classify;

@@ -1,5 +1,5 @@
 //! Reading a record hash back, and the answers of the scripts, through the columns of
-//! [`idem_core::record::RawRecord`]: Redis keeps every field as text, numbers in decimal.
+//! [`idem_core::store::columns::RawRecord`]: Redis keeps every field as text, numbers in decimal.
 //!
 //! Two layouts are read (see `scripts.rs`): format 2, the metadata packed in field `m` and the
 //! outcome in `o` (and the checkpoints in `c`), which every script writes; and format 1, one field per column, which earlier
@@ -7,7 +7,9 @@
 
 use std::collections::HashMap;
 
-use idem_core::record::{RawRecord, integer_from_column, integer_from_text, outcome_from_columns};
+use idem_core::store::columns::{
+    RawRecord, integer_from_column, integer_from_text, outcome_from_columns,
+};
 use idem_core::{Outcome, OutcomeClass, Record, StoreError};
 
 pub(crate) type Fields = HashMap<String, Vec<u8>>;

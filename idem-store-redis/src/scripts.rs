@@ -303,7 +303,7 @@ return 'released'
 
 /// KEYS: record, lease index (unused; its name gives the record's member to the helpers).
 /// ARGV: nonce, now, seq, token id, the checkpoint as one element of the JSON array
-/// (`idem_core::checkpoint::checkpoint_item`).
+/// (`idem_core::store::columns::checkpoint_item`).
 /// Fenced like a completion; appends the element to field `c` (or starts it) and sets
 /// updated_at. Returns `saved` or `fenced`.
 const CHECKPOINT: &str = r#"

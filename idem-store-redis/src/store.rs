@@ -7,10 +7,11 @@ use std::time::Duration;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
+use idem_core::store::ListFilter;
 use idem_core::wait::Timer;
 use idem_core::{
-    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record,
-    RecordState, Scope, StalePolicy, StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState,
+    Scope, StalePolicy, StoreError, Timestamp, Token, async_trait,
 };
 use redis::{
     Cmd, ErrorKind, FromRedisValue, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value,
@@ -464,7 +465,7 @@ impl KeyStore for RedisStore {
             .arg(checkpoint.saved_at().as_millis())
             .arg(token.seq)
             .arg(Hex32(token.id))
-            .arg(idem_core::checkpoint::checkpoint_item(checkpoint));
+            .arg(idem_core::store::columns::checkpoint_item(checkpoint));
         let reply: String = run(&CHECKPOINT_SCRIPT, &cmd, &mut self.conn(), "checkpoint").await?;
         match reply.as_str() {
             "saved" => {

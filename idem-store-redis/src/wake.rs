@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use idem_core::wait::{Timer, changed, poll_for_change};
+use idem_core::wait::{Timer, changed, poll_every, poll_for_change};
 use idem_core::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
 use redis::aio::ConnectionManager;
 use redis::cluster::{ClusterClient, ClusterConfig};
@@ -323,24 +323,6 @@ impl Drop for Registered<'_> {
         if let Some(channel) = self.hub.lock().channels.get_mut(&self.name) {
             channel.holders = channel.holders.saturating_sub(1);
             channel.woken.remove(&self.n);
-        }
-    }
-}
-
-/// Reads the record every `every` until it [`changed`] from `seen`.
-async fn poll_every(
-    store: &RedisStore,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    seen: &Record,
-    clock: &dyn Clock,
-    timer: &Timer,
-    every: Duration,
-) -> Result<(), StoreError> {
-    loop {
-        timer.sleep(every).await;
-        if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
-            return Ok(());
         }
     }
 }

@@ -9,9 +9,10 @@ mod common;
 use std::time::Duration;
 
 use common::server::TestServer;
+use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idem_core::{
-    ClaimAnswer, CompleteAnswer, ExtendAnswer, Fingerprint, IdempotencyKey, KeyStore, Maintenance,
-    Outcome, Policy, RecordState, ReleaseAnswer, Scope, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Maintenance, Outcome, Policy, RecordState, Scope,
+    Timestamp,
 };
 use idem_store_redis::{InvalidWait, RedisStore, redis};
 

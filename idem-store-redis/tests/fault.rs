@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::server::TestServer;
+use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    ClaimAnswer, CompleteAnswer, Error, Executor, Fingerprint, IdempotencyKey, KeyStore,
-    Maintenance, ManualClock, Outcome, Policy, RecordState, Scope, Timestamp,
+    Error, Executor, Fingerprint, IdempotencyKey, KeyStore, Maintenance, ManualClock, Outcome,
+    Policy, RecordState, Scope, Timestamp,
 };
 use idem_store_redis::RedisStore;
 

@@ -7,9 +7,10 @@ mod common;
 
 use std::time::Duration;
 
+use idem_core::machine::ClaimAnswer;
+use idem_core::store::ListFilter;
 use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, RecordState,
-    Scope, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp,
 };
 use idem_store_redis::{RedisStore, redis};
 

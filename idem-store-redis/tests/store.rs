@@ -7,9 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::server::TestServer;
-use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Maintenance, Policy, Scope, Timestamp,
-};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Maintenance, Policy, Scope, Timestamp};
 use idem_store_redis::{RedisStore, redis};
 
 fn fingerprint() -> Fingerprint {

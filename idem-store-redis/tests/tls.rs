@@ -9,9 +9,9 @@ mod common;
 
 use std::process::Command;
 
+use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    ClaimAnswer, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope,
-    StoreError, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError, Timestamp,
 };
 use idem_store_redis::RedisStore;
 

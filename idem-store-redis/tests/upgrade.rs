@@ -8,12 +8,14 @@ mod common;
 
 use std::time::Duration;
 
+use idem_core::machine::ClaimAnswer;
 use idem_core::machine::{
     CheckpointAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
+use idem_core::store::ListFilter;
 use idem_core::{
-    Checkpoint, ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy,
-    RecordState, Scope, Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope,
+    Timestamp, Token,
 };
 use idem_store_redis::{BUCKETS, redis};
 

@@ -18,9 +18,8 @@
 
 use std::time::{Duration, Instant};
 
-use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp,
-};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
 use std::sync::{Arc, Mutex};
 
 use idem_store_sqlite::rusqlite::{Connection, params};

@@ -1,9 +1,9 @@
 //! The statements the store runs on a connection: reading records, and writing them (a claim's
 //! insert, the write a rule decided, the fenced completion and checkpoint).
 
-use idem_core::checkpoint::checkpoint_item;
 use idem_core::machine::{self, CheckpointAnswer, CompleteAnswer};
-use idem_core::record::RawRecord;
+use idem_core::store::columns::RawRecord;
+use idem_core::store::columns::checkpoint_item;
 use idem_core::{
     Checkpoint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp,
     Token,

@@ -1,11 +1,11 @@
-//! A record as a row and back, through the columns of [`idem_core::record::RawRecord`]: reading
+//! A record as a row and back, through the columns of [`idem_core::store::columns::RawRecord`]: reading
 //! strictly (a wrongly typed value is `Corrupt`), binding in [`COLUMNS`](crate::schema::COLUMNS)
 //! order.
 
-use idem_core::record::RawRecord;
+use idem_core::store::columns::RawRecord;
 use rusqlite::Row;
 
-pub(crate) use idem_core::record::{timestamp_to_column as ts, to_column as big};
+pub(crate) use idem_core::store::columns::{timestamp_to_column as ts, to_column as big};
 
 /// The columns of a row, as SQLite typed them (a wrongly typed value fails here, as `Corrupt`).
 pub(crate) fn read_row(row: &Row<'_>) -> rusqlite::Result<RawRecord> {

@@ -219,7 +219,7 @@ impl Statements {
     /// would give, without the write cost of that index.
     pub(crate) fn list(
         &self,
-        filter: &idem_core::ListFilter,
+        filter: &idem_core::store::ListFilter,
         now: idem_core::Timestamp,
         limit: i64,
     ) -> (String, Vec<rusqlite::types::Value>) {

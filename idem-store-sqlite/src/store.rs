@@ -6,9 +6,10 @@ use std::time::Duration;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
+use idem_core::store::ListFilter;
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope,
-    StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope, StoreError,
+    Timestamp, Token, async_trait,
 };
 use rusqlite::params;
 

@@ -7,9 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope,
-    StoreError, Timestamp, Token,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, StoreError,
+    Timestamp, Token,
 };
 use idem_store_sqlite::SqliteStore;
 use idem_store_sqlite::rusqlite::Connection;

@@ -14,9 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
+use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    ClaimAnswer, CompleteAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy,
-    RecordState, Scope, StalePolicy, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, StalePolicy,
+    Timestamp,
 };
 use idem_store_sqlite::SqliteStore;
 use idem_store_sqlite::rusqlite::params;

@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    Attempt, ClaimAnswer, CompleteAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore,
-    Maintenance, ManualClock, Outcome, Policy, RecordState, Scope, StalePolicy, StoreError,
-    Timestamp, Token,
+    Attempt, Executor, Fingerprint, IdempotencyKey, KeyStore, Maintenance, ManualClock, Outcome,
+    Policy, RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
 };
 use idem_store_sqlite::rusqlite::{Connection, TransactionBehavior, params};
 use idem_store_sqlite::{SCHEMA_TABLE, SqliteStore, Synchronous, TableName, TableNameError};
@@ -358,7 +358,7 @@ async fn a_version_2_file_upgrades_in_place() {
         let conn = Connection::open(&path).unwrap();
         for k in ["done", "held"] {
             let record = memory.get(&scope(), &key(k), NOW).await.unwrap().unwrap();
-            let r = idem_core::record::RawRecord::from_record(&record);
+            let r = idem_core::store::columns::RawRecord::from_record(&record);
             conn.execute(
                 "INSERT INTO idem_records VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
@@ -437,7 +437,7 @@ async fn a_version_2_file_upgrades_in_place() {
             .checkpoint(&scope(), &key("held"), held, &step, &p)
             .await
             .unwrap(),
-        idem_core::CheckpointAnswer::Saved
+        idem_core::machine::CheckpointAnswer::Saved
     );
     let with_step = store
         .get(&scope(), &key("held"), later)
@@ -454,7 +454,7 @@ async fn a_version_2_file_upgrades_in_place() {
     );
     assert!(store.list_in_flight(later, 10).await.unwrap().is_empty());
     let all = store
-        .list(&idem_core::ListFilter::default(), later, 10)
+        .list(&idem_core::store::ListFilter::default(), later, 10)
         .await
         .unwrap();
     let keys: Vec<&str> = all.iter().map(|r| r.key.as_str()).collect();

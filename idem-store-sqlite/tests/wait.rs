@@ -5,9 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use idem_core::{
-    ClaimAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope,
-};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{Executor, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope};
 use idem_store_sqlite::SqliteStore;
 use serde_json::json;
 

@@ -19,9 +19,10 @@ use axum::response::{IntoResponse, Response};
 use axum::{Router, routing::post};
 use idemkit::http::IdempotencyLayer;
 use idemkit::http::client::{RetryPolicy, ToolClient};
+use idemkit::machine::CompleteAnswer;
 use idemkit::postgres::PostgresStore;
 use idemkit::postgres::sqlx::{self, AssertSqlSafe};
-use idemkit::{Attempt, CompleteAnswer, Executor, IdempotencyKey, Outcome};
+use idemkit::{Attempt, Executor, IdempotencyKey, Outcome};
 use serde_json::{Value, json};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

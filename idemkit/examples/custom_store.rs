@@ -18,10 +18,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idemkit::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idemkit::store::ListFilter;
 use idemkit::{
-    ClaimAnswer, CompleteAnswer, ExtendAnswer, Fingerprint, IdempotencyKey, KeyStore, ListFilter,
-    MemoryStore, Outcome, Policy, Record, ReleaseAnswer, Scope, StoreError, Timestamp, Token,
-    async_trait,
+    Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, Record, Scope, StoreError,
+    Timestamp, Token, async_trait,
 };
 
 /// Forwards every call to a `MemoryStore`, counting those for a record. Clones share the records.

@@ -50,11 +50,11 @@ pub struct Config {
     /// How many times the reconciler may take a stale record over (0: no reconciler).
     pub reconcile_passes: u8,
     /// Whether the reconciler reads a stale record back and claims it in two store calls, with
-    /// anything in between (as `idem_core::Reconciler` does), or in one step. The two-call
+    /// anything in between (as `idem_core::reconcile::Reconciler` does), or in one step. The two-call
     /// model has several times the states (`docs/model-check.md`).
     pub reconcile_reads_first: bool,
     /// Whether the reconciler's takeover claim keeps the record's own expiry, as
-    /// `idem_core::Reconciler` does (`takeover_policy`). Off, it is the reconciler before that
+    /// `idem_core::reconcile::Reconciler` does (`takeover_policy`). Off, it is the reconciler before that
     /// rule (the callers' ttl, however old the read): kept to show what the checker finds then.
     pub reconcile_own_expiry: bool,
     /// Whether the probe may answer "unknown" although the downstream system knows (a probe that

@@ -1,4 +1,4 @@
-//! The reconciler ([contract §6](idem_core::contract#beyond-one-call), `idem_core::Reconciler`): reads a stale `processing` record back,
+//! The reconciler ([contract §6](idem_core::contract#beyond-one-call), `idem_core::reconcile::Reconciler`): reads a stale `processing` record back,
 //! takes it over with a fresh token (`claim` under `idem_core::reconcile::takeover_policy`: the
 //! record's own expiry, within a lease of the read), asks the probe, and completes (found),
 //! releases (not found) or leaves the record (unknown).
@@ -116,7 +116,7 @@ pub fn step(rules: &Rules, s: &mut State, action: Action) {
 /// The takeover claim of the record the reconciler checked, under the record's own expiry
 /// (`takeover_policy`; none once it has expired or the read is a lease old): won from a stale
 /// holder, it holds it (one pass spent); won any other way (the record changed since it was
-/// read), it gives it straight back, unprobed, as `idem_core::Reconciler` does. With
+/// read), it gives it straight back, unprobed, as `idem_core::reconcile::Reconciler` does. With
 /// `reconcile_own_expiry` off, the claim is the reconciler's before that rule: the callers'
 /// policy under takeover, whatever the record has left.
 fn take(rules: &Rules, s: &mut State) {

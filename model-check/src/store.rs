@@ -7,12 +7,13 @@
 
 use std::time::Duration;
 
+use idem_core::machine::ReleaseAnswer;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer,
 };
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, ReleaseAnswer,
-    Scope, Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope,
+    Timestamp, Token,
 };
 
 use crate::config::{Config, Fencing, Replication};

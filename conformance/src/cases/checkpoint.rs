@@ -11,7 +11,8 @@
 //! [`expiry`]).
 
 use idem_core::machine::CheckpointAnswer;
-use idem_core::{Checkpoint, CompleteAnswer, RecordState, ReleaseAnswer, StoreError};
+use idem_core::machine::{CompleteAnswer, ReleaseAnswer};
+use idem_core::{Checkpoint, RecordState, StoreError};
 
 use super::*;
 use crate::Harness;

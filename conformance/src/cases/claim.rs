@@ -1,6 +1,7 @@
 //! [contract §2](idem_core::contract#claim), `claim`: one case per row of the table.
 
-use idem_core::{ClaimAnswer, ClaimKind, RecordState};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{ClaimKind, RecordState};
 
 use super::*;
 use crate::Harness;
@@ -191,7 +192,7 @@ pub async fn claim_failed_retryable_claims_again(h: Harness) {
         .complete(&scope, &key, first, &retryable(), &policy(), h.now())
         .await
         .unwrap();
-    assert_eq!(done, idem_core::CompleteAnswer::MarkedRetryable);
+    assert_eq!(done, idem_core::machine::CompleteAnswer::MarkedRetryable);
     h.advance(Duration::from_secs(1));
     let answer = store
         .claim(&scope, &key, &fp("a"), &policy(), h.now())

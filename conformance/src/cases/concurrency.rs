@@ -5,7 +5,8 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem_core::{ClaimAnswer, Executor, IdempotencyKey, Policy, Scope, Timestamp};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{Executor, IdempotencyKey, Policy, Scope, Timestamp};
 use tokio::sync::Barrier;
 use tokio::task::JoinHandle;
 

@@ -16,7 +16,8 @@
 //! that by purging until its own records are gone, and the exact count is checked where only a
 //! foreign record expiring in the same millisecond could disturb it.
 
-use idem_core::{ClaimAnswer, ClaimKind, CompleteAnswer, RecordState};
+use idem_core::machine::{ClaimAnswer, CompleteAnswer};
+use idem_core::{ClaimKind, RecordState};
 
 use super::*;
 use crate::Harness;

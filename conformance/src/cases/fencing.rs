@@ -1,8 +1,7 @@
 //! [contract §2](idem_core::contract#complete) `complete` / `release` / `extend` and [contract §3.3](idem_core::contract#guarantee-3): only the current token acts.
 
-use idem_core::{
-    CachePolicy, ClaimAnswer, CompleteAnswer, ExtendAnswer, RecordState, ReleaseAnswer,
-};
+use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::{CachePolicy, RecordState};
 
 use super::*;
 use crate::Harness;

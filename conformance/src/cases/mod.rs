@@ -6,9 +6,10 @@ use std::time::Duration;
 use std::future::Future;
 use std::panic::Location;
 
+use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    ClaimAnswer, ClaimKind, Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy,
-    Record, Scope, StalePolicy, Timestamp, Token,
+    ClaimKind, Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Record, Scope,
+    StalePolicy, Timestamp, Token,
 };
 
 use crate::Case;
@@ -298,7 +299,7 @@ pub async fn assert_all_fenced(
     token: Token,
     now: Timestamp,
 ) {
-    use idem_core::{CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+    use idem_core::machine::{CompleteAnswer, ExtendAnswer, ReleaseAnswer};
     let completed = store
         .complete(scope, key, token, &ok("X"), &policy(), now)
         .await

@@ -1,6 +1,7 @@
 //! [contract §3.5](idem_core::contract#guarantee-5): stored outcomes replay byte for byte; oversized ones are refused.
 
-use idem_core::{ClaimAnswer, Outcome, OutcomeClass, RecordState, StoreError};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{Outcome, OutcomeClass, RecordState, StoreError};
 
 use super::*;
 use crate::Harness;
@@ -112,7 +113,7 @@ pub async fn outcome_over_the_limit_is_refused_and_nothing_stored(h: Harness) {
             .complete(&scope, &key, token, &fits, &small, h.now())
             .await
             .unwrap(),
-        idem_core::CompleteAnswer::Completed
+        idem_core::machine::CompleteAnswer::Completed
     );
 }
 

@@ -2,7 +2,8 @@
 //! (scope, key) compared byte for byte: no case folding, no normalisation, no trimming, no
 //! concatenation that lets a separator move.
 
-use idem_core::{ClaimAnswer, ClaimKind, RecordState, ReleaseAnswer};
+use idem_core::machine::{ClaimAnswer, ReleaseAnswer};
+use idem_core::{ClaimKind, RecordState};
 
 use super::*;
 use crate::Harness;
@@ -88,7 +89,7 @@ pub async fn scope_no_cross_scope_replay(h: Harness) {
     // A token of scope a does nothing in scope b.
     assert_eq!(
         store.release(&b, &key, ta, h.now()).await.unwrap(),
-        idem_core::ReleaseAnswer::Fenced
+        idem_core::machine::ReleaseAnswer::Fenced
     );
 }
 
@@ -152,7 +153,7 @@ async fn assert_two_records(
     }
     if s1 != s2 {
         for (s, k) in [(s1, k1), (s2, k2)] {
-            let filter = idem_core::ListFilter {
+            let filter = idem_core::store::ListFilter {
                 scope: Some(s.clone()),
                 ..Default::default()
             };
@@ -235,7 +236,7 @@ pub async fn scope_separator_position_is_significant(h: Harness) {
 /// stops short).
 pub async fn scope_long_values_differing_in_the_last_byte(h: Harness) {
     let long_key = |last: char| {
-        let mut k = "k".repeat(idem_core::key::MAX_KEY_BYTES - 1);
+        let mut k = "k".repeat(idem_core::IdempotencyKey::MAX_BYTES - 1);
         k.push(last);
         h.key(&k)
     };
@@ -244,12 +245,12 @@ pub async fn scope_long_values_differing_in_the_last_byte(h: Harness) {
     assert_two_records(&h, "255-byte keys", (&scope, &k1), (&scope, &k2)).await;
     let prefix = h.scope("").as_str().len();
     let long_scope = |last: char| {
-        let mut name = "s".repeat(idem_core::key::MAX_SCOPE_BYTES - prefix - 1);
+        let mut name = "s".repeat(idem_core::Scope::MAX_BYTES - prefix - 1);
         name.push(last);
         h.scope(&name)
     };
     let (s1, s2) = (long_scope('a'), long_scope('b'));
-    assert_eq!(s1.as_str().len(), idem_core::key::MAX_SCOPE_BYTES);
+    assert_eq!(s1.as_str().len(), idem_core::Scope::MAX_BYTES);
     assert_two_records(&h, "512-byte scopes", (&s1, &k1), (&s2, &k1)).await;
 }
 
@@ -277,7 +278,7 @@ pub async fn scope_derived_keys_are_stored_as_they_are(h: Harness) {
         assert_eq!(&r.key, key, "the derived key reads back as it was written");
         assert_ne!(r.key_origin(), KeyOrigin::Sent, "{key}");
     }
-    let filter = idem_core::ListFilter {
+    let filter = idem_core::store::ListFilter {
         scope: Some(scope.clone()),
         ..Default::default()
     };

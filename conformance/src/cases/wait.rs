@@ -7,10 +7,9 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem_core::{
-    Clock, CompleteAnswer, Error, Executor, ExtendAnswer, ListFilter, RecordState, ReleaseAnswer,
-    Timer, async_trait,
-};
+use idem_core::machine::{CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::store::ListFilter;
+use idem_core::{Clock, Error, Executor, RecordState, Timer, async_trait};
 use tokio::sync::{Notify, oneshot};
 
 use super::*;

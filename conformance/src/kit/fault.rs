@@ -9,9 +9,10 @@ use std::time::Duration;
 use idem_core::machine::{
     CheckpointAnswer, ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
+use idem_core::store::ListFilter;
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, ListFilter, Outcome, Policy, Record, Scope,
-    StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope, StoreError,
+    Timestamp, Token, async_trait,
 };
 
 use crate::BoxFuture;

@@ -300,7 +300,7 @@ impl KeyStore for Broken {
 
     async fn list(
         &self,
-        filter: &idem_core::ListFilter,
+        filter: &idem_core::store::ListFilter,
         now: Timestamp,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
@@ -312,7 +312,7 @@ impl KeyStore for Broken {
             .filter(|r| filter.matches(r, now))
             .cloned()
             .collect();
-        idem_core::ListFilter::order_and_truncate(&mut found, limit);
+        idem_core::store::ListFilter::order_and_truncate(&mut found, limit);
         Ok(found)
     }
 

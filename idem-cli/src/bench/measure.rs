@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::{ClaimAnswer, Clock, IdempotencyKey, Scope, SystemClock};
+use idem_core::machine::ClaimAnswer;
+use idem_core::{Clock, IdempotencyKey, Scope, SystemClock};
 use tokio::task::JoinSet;
 
 use super::{BenchOptions, BoxError, Comparison, Point, Setup, Stats, first_execution};

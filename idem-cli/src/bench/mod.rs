@@ -11,9 +11,9 @@ mod report;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    ClaimAnswer, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock,
-    Timestamp,
+    Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock, Timestamp,
 };
 use serde_json::json;
 use tokio::task::JoinSet;

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_core::{
-    IdempotencyKey, PurgePace, PurgeReport, Scope, SystemClock, Timestamp, purge_expired_paced,
-};
+use idem_core::reconcile::{PurgePace, PurgeReport, purge_expired_paced};
+use idem_core::{IdempotencyKey, Scope, SystemClock, Timestamp};
 use tokio::task::JoinSet;
 
 use super::{

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use idem_core::{Attempt, Finding, KeyStore, Outcome, OutcomeClass, Probe, StoreError};
+use idem_core::reconcile::{Finding, Probe};
+use idem_core::{Attempt, KeyStore, Outcome, OutcomeClass, StoreError};
 use idemkit::postgres::PostgresStore;
 use idemkit::redis::RedisStore;
 use idemkit::sqlite::SqliteStore;

@@ -19,7 +19,7 @@ pub enum Finding {
 /// Asks the downstream system whether an operation's effect happened: e.g. "is there a ticket
 /// whose external id is `downstream_key(scope, key, "helpdesk")`?".
 ///
-/// For an operation with several effects, the record's [checkpoints](crate::checkpoint) say
+/// For an operation with several effects, the record's [checkpoints](crate::Checkpoint) say
 /// which steps were done ([`Record::last_checkpoint`], decoded by the reconciler's codec): ask
 /// about the step after the last one. [`Finding::NotHappened`] then releases the record with
 /// its checkpoints, and the next attempt resumes after them.

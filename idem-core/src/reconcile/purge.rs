@@ -113,7 +113,8 @@ impl PurgePace {
 /// rest.
 ///
 /// ```
-/// use idem_core::{KeyStore, PurgePace, StoreError, SystemClock, purge_expired_paced};
+/// use idem_core::{KeyStore, StoreError, SystemClock};
+/// use idem_core::reconcile::{PurgePace, purge_expired_paced};
 ///
 /// /// What `idem purge` does: 250 records a batch, deleting at most a quarter of the time.
 /// async fn purge(store: &dyn KeyStore) -> Result<usize, StoreError> {

@@ -41,3 +41,26 @@ pub async fn poll_for_change<S: KeyStore + ?Sized>(
         pause = (pause * 2).min(POLL_MAX);
     }
 }
+
+/// Reads the record with `get` every `every` until it [`changed`] from `seen`: the safety poll a
+/// store with notifications races its notification against, so a wake-up lost by the engine (a
+/// half-open connection, a pooler that drops `LISTEN`) costs at most `every`.
+pub async fn poll_every<S: KeyStore + ?Sized>(
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    seen: &Record,
+    clock: &dyn Clock,
+    timer: &Timer,
+    every: Duration,
+) -> Result<(), StoreError> {
+    loop {
+        timer.sleep(every).await;
+        let found =
+            crate::metrics::timed(store.backend(), "get", store.get(scope, key, clock.now()))
+                .await?;
+        if changed(seen, found.as_ref()) {
+            return Ok(());
+        }
+    }
+}

@@ -29,9 +29,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{
-    Attempt, CompleteAnswer, KeySource, OutcomeClass, Policy, StalePolicy, StoreError, ToolContract,
-};
+use idem_core::machine::CompleteAnswer;
+use idem_core::{Attempt, KeySource, OutcomeClass, Policy, StalePolicy, StoreError, ToolContract};
 use idem_mcp::key::{lift_http_request, lift_lines};
 use idem_mcp::{IdempotentTools, Principal, ToolSettings};
 use idem_store_sqlite::SqliteStore;

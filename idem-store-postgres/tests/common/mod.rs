@@ -127,7 +127,7 @@ pub fn attempt(
     policy: &idem_core::Policy,
     now: idem_core::Timestamp,
 ) -> idem_core::Attempt {
-    let claim = idem_core::ClaimAnswer::Claimed {
+    let claim = idem_core::machine::ClaimAnswer::Claimed {
         token,
         attempt: 1,
         kind: idem_core::ClaimKind::New,

@@ -1,6 +1,7 @@
 //! The table name rules, and the plans of the `list` queries (each served by an index).
 
-use idem_core::{ListFilter, RecordState, Scope, Timestamp};
+use idem_core::store::ListFilter;
+use idem_core::{RecordState, Scope, Timestamp};
 use rusqlite::Connection;
 
 use super::*;

@@ -1,7 +1,8 @@
 //! Rewrite races: concurrent claims on every record a claim can rewrite (expired,
 //! `failed_retryable`, stale under takeover) and racing the holder's completion or release.
 
-use idem_core::{ClaimKind, CompleteAnswer, RecordState, ReleaseAnswer, Token};
+use idem_core::machine::{CompleteAnswer, ReleaseAnswer};
+use idem_core::{ClaimKind, RecordState, Token};
 
 use super::*;
 

@@ -133,7 +133,7 @@ pub async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
     claim_new(&store, &a, &key("expired"), &fp("x"), &short, at(1)).await;
 
     let now = at(40);
-    let list = |filter: idem_core::ListFilter, limit: usize| {
+    let list = |filter: idem_core::store::ListFilter, limit: usize| {
         let store = store.clone();
         async move {
             store
@@ -145,7 +145,7 @@ pub async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
                 .collect::<Vec<_>>()
         }
     };
-    let in_a = idem_core::ListFilter {
+    let in_a = idem_core::store::ListFilter {
         scope: Some(a.clone()),
         ..Default::default()
     };
@@ -155,7 +155,7 @@ pub async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
         "the scope's live records, least recently written first"
     );
     assert_eq!(list(in_a.clone(), 2).await, ["p1", "c1"], "at most `limit`");
-    let by_state = |state| idem_core::ListFilter {
+    let by_state = |state| idem_core::store::ListFilter {
         state: Some(state),
         ..in_a.clone()
     };
@@ -168,7 +168,7 @@ pub async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
         list(by_state(RecordState::FailedRetryable), 100).await,
         ["f1"]
     );
-    let older = idem_core::ListFilter {
+    let older = idem_core::store::ListFilter {
         updated_before: Some(at(15)),
         ..in_a.clone()
     };
@@ -177,7 +177,7 @@ pub async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
         ["p1", "c1"],
         "written at or before 15 s"
     );
-    let in_b = idem_core::ListFilter {
+    let in_b = idem_core::store::ListFilter {
         scope: Some(b.clone()),
         ..Default::default()
     };
@@ -186,7 +186,7 @@ pub async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
     // age keeps this case to the decades only the suite's own ancient cases write in.
     let all = store
         .list(
-            &idem_core::ListFilter {
+            &idem_core::store::ListFilter {
                 updated_before: Some(now),
                 ..Default::default()
             },

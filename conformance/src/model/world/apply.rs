@@ -4,7 +4,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use idem_core::machine::{self, ClaimAnswer, ClaimRequest};
-use idem_core::{KeyStore, ListFilter, Policy, Record, StoreError, Timestamp};
+use idem_core::store::ListFilter;
+use idem_core::{KeyStore, Policy, Record, StoreError, Timestamp};
 
 use super::{Checked, Issued, World};
 use crate::model::ops::{Op, Out};

@@ -1,6 +1,8 @@
 //! Tickets in the PostgreSQL database, next to the records.
 
-use idem_core::{Attempt, CompleteAnswer, Probe, StoreError};
+use idem_core::machine::CompleteAnswer;
+use idem_core::reconcile::Probe;
+use idem_core::{Attempt, StoreError};
 use idemkit::postgres::{PostgresStore, sqlx};
 
 use super::{BoxError, CREATE_TICKETS, Created, DOUBLE_EFFECTS, INSERT_TICKET, NewTicket, Tickets};

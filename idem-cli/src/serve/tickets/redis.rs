@@ -1,6 +1,7 @@
 //! Tickets on a standalone Redis server, found by the reconciler's probe.
 
-use idem_core::{Attempt, Finding, Outcome, OutcomeClass, Probe, StoreError};
+use idem_core::reconcile::{Finding, Probe};
+use idem_core::{Attempt, Outcome, OutcomeClass, StoreError};
 use idemkit::redis::redis::{self, AsyncCommands, aio::ConnectionManager};
 
 use super::{BoxError, Created, NewTicket, Tickets};

@@ -1,6 +1,8 @@
 //! Tickets in the SQLite file, next to the records.
 
-use idem_core::{Attempt, CompleteAnswer, Probe, StoreError};
+use idem_core::machine::CompleteAnswer;
+use idem_core::reconcile::Probe;
+use idem_core::{Attempt, StoreError};
 use idemkit::sqlite::SqliteStore;
 use idemkit::sqlite::rusqlite::{self, TransactionBehavior};
 
