@@ -1,7 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+mod config;
 mod conflict;
-mod durability;
 mod error;
 mod maintenance;
 mod migrate;
@@ -28,6 +28,7 @@ const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version as u32;
 pub use sqlx;
 
 use error::{check_identifier, classify};
+use ops::Held;
 use schema::{MIGRATIONS, Statements};
 
 /// A [`KeyStore`](idem_core::KeyStore) keeping records in one PostgreSQL table.
@@ -196,9 +197,13 @@ impl PostgresStore {
     ) -> Result<CompleteAnswer, StoreError> {
         let policy = attempt.policy();
         machine::check_outcome_size(outcome, policy)?;
-        let (scope, key, token) = (attempt.scope(), attempt.key(), attempt.token());
+        let held = Held {
+            scope: attempt.scope(),
+            key: attempt.key(),
+            token: attempt.token(),
+        };
         let answer = self
-            .complete_on(conn, scope, key, token, outcome, policy, attempt.now())
+            .complete_on(conn, held, outcome, policy, attempt.now())
             .await
             .map_err(|e| classify("complete", e))?;
         Ok(answer)

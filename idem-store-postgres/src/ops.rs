@@ -11,14 +11,22 @@ use crate::PostgresStore;
 use crate::conflict::retry_conflicts;
 use crate::row::{big, bind_record, record_from_row, ts};
 
+/// The claim a fenced write is made under: the record's address and the holder's token.
+#[derive(Clone, Copy)]
+pub(crate) struct Held<'a> {
+    pub(crate) scope: &'a Scope,
+    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) token: Token,
+}
+
 impl PostgresStore {
-    #[allow(clippy::too_many_arguments)]
+    /// [`machine::complete`] as one fenced `UPDATE` (a live `processing` record held by `token`
+    /// takes the outcome; anything else is `Fenced` and nothing is written), on `executor`: the
+    /// pool or the caller's transaction (`complete_in`).
     pub(crate) async fn complete_on<'e, E>(
         &self,
         executor: E,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
+        held: Held<'_>,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
@@ -26,6 +34,7 @@ impl PostgresStore {
     where
         E: sqlx::Executor<'e, Database = Postgres>,
     {
+        let Held { scope, key, token } = held;
         let state = machine::completed_state(outcome, policy);
         let updated = sqlx::query(self.sql.complete.clone())
             .bind(scope.as_str())

@@ -17,6 +17,7 @@ use idem_core::{
 use crate::PostgresStore;
 use crate::conflict::{MAX_CLAIM_ROUNDS, claim_error, conflict_backoff, retry_conflicts};
 use crate::error::{classify, is_transient_conflict};
+use crate::ops::Held;
 use crate::row::{big, record_from_row, timestamp, ts};
 use crate::schema::{self, trusted};
 
@@ -59,7 +60,8 @@ impl KeyStore for PostgresStore {
     ) -> Result<CompleteAnswer, StoreError> {
         machine::check_outcome_size(outcome, policy)?;
         retry_conflicts("complete", || {
-            self.complete_on(&self.pool, scope, key, token, outcome, policy, now)
+            let held = Held { scope, key, token };
+            self.complete_on(&self.pool, held, outcome, policy, now)
         })
         .await
     }

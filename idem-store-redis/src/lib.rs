@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod command;
 mod config;
 mod connect;
 mod durability;
@@ -11,6 +12,7 @@ mod maintenance;
 mod purge;
 mod purge_scripts;
 mod record;
+mod reply;
 mod scripts;
 mod store;
 mod wake;

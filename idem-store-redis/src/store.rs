@@ -1,11 +1,10 @@
 //! [`KeyStore`] for [`RedisStore`]: each write is one Lua script (see `scripts.rs`) deciding by
 //! the rules of [`idem_core::machine`] on the server; the lists and purge walk the indexes.
 
-use std::io::Write as _;
 use std::time::Duration;
 
 use idem_core::machine::{
-    self, CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    self, CheckpointAnswer, ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::store::ListFilter;
 use idem_core::wait::Timer;
@@ -13,137 +12,15 @@ use idem_core::{
     Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState,
     Scope, StalePolicy, StoreError, Timestamp, Token, async_trait,
 };
-use redis::{
-    Cmd, ErrorKind, FromRedisValue, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value,
-};
+use redis::{Cmd, Value};
 
-use crate::connect::Conn;
+use crate::command::{ClaimSettings, Hex32, NewMeta, PackedOutcome, evalsha, evalsha_filing, run};
 use crate::error::classify;
 use crate::keys::RecordKeys;
-use crate::record::{self, Fields, class_char};
+use crate::record::{self, Fields};
+use crate::reply::parse_claim;
 use crate::scripts::{CHECKPOINT_SCRIPT, EXTEND_SCRIPT, publishing};
 use crate::{RedisStore, millis};
-
-/// A token id or nonce as the scripts keep it: 32 hex digits, written straight into the command.
-#[derive(Clone, Copy)]
-struct Hex32(u128);
-
-impl ToRedisArgs for Hex32 {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let _ = write!(out.writer_for_next_arg(), "{:032x}", self.0);
-    }
-}
-
-impl Hex32 {
-    fn random() -> Self {
-        Self(rand::random())
-    }
-
-    fn text(self) -> String {
-        format!("{:032x}", self.0)
-    }
-}
-
-/// An outcome as format 2 stores it behind the state and fingerprint the script puts first:
-/// `<expires_at in 20 digits>status|class|body`, written straight into the command.
-struct PackedOutcome<'a> {
-    outcome: &'a Outcome,
-    expires_at: u64,
-}
-
-impl ToRedisArgs for PackedOutcome<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut w = out.writer_for_next_arg();
-        let _ = write!(w, "{:020}{}|", self.expires_at, self.outcome.status());
-        let _ = w.write_all(&[class_char(self.outcome.class()), b'|']);
-        let _ = w.write_all(self.outcome.body().as_bytes());
-    }
-}
-
-/// The metadata `m` of a new record (see `scripts.rs`), which the claim script stores as it is
-/// when the key is absent: `pn <fp> <tid> <tid> 1|1|<lease_until>|<now>|<expires_at>|<now>`.
-struct NewMeta<'a> {
-    fingerprint: &'a Fingerprint,
-    token_id: Hex32,
-    lease_until: u64,
-    now: u64,
-    expires_at: u64,
-}
-
-impl ToRedisArgs for NewMeta<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let tid = self.token_id.0;
-        let _ = write!(
-            out.writer_for_next_arg(),
-            "pn{}{tid:032x}{tid:032x}1|1|{}|{}|{}|{}",
-            self.fingerprint.as_str(),
-            self.lease_until,
-            self.now,
-            self.expires_at,
-            self.now
-        );
-    }
-}
-
-/// What the claim script reads only on a new claim or its general path, packed in one argument
-/// (each argument costs the server on every call, replays included):
-/// `<native ttl ms, empty for none>|<lease ms>|<takeover 1 or 0>`.
-struct ClaimSettings {
-    native_ttl: Option<u64>,
-    lease: u64,
-    takeover: &'static str,
-}
-
-impl ToRedisArgs for ClaimSettings {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut w = out.writer_for_next_arg();
-        if let Some(ms) = self.native_ttl {
-            let _ = write!(w, "{ms}");
-        }
-        let _ = write!(w, "|{}|{}", self.lease, self.takeover);
-    }
-}
-
-/// `EVALSHA <script> 2 <record> <lease index>`, for the arguments to follow.
-fn evalsha(script: &Script, keys: &RecordKeys) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash())
-        .arg(2)
-        .arg(&keys.record)
-        .arg(&keys.lease_index);
-    cmd
-}
-
-/// [`evalsha`] of a script that may file the record in the expiry index at `expires_at`: two
-/// more keys, that slice's list and the slice registry.
-fn evalsha_filing(script: &Script, keys: &RecordKeys, expires_at: u64) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash())
-        .arg(4)
-        .arg(&keys.record)
-        .arg(&keys.lease_index)
-        .arg(keys.slice(expires_at))
-        .arg(&keys.slices);
-    cmd
-}
-
-/// Runs `cmd` (an [`evalsha`] of `script`); on `NOSCRIPT` (the script cache is volatile) loads the
-/// script and runs it once more.
-async fn run<T: FromRedisValue>(
-    script: &Script,
-    cmd: &Cmd,
-    conn: &mut Conn,
-    op: &'static str,
-) -> Result<T, StoreError> {
-    match cmd.query_async(conn).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(conn).await.map_err(|e| classify(op, e))?;
-            cmd.query_async(conn).await
-        }
-        other => other,
-    }
-    .map_err(|e| classify(op, e))
-}
 
 impl RedisStore {
     async fn release_script(
@@ -181,74 +58,6 @@ impl RedisStore {
             None => cmd.arg(""),
         };
     }
-}
-
-fn short() -> StoreError {
-    StoreError::corrupt("redis claim script: short answer")
-}
-
-/// A text field of a script's answer.
-fn text(v: Option<&Value>) -> Result<&str, StoreError> {
-    match v {
-        Some(Value::BulkString(b)) => std::str::from_utf8(b)
-            .map_err(|e| StoreError::corrupt_with("redis: answer is not UTF-8", e)),
-        Some(Value::SimpleString(s)) => Ok(s),
-        _ => Err(short()),
-    }
-}
-
-fn parse_claim(reply: Value, token_id: u128) -> Result<ClaimAnswer, StoreError> {
-    let reply = match reply {
-        Value::BulkString(o) => return Ok(ClaimAnswer::Replay(record::outcome(o)?)),
-        Value::SimpleString(claimed) => return parse_claimed(&claimed, token_id),
-        Value::Array(reply) => reply,
-        other => {
-            return Err(StoreError::corrupt(format!(
-                "redis claim script: unknown answer {other:?}"
-            )));
-        }
-    };
-    match text(reply.first())? {
-        "in_flight" => {
-            let ms: u64 = record::number("retry_after", text(reply.get(1))?)?;
-            Ok(ClaimAnswer::InFlight {
-                retry_after: Duration::from_millis(ms.max(1)),
-                stale: text(reply.get(2))? == "1",
-            })
-        }
-        "mismatch" => Ok(ClaimAnswer::FingerprintMismatch),
-        "corrupt" => Err(StoreError::corrupt(format!(
-            "redis record: {}",
-            text(reply.get(1))?
-        ))),
-        other => Err(StoreError::corrupt(format!(
-            "redis claim script: unknown answer {other:?}"
-        ))),
-    }
-}
-
-/// `seq|attempt|kind`, the claim script's answer when it claimed.
-fn parse_claimed(claimed: &str, token_id: u128) -> Result<ClaimAnswer, StoreError> {
-    let mut parts = claimed.split('|');
-    let mut part = || parts.next().ok_or_else(short);
-    let seq = record::number("token seq", part()?)?;
-    let attempt = record::number("attempt", part()?)?;
-    let kind = match part()? {
-        "n" => ClaimKind::New,
-        "e" => ClaimKind::ExpiredReplaced,
-        "r" => ClaimKind::Retry,
-        "t" => ClaimKind::TakenOver,
-        other => {
-            return Err(StoreError::corrupt(format!(
-                "redis record: claim kind {other:?}"
-            )));
-        }
-    };
-    Ok(ClaimAnswer::Claimed {
-        token: Token::with_id(seq, token_id),
-        attempt,
-        kind,
-    })
 }
 
 #[async_trait]

@@ -184,11 +184,6 @@ impl Executor {
         self
     }
 
-    /// The codec, if one is set.
-    pub fn codec(&self) -> Option<&Arc<dyn OutcomeCodec>> {
-        self.codec.as_ref()
-    }
-
     /// The store.
     pub fn store(&self) -> &Arc<dyn KeyStore> {
         &self.store
