@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use ::metrics::Unit;
 
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 
 /// Counter of claim answers; labels `result`: `claimed`, `replayed`, `in_flight`, `mismatch`,
 /// `taken_over`; and `key_source`, where the key came from ([`KeyOrigin`](crate::KeyOrigin)):

@@ -2,10 +2,11 @@
 //! server's settings.
 
 use idem_core::{ConfigWarning, Maintenance, StoreError, async_trait};
+use redis::Script;
 
 use crate::RedisStore;
 use crate::error::classify;
-use crate::scripts;
+use crate::{purge_scripts, scripts};
 
 impl RedisStore {
     /// Prepares the server: loads the scripts (on every master of a cluster; they are loaded
@@ -14,7 +15,7 @@ impl RedisStore {
     /// warnings do not fail it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
-        for script in scripts::all(self.is_cluster()) {
+        for script in all_scripts(self.is_cluster()) {
             script
                 .prepare_invoke()
                 .load_async(&mut conn)
@@ -59,4 +60,19 @@ impl Maintenance for RedisStore {
     async fn check_config(&self) -> Result<Vec<ConfigWarning>, StoreError> {
         self.config_warnings().await
     }
+}
+
+/// Every script a store on a cluster (`true`) or a standalone server runs, for preloading.
+fn all_scripts(cluster: bool) -> [&'static Script; 8] {
+    let p = scripts::publishing(cluster);
+    [
+        &scripts::CHECKPOINT_SCRIPT,
+        &scripts::CONFIRM_SCRIPT,
+        &p.claim,
+        &p.complete,
+        &p.release,
+        &scripts::EXTEND_SCRIPT,
+        &purge_scripts::PURGE_SCRIPT,
+        &purge_scripts::PURGE_SLICE_SCRIPT,
+    ]
 }

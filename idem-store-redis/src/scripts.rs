@@ -413,18 +413,3 @@ pub(crate) fn publishing(cluster: bool) -> &'static Publishing {
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(EXTEND));
 pub(crate) static CHECKPOINT_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CHECKPOINT));
 pub(crate) static CONFIRM_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CONFIRM));
-
-/// Every script a store on a cluster (`true`) or a standalone server runs, for preloading.
-pub(crate) fn all(cluster: bool) -> [&'static Script; 8] {
-    let p = publishing(cluster);
-    [
-        &CHECKPOINT_SCRIPT,
-        &CONFIRM_SCRIPT,
-        &p.claim,
-        &p.complete,
-        &p.release,
-        &EXTEND_SCRIPT,
-        &crate::purge_scripts::PURGE_SCRIPT,
-        &crate::purge_scripts::PURGE_SLICE_SCRIPT,
-    ]
-}
