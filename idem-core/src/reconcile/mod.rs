@@ -104,8 +104,8 @@ impl<P: Probe> Reconciler<P> {
     }
 
     /// Encodes the probe's outcomes with `codec` before storing them: give it the executor's
-    /// codec ([`Executor::codec`](crate::Executor::codec)), or records completed here would be
-    /// stored in clear (and refused on replay by an encrypting codec). A failure to encode is
+    /// codec (the one given to [`Executor::with_codec`](crate::Executor::with_codec)), or records
+    /// completed here would be stored in clear (and refused on replay by an encrypting codec). A failure to encode is
     /// reported in [`ReconcileReport::failed`] as a [`StoreError::Backend`] keeping the codec's
     /// error as its source; the record stays `processing`.
     pub fn codec(mut self, codec: Arc<dyn OutcomeCodec>) -> Self {
