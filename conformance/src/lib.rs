@@ -56,8 +56,9 @@
 //! # fn main() {}
 //! ```
 //!
-//! Or run everything at once and get every failure, not just the first ([`run_all`]; [`run_matching`]
-//! for the cases a filter picks, [`run_streaming`] to see each case as it finishes):
+//! Or run everything at once and get every failure, not just the first ([`run_all`];
+//! [`run_matching`] for the cases a filter picks, [`run_streaming`] to see each case as it
+//! finishes):
 //!
 //! ```no_run
 //! # use idem_core::MemoryStore;
