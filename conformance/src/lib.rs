@@ -202,11 +202,11 @@ pub mod kit;
 mod cases;
 mod harness;
 mod model;
-mod run;
+mod report;
 
 pub use harness::{Case, StoreFactory};
 pub use model::{ModelConfig, ModelFailure, ModelStats, check_model, run_model};
-pub use run::{CaseResult, Report, cases, run_all, run_case, run_matching, run_streaming};
+pub use report::{CaseResult, Report, cases, run_all, run_case, run_matching, run_streaming};
 
 /// Generates one `#[test]` per case, running it against the store the factory makes.
 ///

@@ -123,7 +123,7 @@ impl Runner {
                     }
                     Err(payload) => format!(
                         "the store panicked: {}",
-                        crate::run::panic_message(payload.as_ref())
+                        crate::report::panic_message(payload.as_ref())
                     ),
                     Ok((_, Ok(Ok(_)))) => unreachable!(),
                 })
