@@ -15,6 +15,10 @@
 //! Real time and real servers: the tool sleeps `tool_latency`, callers back off 50 ms on
 //! `Unavailable`. The caller asserts on the report (zero double effects where the store waits
 //! for its replicas) or only prints it (where it does not).
+//!
+//! **Not a stable API.** The knobs of [`FailoverRun`] and the counts of [`FailoverReport`] follow
+//! the failover tests of idem's own stores and may change in a minor release; the guarantee
+//! [`FailoverReport::assert_no_claim_lost`] checks does not.
 
 use std::collections::HashSet;
 use std::fmt;

@@ -1,4 +1,4 @@
-//! What a case runs with: the [`StoreFactory`], the [`Harness`] (store handles, a clock, names
+//! What a case runs with: the [`StoreFactory`], the `Harness` (store handles, a clock, names
 //! of its own) and one [`Case`] run on a runtime of its own.
 
 use std::fmt;
@@ -10,14 +10,17 @@ use std::time::Duration;
 use idem_core::{IdempotencyKey, KeyStore, ManualClock, Scope, Timestamp};
 
 /// A boxed, sendable future.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Makes store handles for the suite. Implemented for every
 /// `Fn() -> impl Future<Output = impl KeyStore>`; each call returns a new handle to the same
 /// storage.
+///
+/// A closure is all a store needs (`|| async { MyStore::connect(URL).await.unwrap() }`);
+/// implement the trait yourself only for a factory with a name.
 pub trait StoreFactory: Send + Sync + 'static {
     /// A new handle.
-    fn make(&self) -> BoxFuture<'static, Arc<dyn KeyStore>>;
+    fn make(&self) -> Pin<Box<dyn Future<Output = Arc<dyn KeyStore>> + Send>>;
 }
 
 impl<F, Fut, S> StoreFactory for F
@@ -26,7 +29,7 @@ where
     Fut: Future<Output = S> + Send + 'static,
     S: KeyStore,
 {
-    fn make(&self) -> BoxFuture<'static, Arc<dyn KeyStore>> {
+    fn make(&self) -> Pin<Box<dyn Future<Output = Arc<dyn KeyStore>> + Send>> {
         let fut = self();
         Box::pin(async move { Arc::new(fut.await) as Arc<dyn KeyStore> })
     }
@@ -34,7 +37,7 @@ where
 
 /// What a case gets: store handles, a clock it controls, and names of its own.
 #[derive(Clone)]
-pub struct Harness {
+pub(crate) struct Harness {
     factory: Arc<dyn StoreFactory>,
     clock: ManualClock,
     case: &'static str,
@@ -66,32 +69,32 @@ impl Harness {
     /// Notes that the store does not support `feature` (e.g. `"checkpoints"`), which the case
     /// checked it refuses with a typed error: the case passes and is reported as not
     /// supported ([`Report::not_supported`](crate::Report::not_supported), [`CaseResult::not_supported`](crate::CaseResult::not_supported)).
-    pub fn not_supported(&self, feature: &'static str) {
+    pub(crate) fn not_supported(&self, feature: &'static str) {
         *self.not_supported.lock().unwrap_or_else(|e| e.into_inner()) = Some(feature);
     }
 
     /// A new store handle (for a real backend, new connections).
-    pub async fn store(&self) -> Arc<dyn KeyStore> {
+    pub(crate) async fn store(&self) -> Arc<dyn KeyStore> {
         self.factory.make().await
     }
 
     /// The case's clock; it starts at the wall clock's time.
-    pub fn clock(&self) -> &ManualClock {
+    pub(crate) fn clock(&self) -> &ManualClock {
         &self.clock
     }
 
     /// The clock's time.
-    pub fn now(&self) -> Timestamp {
+    pub(crate) fn now(&self) -> Timestamp {
         idem_core::Clock::now(&self.clock)
     }
 
     /// Moves the clock forward.
-    pub fn advance(&self, by: Duration) {
+    pub(crate) fn advance(&self, by: Duration) {
         self.clock.advance(by);
     }
 
     /// A scope no other case or run uses.
-    pub fn scope(&self, name: &str) -> Scope {
+    pub(crate) fn scope(&self, name: &str) -> Scope {
         Scope::new(format!(
             "idem-conformance/{}/{}/{}",
             self.case, self.run, name
@@ -100,47 +103,47 @@ impl Harness {
     }
 
     /// A key (keys need not be unique: scopes are).
-    pub fn key(&self, name: &str) -> IdempotencyKey {
+    pub(crate) fn key(&self, name: &str) -> IdempotencyKey {
         IdempotencyKey::new(name).expect("valid key")
-    }
-
-    /// The case's name.
-    pub fn case(&self) -> &'static str {
-        self.case
     }
 }
 
-/// One case of the suite.
+/// One case of the suite, as [`cases`](crate::cases()) lists them.
 #[derive(Clone, Copy)]
 pub struct Case {
-    /// Its name (also the name of its generated `#[test]`).
-    pub name: &'static str,
-    /// What it checks, in a line.
-    pub group: &'static str,
-    /// Runs it.
-    pub run: fn(Harness) -> BoxFuture<'static, ()>,
+    pub(crate) name: &'static str,
+    pub(crate) group: &'static str,
+    pub(crate) run: fn(Harness) -> BoxFuture<'static, ()>,
+}
+
+impl Case {
+    /// Its name, e.g. `claim_completed_replays`: the name of its generated `#[test]`, what
+    /// [`run_case`](crate::run_case) takes, and what a [`Report`](crate::Report) lists.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Its group, e.g. `claim` (the `inspect_` cases are in the `expiry` group): the
+    /// [contract](idem_core::contract) section it checks, as the crate docs list them.
+    pub fn group(&self) -> &'static str {
+        self.group
+    }
 }
 
 impl fmt::Debug for Case {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Case").field("name", &self.name).finish()
+        f.debug_struct("Case")
+            .field("name", &self.name)
+            .field("group", &self.group)
+            .finish()
     }
 }
 
 /// How long one case may take before it is failed (a deadlocked store must not hang CI).
-pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const CASE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Runs one case on a fresh multi-threaded runtime; panics (fails the test) if the case fails.
-pub fn run_case(
-    name: &'static str,
-    factory: impl StoreFactory,
-    case: fn(Harness) -> BoxFuture<'static, ()>,
-) {
-    if let Some(feature) = run_case_shared(name, Arc::new(factory), case) {
-        eprintln!("{name}: the store does not support {feature} (it says so); not a failure");
-    }
-}
-
+/// Runs `case` on a fresh multi-threaded runtime; panics if it fails, else returns the feature
+/// the store said it does not support, if any.
 pub(crate) fn run_case_shared(
     name: &'static str,
     factory: Arc<dyn StoreFactory>,

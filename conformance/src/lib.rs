@@ -17,12 +17,35 @@
 //!
 //! # Running it against your store
 //!
-//! In your store's `tests/conformance.rs`, one line generates one `#[test]` per case:
+//! Add `idem-conformance` to your store crate's `[dev-dependencies]` and write
+//! `tests/conformance.rs`:
+//!
+//! ```no_run
+//! # mod my_store {
+//! #     pub struct MyStore;
+//! #     impl MyStore {
+//! #         pub async fn connect(_url: &str) -> Result<idem_core::MemoryStore, std::io::Error> {
+//! #             Ok(idem_core::MemoryStore::new())
+//! #         }
+//! #     }
+//! # }
+//! // One #[test] per case. The factory is called at least once per case (many times in the
+//! // concurrency cases); each call opens a new handle to the same database.
+//! idem_conformance::conformance_tests!(|| async {
+//!     my_store::MyStore::connect("postgres://localhost/idem_test").await.unwrap()
+//! });
+//! # fn main() {}
+//! ```
+//!
+//! `cargo test --test conformance` then runs every case, `cargo test claim_` the claim cases,
+//! `cargo test fencing_` the fencing cases, and a failure names its case. Attributes written
+//! before the factory go on every generated test
+//! (`conformance_tests!(#[ignore = "needs a server"] factory)`). No `#[tokio::test]` is needed:
+//! each case builds its own multi-threaded tokio runtime, so the factory may create pools bound
+//! to it. A store whose handles share storage in the process hands out clones of one store:
 //!
 //! ```no_run
 //! # use idem_core::MemoryStore;
-//! // A factory: called at least once per case, and many times in the concurrency cases; each
-//! // call returns a new handle (for a real backend: new connections) to the same storage.
 //! idem_conformance::conformance_tests!({
 //!     let shared = MemoryStore::new();
 //!     move || {
@@ -33,11 +56,9 @@
 //! # fn main() {}
 //! ```
 //!
-//! `cargo test claim_` then runs the claim cases, `cargo test fencing_` the fencing cases, and a
-//! failure names its case. Attributes written before the factory go on every generated test
-//! (`conformance_tests!(#[ignore = "needs a server"] factory)`). No `#[tokio::test]` is needed:
-//! each case builds its own multi-threaded tokio runtime, so the factory may create pools bound
-//! to it. Or run everything at once and get every failure, not just the first:
+//! Or run everything at once and get every failure, not just the first ([`run_all`];
+//! [`run_matching`] for the cases a filter picks, [`run_streaming`] to see each case as it
+//! finishes):
 //!
 //! ```no_run
 //! # use idem_core::MemoryStore;
@@ -50,6 +71,9 @@
 //! report.assert_all_passed();
 //! ```
 //!
+//! [`cases()`] lists the cases (name and group) and [`run_case`] runs one by name. A case that
+//! takes more than 120 s fails (a deadlocked store must not hang CI).
+//!
 //! # The model-based test
 //!
 //! Beside the named cases, [`run_model`] drives random sequences of every operation (claim,
@@ -57,7 +81,7 @@
 //! clock moves against the pure rules of `idem_core::machine` over a map and against your store,
 //! compares every answer and every record, and on failure panics with the minimal failing
 //! sequence proptest's shrinking found. Unlike the cases, it needs a factory of fresh, empty,
-//! private namespaces (purge counts and lists are compared exactly); see [`model`] for the
+//! private namespaces (purge counts and lists are compared exactly); see [`run_model`] for the
 //! design:
 //!
 //! ```no_run
@@ -163,18 +187,26 @@
 //! no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
 //! `scope + ":" + key` addressing; a purge that miscounts; a wait that never wakes. Each fails the cases meant to catch it,
 //! through [`run_all`], [`run_matching`] and [`conformance_tests!`], and passes a basic case.
+//!
+//! # What is stable
+//!
+//! The macro, the functions and types at the crate root, and [`kit`] follow semantic versioning.
+//! The suite itself grows: a minor release may add cases (and make a model check stricter), so a
+//! store that passed may fail a new case — a defect the suite had not looked for before. A case
+//! keeps its name once released. [`failover`] is not a stable API: its knobs and counts follow the
+//! failover tests of idem's own stores and may change in a minor release.
 
-pub mod cases;
 pub mod failover;
 pub mod kit;
-pub mod model;
 
+mod cases;
 mod harness;
+mod model;
 mod report;
 
-pub use harness::{BoxFuture, CASE_TIMEOUT, Case, Harness, StoreFactory, run_case};
+pub use harness::{Case, StoreFactory};
 pub use model::{ModelConfig, ModelFailure, ModelStats, check_model, run_model};
-pub use report::{CaseResult, Report, run_all, run_matching, run_streaming};
+pub use report::{CaseResult, Report, cases, run_all, run_case, run_matching, run_streaming};
 
 /// Generates one `#[test]` per case, running it against the store the factory makes.
 ///
@@ -217,7 +249,7 @@ macro_rules! __conformance_tests {
 macro_rules! __emit_tests {
     (($attrs:tt $factory:tt) $($group:ident :: $case:ident),* $(,)?) => {
         $(
-            $crate::__emit_test!($attrs $factory $group $case);
+            $crate::__emit_test!($attrs $factory $case);
         )*
     };
 }
@@ -225,21 +257,16 @@ macro_rules! __emit_tests {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __emit_test {
-    (($(#[$attr:meta])*) ($factory:expr) $group:ident $case:ident) => {
+    (($(#[$attr:meta])*) ($factory:expr) $case:ident) => {
         #[test]
         $(#[$attr])*
         fn $case() {
-            $crate::run_case(
-                ::core::stringify!($case),
-                $factory,
-                |h| ::std::boxed::Box::pin($crate::cases::$group::$case(h)),
-            );
+            $crate::run_case(::core::stringify!($case), $factory);
         }
     };
 }
 
-#[doc(hidden)]
-#[macro_export]
+/// The table of `cases::ALL`, from [`__case_list!`](crate::__case_list).
 macro_rules! __emit_table {
     (() $($group:ident :: $case:ident),* $(,)?) => {
         &[$(
@@ -251,6 +278,7 @@ macro_rules! __emit_table {
         )*]
     };
 }
+pub(crate) use __emit_table;
 
 /// The root README's examples, compiled and run as doctests.
 #[cfg(doctest)]

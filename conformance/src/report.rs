@@ -1,5 +1,5 @@
-//! Running many cases and reporting every failure: [`run_all`], [`run_matching`],
-//! [`run_streaming`], [`Report`].
+//! Running the cases: one by name ([`run_case`], what each generated `#[test]` calls), or many
+//! with every failure reported ([`run_all`], [`run_matching`], [`run_streaming`], [`Report`]).
 
 use std::any::Any;
 use std::fmt;
@@ -7,11 +7,41 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cases;
-use crate::harness::{StoreFactory, run_case_shared};
+use crate::harness::{Case, StoreFactory, run_case_shared};
 
-/// The result of [`run_all`].
+/// Every case of the suite, in the order [`run_all`] runs them.
+///
+/// Minor releases may add cases (a store that passed may then fail a new one: a defect the suite
+/// had not looked for); a case keeps its name once released.
+pub fn cases() -> &'static [Case] {
+    crate::cases::ALL
+}
+
+/// Runs the case named `name` against the store the factory makes, on a multi-threaded tokio
+/// runtime of its own, and panics (fails the test) if it fails. Each `#[test]` that
+/// [`conformance_tests!`](crate::conformance_tests) generates is one call of it.
+///
+/// A case the store passes by refusing a feature it does not support (see
+/// [`Report::not_supported`]) passes, and says so on stderr.
+///
+/// # Panics
+///
+/// If the case fails, or if no case is named `name` (the names are those of [`cases()`]).
+pub fn run_case(name: &str, factory: impl StoreFactory) {
+    let Some(case) = cases().iter().find(|c| c.name == name) else {
+        panic!("idem-conformance has no case named {name:?}");
+    };
+    if let Some(feature) = run_case_shared(case.name, Arc::new(factory), case.run) {
+        eprintln!(
+            "{}: the store does not support {feature} (it says so); not a failure",
+            case.name
+        );
+    }
+}
+
+/// The result of [`run_all`], [`run_matching`] and [`run_streaming`].
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Report {
     /// The cases that passed.
     pub passed: Vec<&'static str>,
@@ -67,9 +97,9 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct CaseResult {
-    /// The case's name.
+    /// The case's name ([`Case::name`]).
     pub name: &'static str,
-    /// What it checks, in a line.
+    /// The case's group ([`Case::group`]).
     pub group: &'static str,
     /// `None` when it passed; else why it failed.
     pub failure: Option<String>,
@@ -102,7 +132,7 @@ pub fn run_streaming(
 ) -> Report {
     let factory: Arc<dyn StoreFactory> = Arc::new(factory);
     let mut report = Report::default();
-    for case in cases::ALL.iter().filter(|c| filter(c.name)) {
+    for case in cases().iter().filter(|c| filter(c.name)) {
         let f = factory.clone();
         let started = std::time::Instant::now();
         let ran = catch_unwind(AssertUnwindSafe(|| run_case_shared(case.name, f, case.run)));

@@ -10,16 +10,15 @@ fn run_all_reports_every_case_passing_on_memory_store() {
         async move { store }
     });
     report.assert_all_passed();
-    assert_eq!(report.passed.len(), idem_conformance::cases::ALL.len());
+    let cases = idem_conformance::cases();
+    assert_eq!(report.passed.len(), cases.len());
     assert!(report.passed.len() >= 30, "at least 30 cases");
-    let names: std::collections::HashSet<_> = idem_conformance::cases::ALL
-        .iter()
-        .map(|c| c.name)
-        .collect();
-    assert_eq!(
-        names.len(),
-        idem_conformance::cases::ALL.len(),
-        "case names are unique"
+    let names: std::collections::HashSet<_> = cases.iter().map(|c| c.name()).collect();
+    assert_eq!(names.len(), cases.len(), "case names are unique");
+    assert!(
+        cases.iter().all(|c| c.name().starts_with(c.group())
+            || (c.group() == "expiry" && c.name().starts_with("inspect_"))),
+        "a case's name starts with its group"
     );
 }
 
@@ -148,4 +147,23 @@ impl idem_core::KeyStore for Plain {
     ) -> Result<usize, idem_core::StoreError> {
         self.0.purge_expired(now, limit).await
     }
+}
+
+/// `run_case` runs one case by the name `cases()` lists (each generated `#[test]` is one call).
+#[test]
+fn run_case_runs_a_case_by_name() {
+    let case = idem_conformance::cases()[0];
+    assert_eq!(case.group(), "claim");
+    let shared = MemoryStore::new();
+    idem_conformance::run_case(case.name(), move || {
+        let store = shared.clone();
+        async move { store }
+    });
+}
+
+/// A name that is not a case's is refused, not passed silently.
+#[test]
+#[should_panic(expected = "no case named")]
+fn run_case_refuses_a_name_that_is_no_case() {
+    idem_conformance::run_case("claim_that_does_not_exist", || async { MemoryStore::new() });
 }

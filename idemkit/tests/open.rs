@@ -100,7 +100,10 @@ async fn postgres_and_redis_urls_open_working_stores() {
 /// cluster; skipped without it outside CI, a failure under CI).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_url_opens_a_cluster_store() {
-    let Some(urls) = kit::redis_cluster_urls() else {
+    let Some(urls) = kit::env_urls(
+        "IDEM_TEST_REDIS_CLUSTER_URLS",
+        "scripts/services/redis.sh starts a cluster",
+    ) else {
         return;
     };
     let nodes: Vec<&str> = urls

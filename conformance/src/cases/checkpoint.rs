@@ -15,7 +15,7 @@ use idem_core::machine::{CompleteAnswer, ReleaseAnswer};
 use idem_core::{Checkpoint, RecordState, StoreError};
 
 use super::*;
-use crate::Harness;
+use crate::harness::Harness;
 
 /// The store, if it claims checkpoints; otherwise checks that it refuses one with the typed
 /// error, notes it on the harness, and returns `None` (the case then passes as "not supported").
@@ -70,7 +70,7 @@ fn steps(r: &Record) -> Vec<(String, String, Timestamp)> {
 
 /// The holder's checkpoints are saved in order, byte for byte, with their times; nothing else
 /// of the record changes but `updated_at`.
-pub async fn checkpoint_saved_in_order_byte_for_byte(h: Harness) {
+pub(crate) async fn checkpoint_saved_in_order_byte_for_byte(h: Harness) {
     let Some(store) = supporting(&h).await else {
         return;
     };
@@ -106,7 +106,7 @@ pub async fn checkpoint_saved_in_order_byte_for_byte(h: Harness) {
 
 /// After a takeover the stale holder's checkpoint is `Fenced` and writes nothing; the new
 /// holder starts with the old holder's steps and adds its own.
-pub async fn checkpoint_stale_holder_is_fenced_after_takeover(h: Harness) {
+pub(crate) async fn checkpoint_stale_holder_is_fenced_after_takeover(h: Harness) {
     let Some(store) = supporting(&h).await else {
         return;
     };
@@ -152,7 +152,7 @@ pub async fn checkpoint_stale_holder_is_fenced_after_takeover(h: Harness) {
 
 /// No record, a token never handed out, a completed record, a released one: `Fenced`, nothing
 /// written. A holder whose lease elapsed, with nobody taking over, still saves.
-pub async fn checkpoint_fenced_like_complete(h: Harness) {
+pub(crate) async fn checkpoint_fenced_like_complete(h: Harness) {
     let Some(store) = supporting(&h).await else {
         return;
     };
@@ -210,7 +210,7 @@ pub async fn checkpoint_fenced_like_complete(h: Harness) {
 }
 
 /// A release and a retryable outcome keep the checkpoints; the retry's claim starts with them.
-pub async fn checkpoint_kept_across_release_and_retryable_outcome(h: Harness) {
+pub(crate) async fn checkpoint_kept_across_release_and_retryable_outcome(h: Harness) {
     let Some(store) = supporting(&h).await else {
         return;
     };
@@ -260,7 +260,7 @@ pub async fn checkpoint_kept_across_release_and_retryable_outcome(h: Harness) {
 
 /// A completion ends them: the completed record has none (under `CacheAll`, a retryable outcome
 /// that completes too).
-pub async fn checkpoint_gone_after_completion(h: Harness) {
+pub(crate) async fn checkpoint_gone_after_completion(h: Harness) {
     let Some(store) = supporting(&h).await else {
         return;
     };
@@ -291,7 +291,7 @@ pub async fn checkpoint_gone_after_completion(h: Harness) {
 
 /// Expiry ends them: the record that replaces an expired one starts with none, and a purge
 /// deletes them with their record.
-pub async fn checkpoint_gone_after_expiry_and_purge(h: Harness) {
+pub(crate) async fn checkpoint_gone_after_expiry_and_purge(h: Harness) {
     let Some(store) = supporting(&h).await else {
         return;
     };
@@ -351,7 +351,7 @@ pub async fn checkpoint_gone_after_expiry_and_purge(h: Harness) {
 
 /// A checkpoint of exactly the limit is saved; one byte over is `CheckpointTooLarge`, before
 /// anything is written.
-pub async fn checkpoint_over_the_limit_is_refused_and_nothing_written(h: Harness) {
+pub(crate) async fn checkpoint_over_the_limit_is_refused_and_nothing_written(h: Harness) {
     let Some(store) = supporting(&h).await else {
         return;
     };

@@ -4,10 +4,10 @@ use idem_core::machine::ClaimAnswer;
 use idem_core::{ClaimKind, RecordState};
 
 use super::*;
-use crate::Harness;
+use crate::harness::Harness;
 
 /// No record → `Claimed { attempt: 1 }`, kind `New`.
-pub async fn claim_absent_key_is_claimed_as_attempt_one(h: Harness) {
+pub(crate) async fn claim_absent_key_is_claimed_as_attempt_one(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let answer = store
         .claim(&scope, &key, &fp("a"), &policy(), h.now())
@@ -23,7 +23,7 @@ pub async fn claim_absent_key_is_claimed_as_attempt_one(h: Harness) {
 }
 
 /// The claim is written: `processing`, the fingerprint, the token, the lease and the expiry.
-pub async fn claim_writes_a_processing_record(h: Harness) {
+pub(crate) async fn claim_writes_a_processing_record(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let now = h.now();
     let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), now).await;
@@ -46,7 +46,7 @@ pub async fn claim_writes_a_processing_record(h: Harness) {
 }
 
 /// `processing`, lease running → `InFlight { stale: false }`, retry_after = time left, never 0.
-pub async fn claim_while_lease_runs_is_in_flight(h: Harness) {
+pub(crate) async fn claim_while_lease_runs_is_in_flight(h: Harness) {
     let (store, scope, key) = one(&h).await;
     store
         .claim(&scope, &key, &fp("a"), &policy(), h.now())
@@ -75,7 +75,7 @@ pub async fn claim_while_lease_runs_is_in_flight(h: Harness) {
 }
 
 /// A claim that answers `InFlight` changes nothing.
-pub async fn claim_in_flight_writes_nothing(h: Harness) {
+pub(crate) async fn claim_in_flight_writes_nothing(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let t0 = h.now();
     store
@@ -105,7 +105,7 @@ pub async fn claim_in_flight_writes_nothing(h: Harness) {
 }
 
 /// `processing`, lease elapsed, `Reconcile` → `InFlight { stale: true }`, no write.
-pub async fn claim_stale_under_reconcile_is_stale_in_flight(h: Harness) {
+pub(crate) async fn claim_stale_under_reconcile_is_stale_in_flight(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     h.advance(LEASE);
     let answer = store
@@ -125,7 +125,7 @@ pub async fn claim_stale_under_reconcile_is_stale_in_flight(h: Harness) {
 }
 
 /// `processing`, lease elapsed, `Takeover` → `Claimed { token + 1, attempt + 1 }`.
-pub async fn claim_stale_under_takeover_claims_next_token(h: Harness) {
+pub(crate) async fn claim_stale_under_takeover_claims_next_token(h: Harness) {
     let (store, scope, key, first) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE + Duration::from_secs(1));
     let answer = store
@@ -163,7 +163,7 @@ pub async fn claim_stale_under_takeover_claims_next_token(h: Harness) {
 }
 
 /// `completed` → `Replay(outcome)`, no write, whatever the lease or policy.
-pub async fn claim_completed_replays(h: Harness) {
+pub(crate) async fn claim_completed_replays(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
@@ -186,7 +186,7 @@ pub async fn claim_completed_replays(h: Harness) {
 }
 
 /// `failed_retryable` → `Claimed { token + 1, attempt + 1 }`, back to `processing`.
-pub async fn claim_failed_retryable_claims_again(h: Harness) {
+pub(crate) async fn claim_failed_retryable_claims_again(h: Harness) {
     let (store, scope, key, first) = one_claimed(&h, &policy()).await;
     let done = store
         .complete(&scope, &key, first, &retryable(), &policy(), h.now())
@@ -251,22 +251,22 @@ async fn mismatch_leaves_record(h: &Harness, then: Then) {
 
 /// `processing`, other fingerprint → `FingerprintMismatch`, nothing written (also when stale
 /// under `Takeover`).
-pub async fn claim_mismatch_on_processing(h: Harness) {
+pub(crate) async fn claim_mismatch_on_processing(h: Harness) {
     mismatch_leaves_record(&h, Then::Stay).await;
 }
 
 /// `completed`, other fingerprint → `FingerprintMismatch`, nothing written.
-pub async fn claim_mismatch_on_completed(h: Harness) {
+pub(crate) async fn claim_mismatch_on_completed(h: Harness) {
     mismatch_leaves_record(&h, Then::Complete).await;
 }
 
 /// `failed_retryable`, other fingerprint → `FingerprintMismatch`, nothing written.
-pub async fn claim_mismatch_on_failed_retryable(h: Harness) {
+pub(crate) async fn claim_mismatch_on_failed_retryable(h: Harness) {
     mismatch_leaves_record(&h, Then::Release).await;
 }
 
 /// Token ids are random: claims of different keys never share one.
-pub async fn claim_tokens_are_unique_across_keys(h: Harness) {
+pub(crate) async fn claim_tokens_are_unique_across_keys(h: Harness) {
     let store = h.store().await;
     let scope = h.scope("s");
     let mut ids = std::collections::HashSet::new();

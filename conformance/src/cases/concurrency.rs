@@ -11,12 +11,12 @@ use tokio::sync::Barrier;
 use tokio::task::JoinHandle;
 
 use super::*;
-use crate::Harness;
+use crate::harness::Harness;
 
 mod records;
 
-pub use records::{
-    CONTENDERS, ROUNDS, concurrency_claims_race_on_a_failed_retryable_record,
+pub(crate) use records::{
+    concurrency_claims_race_on_a_failed_retryable_record,
     concurrency_claims_race_on_a_stale_record_under_takeover,
     concurrency_claims_race_on_an_expired_record, concurrency_claims_racing_a_completion_never_win,
     concurrency_claims_racing_a_release_one_winner,
@@ -24,7 +24,7 @@ pub use records::{
 
 /// Separate handles (separate connections for a real backend) the concurrency cases spread
 /// their calls over.
-pub const HANDLES: usize = 8;
+const HANDLES: usize = 8;
 
 async fn handles(h: &Harness) -> Vec<Arc<dyn KeyStore>> {
     let mut v = Vec::with_capacity(HANDLES);
@@ -89,7 +89,7 @@ fn claim_of(
 
 /// 64 claims of one key, released together through a barrier across 8 handles: exactly one
 /// `Claimed`, every other `InFlight`, and the record holds the winner's token.
-pub async fn concurrency_64_claims_one_key_one_winner(h: Harness) {
+pub(crate) async fn concurrency_64_claims_one_key_one_winner(h: Harness) {
     const CLAIMS: usize = 64;
     let stores = handles(&h).await;
     let (scope, key, now) = (h.scope("race"), h.key("wf-1:step-1:create_ticket"), h.now());
@@ -115,7 +115,7 @@ pub async fn concurrency_64_claims_one_key_one_winner(h: Harness) {
 }
 
 /// 200 distinct keys, 4 concurrent claims each, all released at once: exactly one winner per key.
-pub async fn concurrency_200_keys_one_winner_each(h: Harness) {
+pub(crate) async fn concurrency_200_keys_one_winner_each(h: Harness) {
     const KEYS: usize = 200;
     const PER_KEY: usize = 4;
     let stores = handles(&h).await;
@@ -145,7 +145,7 @@ pub async fn concurrency_200_keys_one_winner_each(h: Harness) {
 
 /// 16 executors on separate handles run the same call at once: the operation runs exactly once
 /// (counted at the sink), and every other caller is told it is in flight or gets the replay.
-pub async fn concurrency_executor_runs_once(h: Harness) {
+pub(crate) async fn concurrency_executor_runs_once(h: Harness) {
     let stores = handles(&h).await;
     let (scope, key) = (h.scope("race"), h.key("wf-9:step-1:charge"));
     executors_race_once(&h, &stores, &scope, &key, "CH-1", "the effect").await;
@@ -203,7 +203,7 @@ async fn executors_race_once(
 /// A first attempt fails with a retryable outcome; then 16 executors on separate handles retry
 /// the same call at once: the operation runs exactly once more (counted at the sink), and every
 /// other caller is told it is in flight or gets the replay.
-pub async fn concurrency_executor_retry_runs_once(h: Harness) {
+pub(crate) async fn concurrency_executor_retry_runs_once(h: Harness) {
     let stores = handles(&h).await;
     let (scope, key) = (h.scope("race"), h.key("wf-9:step-2:charge"));
     let first = Executor::from_arc(stores[0].clone())

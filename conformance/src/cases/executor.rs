@@ -6,7 +6,7 @@ use idem_core::{Error, Executor, Outcome, RecordState};
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::Harness;
+use crate::harness::Harness;
 
 /// Where effects land: a ticket table and a business counter.
 #[derive(Debug, Default)]
@@ -36,7 +36,7 @@ async fn executor(h: &Harness, p: Policy) -> Executor {
 
 /// The seed's test: same key twice → one ticket at the sink, the same outcome, the second
 /// marked replayed.
-pub async fn executor_same_key_twice_one_effect(h: Harness) {
+pub(crate) async fn executor_same_key_twice_one_effect(h: Harness) {
     let (exec, sink) = (executor(&h, policy()).await, Arc::new(Sink::default()));
     let (scope, key) = (h.scope("tool"), h.key("wf-8812:step-3:create_ticket"));
     let first = exec
@@ -58,7 +58,7 @@ pub async fn executor_same_key_twice_one_effect(h: Harness) {
 }
 
 /// Same key, other arguments → `FingerprintMismatch`, no effect, the first outcome intact.
-pub async fn executor_mismatch_runs_nothing(h: Harness) {
+pub(crate) async fn executor_mismatch_runs_nothing(h: Harness) {
     let (exec, sink) = (executor(&h, policy()).await, Arc::new(Sink::default()));
     let (scope, key) = (h.scope("tool"), h.key("k"));
     exec.run(&scope, &key, &fp("a"), |_| async { sink.create_ticket() })
@@ -79,7 +79,7 @@ pub async fn executor_mismatch_runs_nothing(h: Harness) {
 }
 
 /// A repeat while the first call runs → `InFlight` with a positive wait, no effect.
-pub async fn executor_in_flight_runs_nothing(h: Harness) {
+pub(crate) async fn executor_in_flight_runs_nothing(h: Harness) {
     let (exec, sink) = (executor(&h, policy()).await, Arc::new(Sink::default()));
     let (scope, key) = (h.scope("tool"), h.key("k"));
     let (started_tx, started_rx) = oneshot::channel();
@@ -110,7 +110,7 @@ pub async fn executor_in_flight_runs_nothing(h: Harness) {
 }
 
 /// After the record expires (clock past the ttl) exactly one new effect happens, then replays.
-pub async fn executor_expired_record_runs_once_more(h: Harness) {
+pub(crate) async fn executor_expired_record_runs_once_more(h: Harness) {
     let (exec, sink) = (executor(&h, policy()).await, Arc::new(Sink::default()));
     let (scope, key) = (h.scope("tool"), h.key("k"));
     exec.run(&scope, &key, &fp("a"), |_| async { sink.create_ticket() })
@@ -135,7 +135,7 @@ pub async fn executor_expired_record_runs_once_more(h: Harness) {
 }
 
 /// A retryable failure, then a retry: exactly one successful effect, then replays.
-pub async fn executor_retryable_failure_then_one_success(h: Harness) {
+pub(crate) async fn executor_retryable_failure_then_one_success(h: Harness) {
     let (exec, sink) = (executor(&h, policy()).await, Arc::new(Sink::default()));
     let (scope, key) = (h.scope("tool"), h.key("k"));
     let failed = exec
@@ -171,7 +171,7 @@ pub async fn executor_retryable_failure_then_one_success(h: Harness) {
 
 /// Holder A stalls past its lease; B takes over and completes; A finishes late and is `Fenced`:
 /// its outcome is not stored and B's stands.
-pub async fn executor_fenced_holder_cannot_overwrite(h: Harness) {
+pub(crate) async fn executor_fenced_holder_cannot_overwrite(h: Harness) {
     let p = takeover();
     let (a, b) = (executor(&h, p).await, executor(&h, p).await);
     let (scope, key) = (h.scope("tool"), h.key("k"));
@@ -219,7 +219,7 @@ pub async fn executor_fenced_holder_cannot_overwrite(h: Harness) {
 /// A slow operation outlives its lease and nobody takes over: its outcome is still recorded
 /// (never lost, the key never left `processing`), and the repeat replays it without a second
 /// effect at the sink.
-pub async fn executor_slow_holder_past_its_lease_is_recorded(h: Harness) {
+pub(crate) async fn executor_slow_holder_past_its_lease_is_recorded(h: Harness) {
     let (exec, sink) = (executor(&h, policy()).await, Arc::new(Sink::default()));
     let (scope, key) = (h.scope("tool"), h.key("wf-3:step-1:create_ticket"));
     let first = exec

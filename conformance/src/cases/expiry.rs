@@ -20,17 +20,17 @@ use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{ClaimKind, RecordState};
 
 use super::*;
-use crate::Harness;
+use crate::harness::Harness;
 
 mod inspect;
 
-pub use inspect::{
+pub(crate) use inspect::{
     inspect_get_returns_the_record, inspect_list_filters_by_state_scope_and_age,
     inspect_list_in_flight_returns_only_stale_processing,
 };
 
 /// An expired record is absent to `get`, from any handle.
-pub async fn expiry_expired_record_is_absent_to_get(h: Harness) {
+pub(crate) async fn expiry_expired_record_is_absent_to_get(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
@@ -45,7 +45,7 @@ pub async fn expiry_expired_record_is_absent_to_get(h: Harness) {
 }
 
 /// `now == expires_at` is expired; one millisecond before is not.
-pub async fn expiry_boundary_is_exact(h: Harness) {
+pub(crate) async fn expiry_boundary_is_exact(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let t0 = h.now();
     let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), t0).await;
@@ -90,7 +90,7 @@ pub async fn expiry_boundary_is_exact(h: Harness) {
 
 /// An expired completed record is replaced by a new claim (even for another request), whose
 /// token continues upward; the old outcome is gone.
-pub async fn expiry_expired_completed_is_claimed_again(h: Harness) {
+pub(crate) async fn expiry_expired_completed_is_claimed_again(h: Harness) {
     let (store, scope, key, old) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, old, &ok("T-old"), &policy(), h.now())
@@ -116,7 +116,7 @@ pub async fn expiry_expired_completed_is_claimed_again(h: Harness) {
 }
 
 /// A holder whose record expired can no longer complete, release or extend.
-pub async fn expiry_holder_cannot_act_after_expiry(h: Harness) {
+pub(crate) async fn expiry_holder_cannot_act_after_expiry(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     h.advance(TTL);
     assert_all_fenced(&store, &scope, &key, token, h.now()).await;
@@ -124,7 +124,7 @@ pub async fn expiry_holder_cannot_act_after_expiry(h: Harness) {
 }
 
 /// `purge_expired` deletes expired records in batches of at most `limit` and never a live one.
-pub async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
+pub(crate) async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
     let store = h.store().await;
     let base = ancient(1972, 1973);
     let scope = h.scope("purge");
@@ -201,7 +201,7 @@ pub async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
 /// The case first purges everything that expired before its own records, so that the count is
 /// its own alone; should a foreign record still slip in (another run purging or writing the same
 /// instant), it tries again in a new window, and fails only if no attempt is exact.
-pub async fn expiry_purge_returns_exactly_what_it_deleted(h: Harness) {
+pub(crate) async fn expiry_purge_returns_exactly_what_it_deleted(h: Harness) {
     const ATTEMPTS: usize = 5;
     const EXPIRING: usize = 3;
     let store = h.store().await;
@@ -290,7 +290,7 @@ pub async fn expiry_purge_returns_exactly_what_it_deleted(h: Harness) {
 
 /// A record purged and created again never gets a token its old holder has: the old holder is
 /// fenced out of the new record.
-pub async fn expiry_tokens_never_reused_after_purge(h: Harness) {
+pub(crate) async fn expiry_tokens_never_reused_after_purge(h: Harness) {
     let store = h.store().await;
     let (scope, key) = (h.scope("s"), h.key("k"));
     let base = ancient(1974, 1975);

@@ -4,10 +4,10 @@ use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswe
 use idem_core::{CachePolicy, RecordState};
 
 use super::*;
-use crate::Harness;
+use crate::harness::Harness;
 
 /// Definitive outcome → `completed`, outcome stored, expiry renewed to now + ttl.
-pub async fn fencing_complete_definitive_completes(h: Harness) {
+pub(crate) async fn fencing_complete_definitive_completes(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     h.advance(Duration::from_secs(3));
     let answer = store
@@ -23,7 +23,7 @@ pub async fn fencing_complete_definitive_completes(h: Harness) {
 }
 
 /// Retryable outcome under `DefinitiveOnly` → `failed_retryable`; the next claim runs again.
-pub async fn fencing_retryable_under_definitive_only_is_failed_retryable(h: Harness) {
+pub(crate) async fn fencing_retryable_under_definitive_only_is_failed_retryable(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     let answer = store
         .complete(&scope, &key, token, &retryable(), &policy(), h.now())
@@ -36,7 +36,7 @@ pub async fn fencing_retryable_under_definitive_only_is_failed_retryable(h: Harn
 }
 
 /// Retryable outcome under `CacheAll` → `completed`; it replays forever.
-pub async fn fencing_retryable_under_cache_all_completes(h: Harness) {
+pub(crate) async fn fencing_retryable_under_cache_all_completes(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let all = policy()
         .to_builder()
@@ -58,7 +58,7 @@ pub async fn fencing_retryable_under_cache_all_completes(h: Harness) {
 
 /// A record completes once: a second `complete` with the same token is `Fenced` and the first
 /// outcome stands.
-pub async fn fencing_second_complete_is_fenced(h: Harness) {
+pub(crate) async fn fencing_second_complete_is_fenced(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, token, &ok("T-1"), &policy(), h.now())
@@ -82,7 +82,7 @@ pub async fn fencing_second_complete_is_fenced(h: Harness) {
 
 /// Holder A's lease elapses, B takes over and completes; A's late `complete` is `Fenced` and
 /// B's outcome stands.
-pub async fn fencing_stale_token_cannot_complete_after_takeover(h: Harness) {
+pub(crate) async fn fencing_stale_token_cannot_complete_after_takeover(h: Harness) {
     let (a, scope, key) = one(&h).await;
     let b = h.store().await;
     let old = claim_new(&a, &scope, &key, &fp("a"), &takeover(), h.now()).await;
@@ -118,7 +118,7 @@ pub async fn fencing_stale_token_cannot_complete_after_takeover(h: Harness) {
 }
 
 /// A stale token cannot release the newer holder's claim.
-pub async fn fencing_stale_token_cannot_release(h: Harness) {
+pub(crate) async fn fencing_stale_token_cannot_release(h: Harness) {
     let (store, scope, key, old) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE);
     let (new, _) = claimed(
@@ -145,7 +145,7 @@ pub async fn fencing_stale_token_cannot_release(h: Harness) {
 }
 
 /// A stale token cannot extend the lease.
-pub async fn fencing_stale_token_cannot_extend(h: Harness) {
+pub(crate) async fn fencing_stale_token_cannot_extend(h: Harness) {
     let (store, scope, key, old) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE);
     claimed(
@@ -169,7 +169,7 @@ pub async fn fencing_stale_token_cannot_extend(h: Harness) {
 }
 
 /// complete / release / extend on a key that was never claimed are `Fenced` and create nothing.
-pub async fn fencing_unknown_key_is_fenced(h: Harness) {
+pub(crate) async fn fencing_unknown_key_is_fenced(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let token = Token::new(1);
     assert_all_fenced(&store, &scope, &key, token, h.now()).await;
@@ -181,7 +181,7 @@ pub async fn fencing_unknown_key_is_fenced(h: Harness) {
 }
 
 /// `release` → `failed_retryable` without outcome; the retry claims with the next token.
-pub async fn fencing_release_then_retry(h: Harness) {
+pub(crate) async fn fencing_release_then_retry(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     assert_eq!(
         store.release(&scope, &key, token, h.now()).await.unwrap(),
@@ -209,7 +209,7 @@ pub async fn fencing_release_then_retry(h: Harness) {
 
 /// `extend` renews the lease: a claim after the original lease is still `InFlight`, not stale,
 /// and even `Takeover` cannot take it.
-pub async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
+pub(crate) async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &takeover()).await;
     h.advance(Duration::from_secs(20));
     let answer = store
@@ -240,7 +240,7 @@ pub async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
 }
 
 /// The fingerprint stored at claim is the one on the completed record ([contract §3.3](idem_core::contract#guarantee-3)).
-pub async fn fencing_fingerprint_kept_on_completion(h: Harness) {
+pub(crate) async fn fencing_fingerprint_kept_on_completion(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     store
         .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
@@ -260,7 +260,7 @@ pub async fn fencing_fingerprint_kept_on_completion(h: Harness) {
 /// A holder whose lease elapsed, with nobody taking over (even under `Takeover`, a takeover
 /// happens only on a claim), still holds the current token: its `complete` succeeds and the
 /// outcome replays ([contract §2](idem_core::contract#states): leases end claims only by a takeover).
-pub async fn fencing_holder_completes_after_its_lease_elapsed(h: Harness) {
+pub(crate) async fn fencing_holder_completes_after_its_lease_elapsed(h: Harness) {
     for (name, policy) in [("reconcile", policy()), ("takeover", takeover())] {
         let (store, scope, key) = (h.store().await, h.scope(name), h.key("slow"));
         let token = claim_new(&store, &scope, &key, &fp("a"), &policy, h.now()).await;
@@ -302,7 +302,7 @@ pub async fn fencing_holder_completes_after_its_lease_elapsed(h: Harness) {
 
 /// A holder whose lease elapsed, not taken over, still releases: the record is
 /// `failed_retryable` and the next claim is attempt 2.
-pub async fn fencing_holder_releases_after_its_lease_elapsed(h: Harness) {
+pub(crate) async fn fencing_holder_releases_after_its_lease_elapsed(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE + Duration::from_secs(5));
     assert_eq!(
@@ -317,7 +317,7 @@ pub async fn fencing_holder_releases_after_its_lease_elapsed(h: Harness) {
 
 /// A holder whose lease elapsed, not taken over, still extends: its lease runs again from now,
 /// so a claim, even under `Takeover`, is `InFlight` and not stale.
-pub async fn fencing_holder_extends_after_its_lease_elapsed(h: Harness) {
+pub(crate) async fn fencing_holder_extends_after_its_lease_elapsed(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &takeover()).await;
     h.advance(LEASE + Duration::from_secs(5));
     let answer = store
@@ -348,7 +348,7 @@ pub async fn fencing_holder_extends_after_its_lease_elapsed(h: Harness) {
 
 /// `extend` never shortens a lease: a shorter heartbeat keeps the later deadline (and the
 /// record's expiry), answers it, and a claim between the two deadlines is still `InFlight`.
-pub async fn fencing_extend_never_shortens(h: Harness) {
+pub(crate) async fn fencing_extend_never_shortens(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &takeover()).await;
     let long = store
         .extend(&scope, &key, token, Duration::from_secs(600), h.now())
@@ -395,7 +395,7 @@ pub async fn fencing_extend_never_shortens(h: Harness) {
 
 /// `extend` refuses a lease of zero whole milliseconds with `StoreError::ZeroLease`, for the
 /// holder as for anyone, and writes nothing.
-pub async fn fencing_extend_refuses_a_zero_lease(h: Harness) {
+pub(crate) async fn fencing_extend_refuses_a_zero_lease(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     let before = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
     h.advance(Duration::from_secs(1));

@@ -12,19 +12,20 @@ use idem_core::{
     StalePolicy, Timestamp, Token,
 };
 
-use crate::Case;
+use crate::harness::{Case, Harness};
 
-pub mod checkpoint;
-pub mod claim;
-pub mod concurrency;
-pub mod executor;
-pub mod expiry;
-pub mod fencing;
-pub mod outcome;
-pub mod scope;
-pub mod wait;
+mod checkpoint;
+mod claim;
+mod concurrency;
+mod executor;
+mod expiry;
+mod fencing;
+mod outcome;
+mod scope;
+mod wait;
 
-/// Every case; the one list both [`crate::conformance_tests!`] and [`crate::run_all`] read.
+/// Every case as `group::case`, handed to `$callback`; the one list both
+/// [`crate::conformance_tests!`] (the test names) and [`ALL`] (the cases) are built from.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __case_list {
@@ -112,15 +113,15 @@ macro_rules! __case_list {
 }
 
 /// Every case of the suite.
-pub static ALL: &[Case] = crate::__case_list!(__emit_table());
+pub(crate) static ALL: &[Case] = crate::__case_list!(__emit_table());
 
 /// The lease the cases use.
-pub const LEASE: Duration = Duration::from_secs(30);
+const LEASE: Duration = Duration::from_secs(30);
 /// The ttl the cases use.
-pub const TTL: Duration = Duration::from_secs(3600);
+const TTL: Duration = Duration::from_secs(3600);
 
 /// The cases' default policy: 30 s lease, 1 h ttl, `Reconcile`, `DefinitiveOnly`, 1 MiB.
-pub fn policy() -> Policy {
+fn policy() -> Policy {
     Policy::builder()
         .lease(LEASE)
         .ttl(TTL)
@@ -129,7 +130,7 @@ pub fn policy() -> Policy {
 }
 
 /// [`policy`] with [`StalePolicy::Takeover`].
-pub fn takeover() -> Policy {
+fn takeover() -> Policy {
     policy()
         .to_builder()
         .stale(StalePolicy::Takeover)
@@ -138,7 +139,7 @@ pub fn takeover() -> Policy {
 }
 
 /// The fingerprint of the `create_ticket` request titled `title`.
-pub fn fp(title: &str) -> Fingerprint {
+fn fp(title: &str) -> Fingerprint {
     Fingerprint::of(
         "create_ticket",
         &serde_json::json!({"title": title, "account_id": "A-1"}),
@@ -147,12 +148,12 @@ pub fn fp(title: &str) -> Fingerprint {
 }
 
 /// A definitive 201 outcome naming `ticket`.
-pub fn ok(ticket: &str) -> Outcome {
+fn ok(ticket: &str) -> Outcome {
     Outcome::definitive(201, &serde_json::json!({"ticket_id": ticket})).expect("outcome")
 }
 
 /// A retryable 503 outcome.
-pub fn retryable() -> Outcome {
+fn retryable() -> Outcome {
     Outcome::new(
         503,
         &serde_json::json!({"error": "upstream timeout"}),
@@ -162,7 +163,7 @@ pub fn retryable() -> Outcome {
 }
 
 /// `InFlight` on a running lease (not stale) with `retry_after` left.
-pub fn running(retry_after: Duration) -> ClaimAnswer {
+fn running(retry_after: Duration) -> ClaimAnswer {
     ClaimAnswer::InFlight {
         retry_after,
         stale: false,
@@ -171,14 +172,14 @@ pub fn running(retry_after: Duration) -> ClaimAnswer {
 
 /// The token and attempt of a `Claimed` answer; panics with `context` otherwise.
 #[track_caller]
-pub fn claimed(answer: &ClaimAnswer, context: &str) -> (Token, u32) {
+fn claimed(answer: &ClaimAnswer, context: &str) -> (Token, u32) {
     let (token, attempt, _) = won(answer, context);
     (token, attempt)
 }
 
 /// The token, attempt and kind of a `Claimed` answer; panics with `context` otherwise.
 #[track_caller]
-pub fn won(answer: &ClaimAnswer, context: &str) -> (Token, u32, ClaimKind) {
+fn won(answer: &ClaimAnswer, context: &str) -> (Token, u32, ClaimKind) {
     match answer {
         ClaimAnswer::Claimed {
             token,
@@ -191,14 +192,14 @@ pub fn won(answer: &ClaimAnswer, context: &str) -> (Token, u32, ClaimKind) {
 
 /// A random instant in the given range of years since 1970 (for cases that must not share their
 /// time with any other case).
-pub fn ancient(from_year: u64, to_year: u64) -> Timestamp {
+fn ancient(from_year: u64, to_year: u64) -> Timestamp {
     const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
     let span = (to_year - from_year) * YEAR_MS;
     Timestamp::from_millis((from_year - 1970) * YEAR_MS + rand::random::<u64>() % span)
 }
 
 /// A store handle and the harness's scope/key for one record.
-pub async fn one(h: &crate::Harness) -> (Arc<dyn KeyStore>, Scope, IdempotencyKey) {
+async fn one(h: &Harness) -> (Arc<dyn KeyStore>, Scope, IdempotencyKey) {
     (
         h.store().await,
         h.scope("s"),
@@ -209,8 +210,8 @@ pub async fn one(h: &crate::Harness) -> (Arc<dyn KeyStore>, Scope, IdempotencyKe
 /// [`one`] record, claimed now with the request `a` under `policy`: the store handle, the
 /// address and the holder's token; panics with the answer if the claim does not win.
 #[track_caller]
-pub fn one_claimed<'a>(
-    h: &'a crate::Harness,
+fn one_claimed<'a>(
+    h: &'a Harness,
     policy: &'a Policy,
 ) -> impl Future<Output = (Arc<dyn KeyStore>, Scope, IdempotencyKey, Token)> + Send + 'a {
     let caller = Location::caller();
@@ -223,7 +224,7 @@ pub fn one_claimed<'a>(
 
 /// Claims a key that must be absent and returns the token; panics with the answer otherwise.
 #[track_caller]
-pub fn claim_new<'a>(
+fn claim_new<'a>(
     store: &'a Arc<dyn KeyStore>,
     scope: &'a Scope,
     key: &'a IdempotencyKey,
@@ -264,7 +265,7 @@ async fn claim_absent(
 
 /// The record at (scope, key) now, read through a new handle (so what was written is committed,
 /// not only visible to its writer); panics if there is none.
-pub async fn read_back(h: &crate::Harness, scope: &Scope, key: &IdempotencyKey) -> Record {
+async fn read_back(h: &Harness, scope: &Scope, key: &IdempotencyKey) -> Record {
     h.store()
         .await
         .get(scope, key, h.now())
@@ -275,7 +276,7 @@ pub async fn read_back(h: &crate::Harness, scope: &Scope, key: &IdempotencyKey) 
 
 /// Asserts that a claim of (scope, key) at `now`, request `a` under the default policy, claims
 /// it again as attempt 2 (after a retryable outcome or a release).
-pub async fn assert_claimed_again(
+async fn assert_claimed_again(
     store: &Arc<dyn KeyStore>,
     scope: &Scope,
     key: &IdempotencyKey,
@@ -292,7 +293,7 @@ pub async fn assert_claimed_again(
 }
 
 /// Asserts that `token` can neither complete, release nor extend (scope, key) at `now`.
-pub async fn assert_all_fenced(
+async fn assert_all_fenced(
     store: &Arc<dyn KeyStore>,
     scope: &Scope,
     key: &IdempotencyKey,

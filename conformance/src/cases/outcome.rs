@@ -4,7 +4,7 @@ use idem_core::machine::ClaimAnswer;
 use idem_core::{Outcome, OutcomeClass, RecordState, StoreError};
 
 use super::*;
-use crate::Harness;
+use crate::harness::Harness;
 
 async fn round_trip(h: &Harness, name: &str, outcome: &Outcome, p: &Policy) -> Outcome {
     let store = h.store().await;
@@ -29,7 +29,7 @@ async fn round_trip(h: &Harness, name: &str, outcome: &Outcome, p: &Policy) -> O
 
 /// Status, class and body text come back exactly: key order, white space and number spelling
 /// included.
-pub async fn outcome_replays_byte_for_byte(h: Harness) {
+pub(crate) async fn outcome_replays_byte_for_byte(h: Harness) {
     let text = "{ \"z\": 1.50,\n  \"a\": [true, null, 1e3], \"m\": {\"y\": \"\", \"b\": -0}\t}";
     for (status, class) in [
         (201, OutcomeClass::Definitive),
@@ -55,7 +55,7 @@ pub async fn outcome_replays_byte_for_byte(h: Harness) {
 }
 
 /// Unicode (astral, combining, right-to-left), escapes and an escaped NUL survive.
-pub async fn outcome_unicode_and_escapes_survive(h: Harness) {
+pub(crate) async fn outcome_unicode_and_escapes_survive(h: Harness) {
     let text = r#"{"emoji":"😀👩‍👩‍👧","combining":"e\u0301 é","rtl":"שלום","nul":"a\u0000b","quote":"\"\\/\n","raw":"ü€𝄞"}"#;
     let o = Outcome::from_json_text(200, text, OutcomeClass::Definitive).unwrap();
     let back = round_trip(&h, "unicode", &o, &policy()).await;
@@ -64,7 +64,7 @@ pub async fn outcome_unicode_and_escapes_survive(h: Harness) {
 }
 
 /// A body of exactly the limit is stored and replayed whole.
-pub async fn outcome_up_to_the_limit_is_stored(h: Harness) {
+pub(crate) async fn outcome_up_to_the_limit_is_stored(h: Harness) {
     let limit = policy().max_outcome_bytes();
     // A JSON string of `limit` bytes: quotes plus a varied filler.
     let filler: String = (0..limit - 2)
@@ -80,7 +80,7 @@ pub async fn outcome_up_to_the_limit_is_stored(h: Harness) {
 
 /// One byte over the limit: `OutcomeTooLarge`, and the record is untouched (still `processing`,
 /// no outcome); a smaller outcome then completes it.
-pub async fn outcome_over_the_limit_is_refused_and_nothing_stored(h: Harness) {
+pub(crate) async fn outcome_over_the_limit_is_refused_and_nothing_stored(h: Harness) {
     let (store, scope, key) = one(&h).await;
     let small = policy().to_builder().max_outcome_bytes(64).build().unwrap();
     let token = claim_new(&store, &scope, &key, &fp("a"), &small, h.now()).await;

@@ -6,7 +6,7 @@ use idem_core::machine::{ClaimAnswer, ReleaseAnswer};
 use idem_core::{ClaimKind, RecordState};
 
 use super::*;
-use crate::Harness;
+use crate::harness::Harness;
 
 /// Claims `at` with the request titled `title` under the default policy; the claim must win
 /// (panics with `context` otherwise). Its token.
@@ -32,7 +32,7 @@ fn claim_wins<'a>(
 }
 
 /// Same key, two scopes: two independent claims and records.
-pub async fn scope_same_key_two_scopes_two_records(h: Harness) {
+pub(crate) async fn scope_same_key_two_scopes_two_records(h: Harness) {
     let store = h.store().await;
     let (a, b, key) = (h.scope("tenant-a"), h.scope("tenant-b"), h.key("k"));
     let ta = claim_wins(&store, (&a, &key), "x", h.now(), "scope a").await;
@@ -52,7 +52,7 @@ pub async fn scope_same_key_two_scopes_two_records(h: Harness) {
 }
 
 /// A completed key never replays into another scope; each scope replays its own outcome.
-pub async fn scope_no_cross_scope_replay(h: Harness) {
+pub(crate) async fn scope_no_cross_scope_replay(h: Harness) {
     let store = h.store().await;
     let (a, b, key) = (h.scope("tenant-a"), h.scope("tenant-b"), h.key("k"));
     let ta = claim_wins(&store, (&a, &key), "x", h.now(), "scope a").await;
@@ -175,7 +175,7 @@ async fn assert_two_records(
 
 /// Scopes and keys differing only in letter case are different records (no case folding, no
 /// case-insensitive collation).
-pub async fn scope_case_is_significant(h: Harness) {
+pub(crate) async fn scope_case_is_significant(h: Harness) {
     let key = h.key("wf-1:step-1:create_ticket");
     let (upper, lower) = (h.scope("Tenant-A/Tool"), h.scope("tenant-a/tool"));
     assert_two_records(
@@ -192,7 +192,7 @@ pub async fn scope_case_is_significant(h: Harness) {
 
 /// Scopes differing only in accents or in Unicode normalisation (NFC `é` vs NFD `e` + U+0301)
 /// are different records (no normalisation, no accent-insensitive collation).
-pub async fn scope_unicode_is_compared_byte_for_byte(h: Harness) {
+pub(crate) async fn scope_unicode_is_compared_byte_for_byte(h: Harness) {
     let key = h.key("k");
     let (nfc, nfd) = (h.scope("caf\u{e9}"), h.scope("cafe\u{301}"));
     assert_ne!(nfc.as_str().as_bytes(), nfd.as_str().as_bytes());
@@ -211,7 +211,7 @@ pub async fn scope_unicode_is_compared_byte_for_byte(h: Harness) {
 
 /// Scopes differing only in trailing (or leading) spaces are different records (no trimming,
 /// no space-padded comparison as SQL `CHAR` columns do).
-pub async fn scope_trailing_spaces_are_significant(h: Harness) {
+pub(crate) async fn scope_trailing_spaces_are_significant(h: Harness) {
     let key = h.key("k");
     let (bare, padded) = (h.scope("tenant"), h.scope("tenant "));
     assert_two_records(&h, "a trailing space", (&bare, &key), (&padded, &key)).await;
@@ -222,7 +222,7 @@ pub async fn scope_trailing_spaces_are_significant(h: Harness) {
 /// Where a separator falls between scope and key matters: `("…a:b", "c")` and `("…a", "b:c")`
 /// are different records, and so are `("…a/b", "c")` and `("…a", "b/c")` (no concatenation of
 /// scope and key that lets a separator move).
-pub async fn scope_separator_position_is_significant(h: Harness) {
+pub(crate) async fn scope_separator_position_is_significant(h: Harness) {
     for (i, sep) in [":", "/", "|", "#"].into_iter().enumerate() {
         let (s1, k1) = (h.scope(&format!("{i}a{sep}b")), h.key("c"));
         let (s2, k2) = (h.scope(&format!("{i}a")), h.key(&format!("b{sep}c")));
@@ -234,7 +234,7 @@ pub async fn scope_separator_position_is_significant(h: Harness) {
 /// Keys of the maximum length (255 bytes) and scopes of the maximum length (512 bytes) that
 /// differ only in their last byte are different records (no truncation, no prefix index that
 /// stops short).
-pub async fn scope_long_values_differing_in_the_last_byte(h: Harness) {
+pub(crate) async fn scope_long_values_differing_in_the_last_byte(h: Harness) {
     let long_key = |last: char| {
         let mut k = "k".repeat(idem_core::IdempotencyKey::MAX_BYTES - 1);
         k.push(last);
@@ -258,7 +258,7 @@ pub async fn scope_long_values_differing_in_the_last_byte(h: Harness) {
 /// a source prefix and a space) are stored and read back as they are, with their origin; a sent
 /// key spelled like one without the space is another record (no dropping or collapsing of
 /// spaces).
-pub async fn scope_derived_keys_are_stored_as_they_are(h: Harness) {
+pub(crate) async fn scope_derived_keys_are_stored_as_they_are(h: Harness) {
     use idem_core::KeyOrigin;
     let scope = h.scope("derived");
     let derived = [

@@ -13,7 +13,7 @@ use idem_core::{Clock, Error, Executor, RecordState, Timer, async_trait};
 use tokio::sync::{Notify, oneshot};
 
 use super::*;
-use crate::Harness;
+use crate::harness::Harness;
 
 /// How long a waiter asks to wait.
 const WAIT: Duration = Duration::from_secs(5);
@@ -202,7 +202,7 @@ fn repeat(
 
 /// A first attempt running in another process completes while the repeat waits: the repeat
 /// replays its outcome, and the sink has one ticket.
-pub async fn wait_wakes_on_completion(h: Harness) {
+pub(crate) async fn wait_wakes_on_completion(h: Harness) {
     let sink = Arc::new(Sink::default());
     let first = Executor::from_arc(h.store().await)
         .with_policy(policy())
@@ -248,7 +248,7 @@ pub async fn wait_wakes_on_completion(h: Harness) {
 
 /// The holder gives its claim up while the repeat waits: the repeat claims the record and runs
 /// (attempt 2), once.
-pub async fn wait_wakes_on_release(h: Harness) {
+pub(crate) async fn wait_wakes_on_release(h: Harness) {
     let sink = Arc::new(Sink::default());
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     let (exec, watched) = waiter(&h, policy(), WAIT).await;
@@ -273,7 +273,7 @@ pub async fn wait_wakes_on_release(h: Harness) {
 
 /// Another caller takes the stale claim over while the repeat waits: the repeat wakes, waits on
 /// the new holder, and replays the new holder's outcome; nothing runs in the waiter.
-pub async fn wait_wakes_on_takeover(h: Harness) {
+pub(crate) async fn wait_wakes_on_takeover(h: Harness) {
     let sink = Arc::new(Sink::default());
     let (store, scope, key, _old) = one_claimed(&h, &takeover()).await;
     let (exec, watched) = waiter(&h, takeover(), WAIT).await;
@@ -307,7 +307,7 @@ pub async fn wait_wakes_on_takeover(h: Harness) {
 
 /// Nothing happens to the record: the repeat waits its bound (a short real wait, 300 ms), then
 /// answers `InFlight`, and the record is as it was.
-pub async fn wait_bound_passes_after_a_short_real_wait(h: Harness) {
+pub(crate) async fn wait_bound_passes_after_a_short_real_wait(h: Harness) {
     let sink = Arc::new(Sink::default());
     let (store, scope, key, _token) = one_claimed(&h, &policy()).await;
     let before = store.get(&scope, &key, h.now()).await.unwrap();

@@ -15,10 +15,11 @@ use idem_core::{
     Timestamp, Token, async_trait,
 };
 
-use crate::BoxFuture;
+use crate::harness::BoxFuture;
 
 /// One operation of [`KeyStore`], as [`FaultStore`] counts and programs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Op {
     /// [`KeyStore::claim`].
     Claim,
@@ -54,6 +55,7 @@ impl Op {
 
 /// The error a programmed fault answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fault {
     /// [`StoreError::unavailable`]: the store cannot be reached (retryable).
     Unavailable,
@@ -79,6 +81,7 @@ impl Fault {
 /// after `list_in_flight` or `list` runs once per record listed, with that record's scope and
 /// key; before them (and around `purge_expired`) both are `None`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Call {
     /// The operation.
     pub op: Op,

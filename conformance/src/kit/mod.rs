@@ -48,9 +48,7 @@ pub fn env_url(name: &str, hint: &str) -> Option<String> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => Some(v),
         _ => {
-            skip(format_args!(
-                "{name} is not set (scripts/test sets it; {hint})"
-            ));
+            skip(format_args!("{name} is not set ({hint})"));
             None
         }
     }
@@ -79,68 +77,16 @@ pub fn skip(what: impl fmt::Display) {
 pub fn postgres_url() -> Option<String> {
     env_url(
         "IDEM_TEST_POSTGRES_URL",
-        "e.g. postgres://postgres@127.0.0.1:5432/test",
-    )
-}
-
-/// `IDEM_TEST_POSTGRES_TLS_URL`: a server that accepts only TLS connections, with `sslmode` and
-/// `sslrootcert` in the URL (scripts/services/tls.sh) ([`env_url`]).
-pub fn postgres_tls_url() -> Option<String> {
-    env_url(
-        "IDEM_TEST_POSTGRES_TLS_URL",
-        "scripts/services/tls.sh starts a TLS-only server",
+        "e.g. postgres://postgres@127.0.0.1:5432/test; idem's scripts/test sets it",
     )
 }
 
 /// `IDEM_TEST_REDIS_URL`, a standalone Redis, e.g. `redis://127.0.0.1:6379` ([`env_url`]).
 pub fn redis_url() -> Option<String> {
-    env_url("IDEM_TEST_REDIS_URL", "e.g. redis://127.0.0.1:6379")
-}
-
-/// `IDEM_TEST_REDIS_CLUSTER_URLS`: the node URLs of a Redis cluster, comma-separated
-/// (scripts/services/redis.sh) ([`env_urls`]).
-pub fn redis_cluster_urls() -> Option<Vec<String>> {
-    env_urls(
-        "IDEM_TEST_REDIS_CLUSTER_URLS",
-        "scripts/services/redis.sh starts a cluster",
-    )
-}
-
-/// `IDEM_TEST_REDIS_FAILOVER_URLS`: the node URLs of a 3-master, 3-replica cluster whose masters
-/// a test may kill (scripts/services/redis-failover.sh) ([`env_urls`]).
-pub fn redis_failover_urls() -> Option<Vec<String>> {
-    env_urls(
-        "IDEM_TEST_REDIS_FAILOVER_URLS",
-        "scripts/services/redis-failover.sh starts it",
-    )
-}
-
-/// `IDEM_TEST_REDIS_TLS_URL`: a TLS-only standalone Redis (`rediss://…`,
-/// scripts/services/tls.sh) ([`env_url`]).
-pub fn redis_tls_url() -> Option<String> {
     env_url(
-        "IDEM_TEST_REDIS_TLS_URL",
-        "scripts/services/tls.sh starts a TLS-only server",
+        "IDEM_TEST_REDIS_URL",
+        "e.g. redis://127.0.0.1:6379; idem's scripts/test sets it",
     )
-}
-
-/// `IDEM_TEST_REDIS_TLS_CLUSTER_URLS`: the node URLs of a TLS-only Redis cluster
-/// (scripts/services/tls.sh) ([`env_urls`]).
-pub fn redis_tls_cluster_urls() -> Option<Vec<String>> {
-    env_urls(
-        "IDEM_TEST_REDIS_TLS_CLUSTER_URLS",
-        "scripts/services/tls.sh starts a TLS-only cluster",
-    )
-}
-
-/// `IDEM_TEST_TLS_CA` and `IDEM_TEST_TLS_UNTRUSTED_CA`: the file of the CA that signed the TLS
-/// servers' certificates, and of one that signed nothing there (scripts/services/tls.sh).
-pub fn tls_cas() -> Option<(String, String)> {
-    let hint = "scripts/services/tls.sh makes it";
-    Some((
-        env_url("IDEM_TEST_TLS_CA", hint)?,
-        env_url("IDEM_TEST_TLS_UNTRUSTED_CA", hint)?,
-    ))
 }
 
 /// A name no other test, process or run uses: `prefix`, the process id, a counter of this

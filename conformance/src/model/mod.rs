@@ -1,65 +1,13 @@
-//! The model-based test ([contract §3.9](idem_core::contract#guarantee-9)): random sequences of every operation and clock moves, run
-//! against the pure rules of [`idem_core::machine`] over a map (the model) and against the store
-//! under test, comparing every answer and every record.
-//!
-//! # Running it against your store
-//!
-//! ```no_run
-//! # use idem_core::MemoryStore;
-//! // Each call of the factory must return a handle to a NEW, EMPTY, PRIVATE namespace (a fresh
-//! // file, a table or key prefix of its own): purge counts and lists are compared exactly, so
-//! // nothing else may write there while the model runs.
-//! idem_conformance::run_model(|| async { MemoryStore::new() });
-//! ```
-//!
-//! `run_model` panics on failure with the minimal failing sequence that shrinking found, one
-//! numbered line per step, and what differed at its last step. It runs
-//! [`DEFAULT_CASES`] sequences, or as many as the environment variable [`CASES_ENV`]
-//! (`IDEM_CONFORMANCE_MODEL_CASES=100000`) asks for; [`check_model`] returns the result instead of
-//! panicking.
-//!
-//! # What it does
-//!
-//! - A sequence is up to [`ModelConfig::max_steps`] steps over 9 records: 3 scopes × 3 keys whose
-//!   names differ only in case or in where a `:` falls (`("…/a", "b:k")` and `("…/a:b", "k")`), so
-//!   a store that folds case or concatenates scope and key fails. Steps: `claim` (two possible
-//!   requests per key, each claim with its own policy: lease 5 s or 30 s, ttl 60 s or 300 s,
-//!   `Reconcile` or `Takeover`), `complete` (definitive, retryable under either cache policy, or
-//!   over the size limit), `release`, `extend` (1 s, 10 s or 100 s), `get`, `list` (random
-//!   filters and limits), `list_in_flight`, `purge_expired` (in batches) and clock moves chosen
-//!   to land on lease and expiry boundaries.
-//! - Races: `n` identical claims at once (the store's answers must be the model's for the same
-//!   claims one after another, in any order: one winner at most), and a holder's `complete`,
-//!   `release` or `extend` at the same time as `n` claims (the store's answers and record must be
-//!   those of one serial order, the act after `k` of the claims for some `k`).
-//! - `complete`, `release` and `extend` act with the address's latest token, an older one, the
-//!   latest one with a different random id, or a token never handed out.
-//! - The model is a map of [`Record`](idem_core::Record)s written only by the functions of [`idem_core::machine`];
-//!   [`ListFilter`](idem_core::store::ListFilter) and [`Record::is_stale_processing`](idem_core::Record::is_stale_processing) select what the lists must return. The
-//!   model never restates a rule.
-//! - Tokens: the store draws its own random token ids, the model its own. The first time the
-//!   store hands out a token (a `Claimed` answer) it must have the model's `seq` and be new; from
-//!   then on it stands for the model's token, in answers and in records. A record carrying a
-//!   token the store never handed out is a failure.
-//! - Every answer is compared, including `retry_after`, `attempt`, `kind`, the stored outcome
-//!   byte for byte, lease deadlines and the exact purge counts. After each write the record at
-//!   that address is read back and compared; at the end of the sequence all nine are.
-//!   `list_in_flight` must return the model's records, earliest lease first (the order of records
-//!   with equal leases is free).
-//! - A purge step purges in batches until a batch comes back short, each batch's count exactly
-//!   `min(expired left, limit)`, so the model knows which records are gone.
-//! - Each sequence ends by moving the clock to the last expiry of its records and purging them
-//!   all, checking the counts, so the next sequence starts on an empty namespace. Time only moves
-//!   forward: each sequence starts well past the previous one's end. Every sequence (including
-//!   the re-runs of shrinking) uses scopes of its own, and after a failed sequence (the namespace
-//!   may then be left dirty) the factory is called again for a fresh namespace.
+//! The model-based test ([contract §3.9](idem_core::contract#guarantee-9)): random sequences of
+//! every operation and clock moves, run against the pure rules of [`idem_core::machine`] over a
+//! map (the model) and against the store under test. [`run_model`] says what it does.
 
 use std::fmt;
 use std::time::Duration;
 
 use idem_core::Timestamp;
 
-use crate::StoreFactory;
+use crate::harness::StoreFactory;
 
 mod ops;
 mod runner;
@@ -68,15 +16,15 @@ mod world;
 pub use runner::check_model;
 
 /// The environment variable that sets how many sequences [`run_model`] runs.
-pub const CASES_ENV: &str = "IDEM_CONFORMANCE_MODEL_CASES";
+const CASES_ENV: &str = "IDEM_CONFORMANCE_MODEL_CASES";
 /// How many sequences [`run_model`] runs when [`CASES_ENV`] is not set.
-pub const DEFAULT_CASES: u32 = 256;
+const DEFAULT_CASES: u32 = 256;
 /// The longest sequence, in steps, by default.
-pub const DEFAULT_MAX_STEPS: usize = 24;
+const DEFAULT_MAX_STEPS: usize = 24;
 /// Progress goes to stderr every this many sequences (long runs can be followed).
 const PROGRESS_EVERY: u64 = 5_000;
 /// How long one sequence may take before it fails (a deadlocked store must not hang CI).
-pub const SEQUENCE_TIMEOUT: Duration = Duration::from_secs(60);
+const SEQUENCE_TIMEOUT: Duration = Duration::from_secs(60);
 
 const SCOPES: [&str; 3] = ["a", "A", "a:b"];
 const KEYS: [&str; 3] = ["k", "K", "b:k"];
@@ -94,8 +42,15 @@ const NEVER_ID: u128 = u128::MAX;
 /// The first instant of the first sequence: 2001-01-01.
 const EPOCH: Timestamp = Timestamp::from_millis(978_307_200_000);
 
-/// How many sequences to run, and how long they may be.
+/// How many sequences to run, and how long they may be: 256 sequences of up to 24 steps by
+/// default.
+///
+/// ```
+/// let mut config = idem_conformance::ModelConfig::default();
+/// config.cases = 2_000;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ModelConfig {
     /// How many sequences (proptest cases) to run.
     pub cases: u32,
@@ -113,7 +68,8 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
-    /// The default, with the case count from [`CASES_ENV`] if it is set.
+    /// The default, with the case count from the environment variable
+    /// `IDEM_CONFORMANCE_MODEL_CASES` if it is set.
     ///
     /// # Panics
     ///
@@ -133,6 +89,7 @@ impl ModelConfig {
 
 /// What a passing run did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ModelStats {
     /// Sequences run (proptest cases).
     pub cases: u32,
@@ -142,6 +99,7 @@ pub struct ModelStats {
 
 /// A failing run: the minimal failing sequence shrinking found, and why it fails.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ModelFailure {
     /// The sequence, one numbered line per step.
     pub sequence: String,
@@ -161,11 +119,60 @@ impl fmt::Display for ModelFailure {
 
 impl std::error::Error for ModelFailure {}
 
-/// Runs the model-based test with [`ModelConfig::from_env`]; panics with the minimal failing
-/// sequence if the store disagrees with the model.
+/// Runs the model-based test ([contract §3.9](idem_core::contract#guarantee-9)) with
+/// [`ModelConfig::from_env`]: random sequences of every operation and clock moves, run against the
+/// pure rules of [`idem_core::machine`] over a map (the model) and against the store under test,
+/// comparing every answer and every record.
 ///
-/// `fresh_namespace` must return, on every call, a handle to a new, empty namespace nobody else
-/// writes to while the test runs (see the [module docs](self)).
+/// ```no_run
+/// # use idem_core::MemoryStore;
+/// // Each call of the factory must return a handle to a NEW, EMPTY, PRIVATE namespace (a fresh
+/// // file, a table or key prefix of its own): purge counts and lists are compared exactly, so
+/// // nothing else may write there while the model runs.
+/// idem_conformance::run_model(|| async { MemoryStore::new() });
+/// ```
+///
+/// It panics on failure with the minimal failing sequence that shrinking found, one numbered line
+/// per step, and what differed at its last step. It runs 256 sequences, or as many as the
+/// environment variable `IDEM_CONFORMANCE_MODEL_CASES` asks for (`=100000` for a long run;
+/// progress goes to stderr every 5 000 sequences); [`check_model`] returns the result instead of
+/// panicking. A sequence that takes more than 60 s fails (a deadlocked store must not hang CI).
+///
+/// # What it does
+///
+/// - A sequence is up to [`ModelConfig::max_steps`] steps over 9 records: 3 scopes × 3 keys whose
+///   names differ only in case or in where a `:` falls (`("…/a", "b:k")` and `("…/a:b", "k")`), so
+///   a store that folds case or concatenates scope and key fails. Steps: `claim` (two possible
+///   requests per key, each claim with its own policy: lease 5 s or 30 s, ttl 60 s or 300 s,
+///   `Reconcile` or `Takeover`), `complete` (definitive, retryable under either cache policy, or
+///   over the size limit), `release`, `extend` (1 s, 10 s or 100 s), `get`, `list` (random
+///   filters and limits), `list_in_flight`, `purge_expired` (in batches) and clock moves chosen
+///   to land on lease and expiry boundaries.
+/// - Races: `n` identical claims at once (the store's answers must be the model's for the same
+///   claims one after another, in any order: one winner at most), and a holder's `complete`,
+///   `release` or `extend` at the same time as `n` claims (the store's answers and record must be
+///   those of one serial order, the act after `k` of the claims for some `k`).
+/// - `complete`, `release` and `extend` act with the address's latest token, an older one, the
+///   latest one with a different random id, or a token never handed out.
+/// - The model is a map of [`Record`](idem_core::Record)s written only by the functions of [`idem_core::machine`];
+///   [`ListFilter`](idem_core::store::ListFilter) and [`Record::is_stale_processing`](idem_core::Record::is_stale_processing) select what the lists must return. The
+///   model never restates a rule.
+/// - Tokens: the store draws its own random token ids, the model its own. The first time the
+///   store hands out a token (a `Claimed` answer) it must have the model's `seq` and be new; from
+///   then on it stands for the model's token, in answers and in records. A record carrying a
+///   token the store never handed out is a failure.
+/// - Every answer is compared, including `retry_after`, `attempt`, `kind`, the stored outcome
+///   byte for byte, lease deadlines and the exact purge counts. After each write the record at
+///   that address is read back and compared; at the end of the sequence all nine are.
+///   `list_in_flight` must return the model's records, earliest lease first (the order of records
+///   with equal leases is free).
+/// - A purge step purges in batches until a batch comes back short, each batch's count exactly
+///   `min(expired left, limit)`, so the model knows which records are gone.
+/// - Each sequence ends by moving the clock to the last expiry of its records and purging them
+///   all, checking the counts, so the next sequence starts on an empty namespace. Time only moves
+///   forward: each sequence starts well past the previous one's end. Every sequence (including
+///   the re-runs of shrinking) uses scopes of its own, and after a failed sequence (the namespace
+///   may then be left dirty) the factory is called again for a fresh namespace.
 pub fn run_model(fresh_namespace: impl StoreFactory) -> ModelStats {
     match check_model(fresh_namespace, &ModelConfig::from_env()) {
         Ok(stats) => stats,

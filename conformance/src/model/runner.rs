@@ -14,9 +14,10 @@ use super::world::World;
 use super::{
     EPOCH, EXTENDS, ModelConfig, ModelFailure, ModelStats, PROGRESS_EVERY, SEQUENCE_TIMEOUT, TTLS,
 };
-use crate::StoreFactory;
+use crate::harness::StoreFactory;
 
-/// Runs the model-based test and returns the minimal failing sequence instead of panicking.
+/// [`run_model`](crate::run_model) with `config`: returns the minimal failing sequence instead of
+/// panicking, and reads nothing from the environment.
 pub fn check_model(
     fresh_namespace: impl StoreFactory,
     config: &ModelConfig,

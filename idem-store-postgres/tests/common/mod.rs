@@ -1,5 +1,5 @@
 //! Shared by the integration tests: stores on their own small pools in the shared test schema
-//! (the server URLs and unique names come from `idem_conformance::kit`).
+//! (the server URLs are read and unique names made with `idem_conformance::kit`).
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::pin::Pin;
@@ -14,10 +14,28 @@ pub const SCHEMA: &str = "idem_test";
 /// The table every test uses.
 pub const TABLE: &str = "idem_records";
 
+use idem_conformance::kit::env_url;
 #[allow(unused_imports)] // each test binary uses a different part
-pub use idem_conformance::kit::{
-    postgres_tls_url as tls_url, postgres_url as url, tls_cas, unique,
-};
+pub use idem_conformance::kit::{postgres_url as url, unique};
+
+/// `IDEM_TEST_POSTGRES_TLS_URL`: a server that accepts only TLS connections, with `sslmode` and
+/// `sslrootcert` in the URL (scripts/services/tls.sh).
+pub fn tls_url() -> Option<String> {
+    env_url(
+        "IDEM_TEST_POSTGRES_TLS_URL",
+        "scripts/services/tls.sh starts a TLS-only server",
+    )
+}
+
+/// `IDEM_TEST_TLS_CA` and `IDEM_TEST_TLS_UNTRUSTED_CA`: the file of the CA that signed the TLS
+/// servers' certificates, and of one that signed nothing there (scripts/services/tls.sh).
+pub fn tls_cas() -> Option<(String, String)> {
+    let hint = "scripts/services/tls.sh makes it";
+    Some((
+        env_url("IDEM_TEST_TLS_CA", hint)?,
+        env_url("IDEM_TEST_TLS_UNTRUSTED_CA", hint)?,
+    ))
+}
 
 /// Connection options for `url`, tagged with `application_name` so a test can find (and kill)
 /// exactly its own connections.

@@ -1,5 +1,5 @@
 //! What the tests share: the conformance factories and the test-owned server (the servers they
-//! are told about and unique names come from `idem_conformance::kit`).
+//! are told about are read, and unique names made, with `idem_conformance::kit`).
 #![allow(dead_code)]
 
 pub mod server;
@@ -8,12 +8,55 @@ use std::pin::Pin;
 
 use idem_store_redis::RedisStore;
 
+use idem_conformance::kit::{env_url, env_urls};
 #[allow(unused_imports)] // each test binary uses a different part
-pub use idem_conformance::kit::{
-    redis_cluster_urls as cluster_urls, redis_failover_urls as failover_urls,
-    redis_tls_cluster_urls as tls_cluster_urls, redis_tls_url as tls_url, redis_url as url,
-    tls_cas, unique,
-};
+pub use idem_conformance::kit::{redis_url as url, unique};
+
+/// `IDEM_TEST_REDIS_CLUSTER_URLS`: the node URLs of a Redis cluster, comma-separated
+/// (scripts/services/redis.sh).
+pub fn cluster_urls() -> Option<Vec<String>> {
+    env_urls(
+        "IDEM_TEST_REDIS_CLUSTER_URLS",
+        "scripts/services/redis.sh starts a cluster",
+    )
+}
+
+/// `IDEM_TEST_REDIS_FAILOVER_URLS`: the node URLs of a 3-master, 3-replica cluster whose masters
+/// a test may kill (scripts/services/redis-failover.sh).
+pub fn failover_urls() -> Option<Vec<String>> {
+    env_urls(
+        "IDEM_TEST_REDIS_FAILOVER_URLS",
+        "scripts/services/redis-failover.sh starts it",
+    )
+}
+
+/// `IDEM_TEST_REDIS_TLS_URL`: a TLS-only standalone Redis (`rediss://…`,
+/// scripts/services/tls.sh).
+pub fn tls_url() -> Option<String> {
+    env_url(
+        "IDEM_TEST_REDIS_TLS_URL",
+        "scripts/services/tls.sh starts a TLS-only server",
+    )
+}
+
+/// `IDEM_TEST_REDIS_TLS_CLUSTER_URLS`: the node URLs of a TLS-only Redis cluster
+/// (scripts/services/tls.sh).
+pub fn tls_cluster_urls() -> Option<Vec<String>> {
+    env_urls(
+        "IDEM_TEST_REDIS_TLS_CLUSTER_URLS",
+        "scripts/services/tls.sh starts a TLS-only cluster",
+    )
+}
+
+/// `IDEM_TEST_TLS_CA` and `IDEM_TEST_TLS_UNTRUSTED_CA`: the file of the CA that signed the TLS
+/// servers' certificates, and of one that signed nothing there (scripts/services/tls.sh).
+pub fn tls_cas() -> Option<(String, String)> {
+    let hint = "scripts/services/tls.sh makes it";
+    Some((
+        env_url("IDEM_TEST_TLS_CA", hint)?,
+        env_url("IDEM_TEST_TLS_UNTRUSTED_CA", hint)?,
+    ))
+}
 
 /// What `conformance_tests!` builds a store with.
 pub type Factory =

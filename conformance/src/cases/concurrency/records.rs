@@ -8,9 +8,9 @@ use super::*;
 
 /// Rounds each rewrite race runs, each on a key of its own: a store that reads, awaits, then
 /// writes loses at least one of them.
-pub const ROUNDS: usize = 4;
+const ROUNDS: usize = 4;
 /// Concurrent claims per round of a rewrite race.
-pub const CONTENDERS: usize = 24;
+const CONTENDERS: usize = 24;
 
 /// The handles a rewrite race spreads its claims over, and its scope; each round races on a key
 /// of its own.
@@ -149,7 +149,7 @@ impl Arena {
 /// `processing` in others), at exactly its `expires_at`, over [`ROUNDS`] rounds: exactly one
 /// replaces it (`ExpiredReplaced`, attempt 1, the token continuing upward), the others see the
 /// winner's lease.
-pub async fn concurrency_claims_race_on_an_expired_record(h: Harness) {
+pub(crate) async fn concurrency_claims_race_on_an_expired_record(h: Harness) {
     let arena = Arena::new(&h).await;
     let (store, scope) = (&arena.stores[0], &arena.scope);
     for round in 0..ROUNDS {
@@ -172,7 +172,7 @@ pub async fn concurrency_claims_race_on_an_expired_record(h: Harness) {
 /// [`CONTENDERS`] claims race on a `failed_retryable` record (a retryable outcome in some
 /// rounds, a release in others) over [`ROUNDS`] rounds: exactly one claims it again (`Retry`,
 /// attempt 2), the others see the winner's lease. The most common retry pattern there is.
-pub async fn concurrency_claims_race_on_a_failed_retryable_record(h: Harness) {
+pub(crate) async fn concurrency_claims_race_on_a_failed_retryable_record(h: Harness) {
     let arena = Arena::new(&h).await;
     let (store, scope) = (&arena.stores[0], &arena.scope);
     let now = h.now();
@@ -199,7 +199,7 @@ pub async fn concurrency_claims_race_on_a_failed_retryable_record(h: Harness) {
 /// [`CONTENDERS`] claims under `Takeover` race on a `processing` record whose lease elapsed,
 /// over [`ROUNDS`] rounds: exactly one takes it over (`TakenOver`, attempt 2), the others see
 /// the winner's lease, and the old holder is fenced.
-pub async fn concurrency_claims_race_on_a_stale_record_under_takeover(h: Harness) {
+pub(crate) async fn concurrency_claims_race_on_a_stale_record_under_takeover(h: Harness) {
     let arena = Arena::new(&h).await;
     for round in 0..ROUNDS {
         let t0 = h.now();
@@ -215,7 +215,7 @@ pub async fn concurrency_claims_race_on_a_stale_record_under_takeover(h: Harness
 
 /// The holder completes while [`CONTENDERS`] claims arrive, over [`ROUNDS`] rounds: no claim
 /// wins, each sees the holder in flight or replays its outcome, the completion stands.
-pub async fn concurrency_claims_racing_a_completion_never_win(h: Harness) {
+pub(crate) async fn concurrency_claims_racing_a_completion_never_win(h: Harness) {
     let arena = Arena::new(&h).await;
     let (stores, scope) = (&arena.stores, &arena.scope);
     let now = h.now();
@@ -262,7 +262,7 @@ pub async fn concurrency_claims_racing_a_completion_never_win(h: Harness) {
 /// The holder releases while [`CONTENDERS`] callers keep claiming until the record is no longer
 /// the holder's, over [`ROUNDS`] rounds: exactly one claims it (`Retry`, attempt 2), every other
 /// caller last saw it in flight, and the stored record is the winner's.
-pub async fn concurrency_claims_racing_a_release_one_winner(h: Harness) {
+pub(crate) async fn concurrency_claims_racing_a_release_one_winner(h: Harness) {
     let arena = Arena::new(&h).await;
     let (stores, scope) = (&arena.stores, &arena.scope);
     let now = h.now();

@@ -3,7 +3,7 @@
 use super::*;
 
 /// `get` returns the record as stored, and `None` for a key never claimed.
-pub async fn inspect_get_returns_the_record(h: Harness) {
+pub(crate) async fn inspect_get_returns_the_record(h: Harness) {
     let (store, scope, key) = one(&h).await;
     assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);
     let t0 = h.now();
@@ -30,7 +30,7 @@ pub async fn inspect_get_returns_the_record(h: Harness) {
 /// `list_in_flight(older_than, limit)` returns the `processing` records whose lease ended by
 /// `older_than`, earliest first, at most `limit`; not running leases, not completed, not
 /// released, not expired.
-pub async fn inspect_list_in_flight_returns_only_stale_processing(h: Harness) {
+pub(crate) async fn inspect_list_in_flight_returns_only_stale_processing(h: Harness) {
     let store = h.store().await;
     let base = ancient(1980, 2000);
     let scope = h.scope("list");
@@ -108,7 +108,7 @@ pub async fn inspect_list_in_flight_returns_only_stale_processing(h: Harness) {
 
 /// `list(filter, now, limit)` selects by state, scope and age, least recently written first,
 /// at most `limit`, never an expired record.
-pub async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
+pub(crate) async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
     let store = h.store().await;
     let base = ancient(1980, 2000);
     let at = |s: u64| base + Duration::from_secs(s);
