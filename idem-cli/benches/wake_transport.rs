@@ -22,7 +22,8 @@
 //! IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p idem-cli --bench wake_transport
 //! ```
-//! A backend whose variable is unset is left out. `IDEM_BENCH_BATCH` sets the pairs at a time
+//! A backend whose variable is unset is left out. Under `cargo test --benches` (no `--bench`
+//! argument) it runs 10 pairs per row on memory alone, as a smoke test. `IDEM_BENCH_BATCH` sets the pairs at a time
 //! (default 10), `IDEM_BENCH_SQLITE_CONNECTIONS` the SQLite store's connections (default the
 //! store's own, 4).
 
@@ -50,7 +51,14 @@ use rmcp::{RoleClient, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-const PAIRS: usize = 100;
+/// Pairs per row: 100, or 10 in a smoke test.
+fn pairs_per_row() -> usize {
+    if std::env::args().any(|a| a == "--bench") {
+        100
+    } else {
+        10
+    }
+}
 const TOOL: Duration = Duration::from_millis(300);
 const RETRY_AFTER: Duration = Duration::from_millis(10);
 
@@ -63,7 +71,11 @@ fn main() {
     runtime.block_on(async {
         idem_http::client::install_crypto_provider();
         let mut rows = Vec::new();
+        let smoke = pairs_per_row() < 100;
         for (backend, store) in backends().await {
+            if smoke && backend != "memory" {
+                continue;
+            }
             let tool = Arc::new(Tool::default());
             let http = Http::serve(store.clone(), tool.clone()).await;
             let mcp = Mcp::serve(store, tool.clone()).await;
@@ -75,7 +87,8 @@ fn main() {
             }
         }
         println!(
-            "{PAIRS} pairs each, {} at a time; retry 10 ms into a 300 ms tool, from the first answer to the replay",
+            "{} pairs each, {} at a time; retry 10 ms into a 300 ms tool, from the first answer to the replay",
+            pairs_per_row(),
             knob("BATCH", 10)
         );
         println!(
@@ -86,8 +99,8 @@ fn main() {
             let (p50, p99, max) = stats(&mut done.gaps);
             let how = if wait { "waits" } else { "no wait" };
             println!(
-                "{backend:<9} {via:<5} {how:<8} | {p50:>9.2?} {p99:>9.2?} {max:>9.2?} | {:>16} | {} for {PAIRS} pairs",
-                done.refusals, done.runs
+                "{backend:<9} {via:<5} {how:<8} | {p50:>9.2?} {p99:>9.2?} {max:>9.2?} | {:>16} | {} for {} pairs",
+                done.refusals, done.runs, done.gaps.len()
             );
         }
     });
@@ -325,15 +338,16 @@ struct Done {
     runs: usize,
 }
 
-/// 100 pairs: the first request, then, 10 ms after the tool began to run, the retry. A replay
+/// A row's pairs: the first request, then, 10 ms after the tool began to run, the retry. A replay
 /// that reaches its client before the first answer counts as 0.
 async fn pairs(sender: &Sender, tool: &Arc<Tool>) -> Done {
     let runs_before = tool.runs.load(Ordering::SeqCst);
     let run = format!("{:08x}", rand::random::<u32>());
-    let (mut gaps, mut refusals) = (Vec::with_capacity(PAIRS), 0);
-    let at_once = knob("BATCH", 10).clamp(1, PAIRS);
-    for batch in 0..PAIRS.div_ceil(at_once) {
-        let tasks: Vec<_> = (batch * at_once..((batch + 1) * at_once).min(PAIRS))
+    let n = pairs_per_row();
+    let (mut gaps, mut refusals) = (Vec::with_capacity(n), 0);
+    let at_once = knob("BATCH", 10).clamp(1, n);
+    for batch in 0..n.div_ceil(at_once) {
+        let tasks: Vec<_> = (batch * at_once..((batch + 1) * at_once).min(n))
             .map(|i| {
                 let (sender, tool) = (sender.clone(), tool.clone());
                 let pair = format!("{run}:{i}");
@@ -370,7 +384,7 @@ async fn pairs(sender: &Sender, tool: &Arc<Tool>) -> Done {
         }
     }
     let runs = tool.runs.load(Ordering::SeqCst) - runs_before;
-    assert_eq!(runs, PAIRS, "the tool ran once per pair");
+    assert_eq!(runs, n, "the tool ran once per pair");
     Done {
         gaps,
         refusals,
