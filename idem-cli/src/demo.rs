@@ -72,7 +72,7 @@ impl Fault {
     }
 }
 
-/// Indexes of [`Counters::answer_ms`] beyond the overall times (`ALL`).
+/// Indexes of [`Counters::answer_ms`]: every operation, then each fault timed on its own.
 const ALL: usize = 0;
 const TIMED_OUT: usize = 1;
 const SENT_TWICE: usize = 2;
