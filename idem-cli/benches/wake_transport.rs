@@ -104,6 +104,17 @@ fn main() {
             );
         }
     });
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(sqlite_file(suffix));
+    }
+}
+
+/// The SQLite file of this run (`suffix` "": the database; "-wal", "-shm": its companions).
+fn sqlite_file(suffix: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "idem-wake-transport-{}.db{suffix}",
+        std::process::id()
+    ))
 }
 
 /// `IDEM_BENCH_<name>` as a number, else `default`.
@@ -124,7 +135,7 @@ fn stats(v: &mut [Duration]) -> (Duration, Duration, Duration) {
 async fn backends() -> Vec<(&'static str, Arc<dyn KeyStore>)> {
     let mut out: Vec<(&'static str, Arc<dyn KeyStore>)> =
         vec![("memory", Arc::new(MemoryStore::new()))];
-    let dir = std::env::temp_dir().join(format!("idem-wake-transport-{}.db", std::process::id()));
+    let dir = sqlite_file("");
     let mut sqlite = idemkit::sqlite::SqliteStore::builder(&dir);
     if let Ok(n) = std::env::var("IDEM_BENCH_SQLITE_CONNECTIONS") {
         sqlite = sqlite.max_connections(n.parse().expect("a number of connections"));
