@@ -11,6 +11,7 @@ use idem_http::client::{ClientError, RetryPolicy, ToolClient};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
+pub use crate::demo_report::{AnswerTimes, DemoReport, table};
 use crate::exit::Failure;
 use crate::serve::{
     Backend, BoxError, DEMO_FAULT_HEADER, ServeOptions, TENANT_HEADER, router, router_without_idem,
@@ -35,32 +36,6 @@ pub struct DemoOptions {
     pub wait: bool,
 }
 
-/// What one run produced.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DemoReport {
-    /// Operations the agents meant to perform (each once).
-    pub operations: usize,
-    /// HTTP requests sent.
-    pub attempts: usize,
-    /// Answers that were first executions.
-    pub executed: usize,
-    /// Answers that were replays.
-    pub replays: usize,
-    /// Answers that said "in flight" (409).
-    pub conflicts: usize,
-    /// Operations that got no answer within their deadline.
-    pub unanswered: usize,
-    /// Tickets at the sink.
-    pub tickets: i64,
-    /// Operations with more than one ticket.
-    pub double_effects: i64,
-    /// Time from an operation's first send to its answer (all its concurrent sends answered),
-    /// median, in milliseconds.
-    pub answer_p50_ms: u64,
-    /// The same, 99th percentile.
-    pub answer_p99_ms: u64,
-}
-
 /// The faults, one per operation in turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -76,6 +51,16 @@ enum Fault {
 }
 
 impl Fault {
+    /// The answer times besides the overall ones that an operation of this fault counts in.
+    fn times(self) -> Option<usize> {
+        match self {
+            Self::CallAgain => None,
+            Self::ShortDeadline => Some(TIMED_OUT),
+            Self::DuplicateSend => Some(SENT_TWICE),
+            Self::CrashedHolder => Some(HUNG),
+        }
+    }
+
     fn of(i: usize) -> Self {
         match i % 8 {
             0 | 4 => Self::CallAgain,
@@ -87,6 +72,12 @@ impl Fault {
     }
 }
 
+/// Indexes of [`Counters::answer_ms`]: every operation, then each fault timed on its own.
+const ALL: usize = 0;
+const TIMED_OUT: usize = 1;
+const SENT_TWICE: usize = 2;
+const HUNG: usize = 3;
+
 #[derive(Default)]
 struct Counters {
     attempts: AtomicUsize,
@@ -95,28 +86,26 @@ struct Counters {
     conflicts: AtomicUsize,
     unanswered: AtomicUsize,
     done: AtomicUsize,
-    answer_ms: std::sync::Mutex<Vec<u64>>,
+    /// Per kind of operation ([`ALL`], [`TIMED_OUT`], …), the answer times in milliseconds.
+    answer_ms: std::sync::Mutex<[Vec<u64>; 4]>,
 }
 
 impl Counters {
-    fn answered(&self, since: std::time::Instant) {
+    /// An operation of `fault` sent first at `since` is answered.
+    fn answered(&self, fault: Fault, since: std::time::Instant) {
         let ms = since.elapsed().as_millis() as u64;
-        self.answer_ms
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(ms);
+        let mut times = self.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
+        times[ALL].push(ms);
+        if let Some(kind) = fault.times() {
+            times[kind].push(ms);
+        }
     }
 
-    /// The `p`-th percentile (nearest rank) of the answer times.
-    fn answer_percentile(&self, p: usize) -> u64 {
-        let mut ms = self
-            .answer_ms
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        ms.sort_unstable();
-        let rank = (ms.len() * p).div_ceil(100).max(1);
-        ms.get(rank - 1).copied().unwrap_or(0)
+    /// The answer times of the operations of kind `kind`.
+    fn times(&self, kinds: &[usize]) -> AnswerTimes {
+        let times = self.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
+        let ms: Vec<u64> = kinds.iter().flat_map(|&k| times[k].clone()).collect();
+        AnswerTimes::of(&ms)
     }
 
     fn record(&self, answer: &Result<idem_http::client::ToolAnswer, ClientError>) {
@@ -221,10 +210,11 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
             let _permit = permit;
             let counters = shared;
             let sent = std::time::Instant::now();
-            match Fault::of(i) {
+            let fault = Fault::of(i);
+            match fault {
                 Fault::CallAgain => {
                     counters.record(&client.call(&key, &args).await);
-                    counters.answered(sent);
+                    counters.answered(fault, sent);
                     counters.record(&client.call(&key, &args).await);
                 }
                 Fault::ShortDeadline => counters.record(&hasty.call(&key, &args).await),
@@ -235,8 +225,8 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
                 }
                 Fault::CrashedHolder => counters.record(&crashing.call(&key, &args).await),
             }
-            if Fault::of(i) != Fault::CallAgain {
-                counters.answered(sent);
+            if fault != Fault::CallAgain {
+                counters.answered(fault, sent);
             }
             counters.done.fetch_add(1, Ordering::Relaxed);
         });
@@ -256,8 +246,12 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
         unanswered: counters.unanswered.load(Ordering::Relaxed),
         tickets: backend.ticket_count(&tenant).await?,
         double_effects: backend.double_effects(&tenant).await?,
-        answer_p50_ms: counters.answer_percentile(50),
-        answer_p99_ms: counters.answer_percentile(99),
+        answer_p50_ms: counters.times(&[ALL]).p50_ms,
+        answer_p99_ms: counters.times(&[ALL]).p99_ms,
+        retried_while_running: counters.times(&[TIMED_OUT, SENT_TWICE]),
+        attempt_timed_out: counters.times(&[TIMED_OUT]),
+        sent_twice: counters.times(&[SENT_TWICE]),
+        holder_hung: counters.times(&[HUNG]),
     })
 }
 
@@ -307,50 +301,6 @@ impl Progress {
             bar.finish();
         }
     }
-}
-
-/// The closing table; a second column when the run without idem is given.
-pub fn table(with: &DemoReport, without: Option<&DemoReport>) -> String {
-    let cells = |r: &DemoReport| {
-        [
-            r.operations as i64,
-            r.attempts as i64,
-            r.executed as i64,
-            r.replays as i64,
-            r.conflicts as i64,
-            r.unanswered as i64,
-            r.tickets,
-            r.double_effects,
-            r.answer_p50_ms as i64,
-            r.answer_p99_ms as i64,
-        ]
-    };
-    let names = [
-        "operations",
-        "attempts (HTTP requests)",
-        "answered: executed",
-        "answered: replayed",
-        "409 in flight",
-        "unanswered",
-        "tickets at the sink",
-        "double effects",
-        "answer p50 (ms)",
-        "answer p99 (ms)",
-    ];
-    let mut out = format!("{:<26}{:>12}", "", "with idem");
-    if without.is_some() {
-        out.push_str(&format!("{:>16}", "without idem"));
-    }
-    out.push('\n');
-    let (with, without) = (cells(with), without.map(cells));
-    for (i, name) in names.iter().enumerate() {
-        out.push_str(&format!("{name:<26}{:>12}", with[i]));
-        if let Some(w) = &without {
-            out.push_str(&format!("{:>16}", w[i]));
-        }
-        out.push('\n');
-    }
-    out
 }
 
 /// `idem demo`: runs the demo on `store` (a fresh SQLite file in a temp directory, removed

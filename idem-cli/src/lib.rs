@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod crash_between;
 pub mod demo;
+mod demo_report;
 pub mod demo_stock;
 pub mod exit;
 pub mod ops;

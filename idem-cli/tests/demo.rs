@@ -27,6 +27,12 @@ async fn check(store: StoreUrl) {
     );
     assert_eq!(with.unanswered, 0, "every operation answered: {with:?}");
     assert!(with.replays > 0, "the faults happened: {with:?}");
+    // Every operation is timed, and the faults' own times count their operations: of 24, a
+    // quarter time out, a quarter are sent twice, an eighth hang.
+    assert_eq!(with.attempt_timed_out.operations, 6, "{with:?}");
+    assert_eq!(with.sent_twice.operations, 6, "{with:?}");
+    assert_eq!(with.retried_while_running.operations, 12, "{with:?}");
+    assert_eq!(with.holder_hung.operations, 3, "{with:?}");
     // Retries wait for the in-flight answer: (near) no 409. An attempt shorter than one second
     // cannot ask to wait (`Prefer: wait` is in whole seconds, after a 500 ms margin), so the
     // hasty client's retries (a quarter of the operations) may still see one.
@@ -116,6 +122,12 @@ fn the_binary_prints_the_table_and_exits_zero() {
         .find(|l| l.starts_with("tickets at the sink"))
         .unwrap();
     assert_eq!(tickets.split_whitespace().last(), Some("16"), "{stdout}");
+    for row in ["retried while running p99 (ms)", "holder hung p99 (ms)"] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(row)),
+            "{row}: {stdout}"
+        );
+    }
 }
 
 #[test]
