@@ -32,10 +32,7 @@ pub async fn poll_for_change<S: KeyStore + ?Sized>(
     let mut pause = POLL_FIRST;
     loop {
         timer.sleep(pause).await;
-        let found =
-            crate::metrics::timed(store.backend(), "get", store.get(scope, key, clock.now()))
-                .await?;
-        if changed(seen, found.as_ref()) {
+        if read_changed(store, scope, key, seen, clock).await? {
             return Ok(());
         }
         pause = (pause * 2).min(POLL_MAX);
@@ -56,11 +53,21 @@ pub async fn poll_every<S: KeyStore + ?Sized>(
 ) -> Result<(), StoreError> {
     loop {
         timer.sleep(every).await;
-        let found =
-            crate::metrics::timed(store.backend(), "get", store.get(scope, key, clock.now()))
-                .await?;
-        if changed(seen, found.as_ref()) {
+        if read_changed(store, scope, key, seen, clock).await? {
             return Ok(());
         }
     }
+}
+
+/// One read of the record (timed as the store's `get`): whether it [`changed`] from `seen`.
+async fn read_changed<S: KeyStore + ?Sized>(
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    seen: &Record,
+    clock: &dyn Clock,
+) -> Result<bool, StoreError> {
+    let found =
+        crate::metrics::timed(store.backend(), "get", store.get(scope, key, clock.now())).await?;
+    Ok(changed(seen, found.as_ref()))
 }
