@@ -25,11 +25,11 @@
 
 use std::time::{Duration, Instant};
 
-use idem_core::record::{timestamp_to_column, to_column};
+use idem_core::machine::ClaimAnswer;
+use idem_core::store::columns::{timestamp_to_column, to_column};
 use idem_core::wait::Timer;
 use idem_core::{
-    ClaimAnswer, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock,
-    Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock, Timestamp,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, postgres::PgPoolOptions};
