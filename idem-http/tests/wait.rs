@@ -85,7 +85,10 @@ async fn serve(max_wait: Duration) -> Server {
 }
 
 fn send(server: &Server, prefer: Option<&str>) -> tokio::task::JoinHandle<reqwest::Response> {
-    let mut request = reqwest::Client::new()
+    // Through idem-http's client: with reqwest's `rustls-no-provider` (on in the workspace) a bare
+    // `reqwest::Client::new()` panics unless a crypto provider was installed first.
+    let mut request = idem_http::client::http_client()
+        .unwrap()
         .post(&server.url)
         .header("idempotency-key", "wf-1:step-1")
         .json(&json!({"title": "Printer on fire", "account_id": "A-7"}));
