@@ -227,14 +227,14 @@ async fn keys(store: StoreUrl, command: KeysCommand) -> Result<(), Failure> {
                 .map_err(|e| Failure::usage(format!("cannot read {}: {e}", outcome.display())))?;
             let value = serde_json::from_str(&text)
                 .map_err(|e| Failure::usage(format!("{} is not JSON: {e}", outcome.display())))?;
-            ops::resolve(&*s, &scope, &key, &value, force, json).await?
+            ops::resolve(&*s, &scope, &key, &value, ops::ManualFlags { force, json }).await?
         }
         KeysCommand::Release {
             scope,
             key,
             force,
             json,
-        } => ops::release(&*s, &scope, &key, force, json).await?,
+        } => ops::release(&*s, &scope, &key, ops::ManualFlags { force, json }).await?,
     };
     println!("{}", out.trim_end());
     Ok(())

@@ -251,6 +251,15 @@ async fn take_over(
     }
 }
 
+/// The flags of the manual commands, `idem keys resolve` and `idem keys release`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ManualFlags {
+    /// `--force`: take the record over even while its lease is alive.
+    pub force: bool,
+    /// `--json`: answer with one JSON object instead of a sentence.
+    pub json: bool,
+}
+
 /// `idem keys resolve SCOPE KEY --outcome FILE`: completes a stuck record with the outcome in
 /// `outcome` (`{"status": 201, "body": …}`), fenced by a fresh takeover.
 pub async fn resolve(
@@ -258,9 +267,12 @@ pub async fn resolve(
     scope: &Scope,
     key: &IdempotencyKey,
     outcome: &Value,
-    force: bool,
-    as_json: bool,
+    flags: ManualFlags,
 ) -> Result<String, Failure> {
+    let ManualFlags {
+        force,
+        json: as_json,
+    } = flags;
     let status = outcome["status"]
         .as_u64()
         .and_then(|s| u16::try_from(s).ok())
@@ -294,9 +306,12 @@ pub async fn release(
     store: &dyn KeyStore,
     scope: &Scope,
     key: &IdempotencyKey,
-    force: bool,
-    as_json: bool,
+    flags: ManualFlags,
 ) -> Result<String, Failure> {
+    let ManualFlags {
+        force,
+        json: as_json,
+    } = flags;
     let (token, at) = take_over(store, scope, key, force).await?;
     match timed(
         store.backend(),

@@ -218,12 +218,11 @@ impl KeyStore for MemoryStore {
 
     async fn wait_for_change(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
         seen: &Record,
         clock: &dyn Clock,
         _timer: &Timer,
     ) -> Result<(), StoreError> {
+        let (scope, key) = (&seen.scope, &seen.key);
         let subscription = self.notifier.subscribe(scope, key);
         if changed(seen, self.get(scope, key, clock.now()).await?.as_ref()) {
             return Ok(());

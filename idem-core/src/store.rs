@@ -281,9 +281,9 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
         false
     }
 
-    /// Resolves when the record of (scope, key) may no longer be `seen` (the record a waiting
-    /// request read: `processing`): completed, released, taken over, extended, expired or gone
-    /// ([contract §5.2](crate::contract#waiting)). Time is `clock`'s; sleep only on `timer`.
+    /// Resolves when the record of `seen.scope` and `seen.key` may no longer be `seen` (the
+    /// record a waiting request read: `processing`): completed, released, taken over, extended,
+    /// expired or gone ([contract §5.2](crate::contract#waiting)). Time is `clock`'s; sleep only on `timer`.
     ///
     /// The default polls [`KeyStore::get`] with backoff
     /// ([`wait::poll_for_change`](crate::wait::poll_for_change)), so every store can be waited
@@ -299,13 +299,11 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
     /// - A spurious return is allowed; the executor reads the record again.
     async fn wait_for_change(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
         seen: &Record,
         clock: &dyn Clock,
         timer: &Timer,
     ) -> Result<(), StoreError> {
-        poll::poll_for_change(self, scope, key, seen, clock, timer).await
+        poll::poll_for_change(self, seen, clock, timer).await
     }
 }
 
@@ -410,14 +408,10 @@ impl<S: KeyStore + ?Sized> KeyStore for std::sync::Arc<S> {
     }
     async fn wait_for_change(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
         seen: &Record,
         clock: &dyn Clock,
         timer: &Timer,
     ) -> Result<(), StoreError> {
-        (**self)
-            .wait_for_change(scope, key, seen, clock, timer)
-            .await
+        (**self).wait_for_change(seen, clock, timer).await
     }
 }

@@ -631,8 +631,6 @@ forward!(
     Counting,
     async fn wait_for_change(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
         seen: &Record,
         clock: &dyn Clock,
         timer: &Timer,
@@ -640,8 +638,6 @@ forward!(
         self.waits.fetch_add(1, Ordering::SeqCst);
         self.live_waits.fetch_add(1, Ordering::SeqCst);
         let _live = Live(self.live_waits.clone());
-        self.inner
-            .wait_for_change(scope, key, seen, clock, timer)
-            .await
+        self.inner.wait_for_change(seen, clock, timer).await
     }
 );

@@ -163,10 +163,10 @@ async fn listen(store: &PostgresStore, bench: &Bench) {
     };
     let seen = store.get(&scope, &key, now).await.unwrap().unwrap();
     let waiting = {
-        let (store, scope, key) = (store.clone(), scope.clone(), key.clone());
+        let store = store.clone();
         tokio::spawn(async move {
             store
-                .wait_for_change(&scope, &key, &seen, &SystemClock, &Timer::tokio())
+                .wait_for_change(&seen, &SystemClock, &Timer::tokio())
                 .await
                 .unwrap();
         })

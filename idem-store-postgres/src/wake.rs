@@ -246,14 +246,13 @@ async fn listen(
 /// backoff while it is down).
 pub(crate) async fn wait_for_change(
     store: &PostgresStore,
-    scope: &Scope,
-    key: &IdempotencyKey,
     seen: &Record,
     clock: &dyn Clock,
     timer: &Timer,
 ) -> Result<(), StoreError> {
+    let (scope, key) = (&seen.scope, &seen.key);
     if !store.notifications {
-        return poll_for_change(store, scope, key, seen, clock, timer).await;
+        return poll_for_change(store, seen, clock, timer).await;
     }
     store.hub.start(&store.pool).await;
     let (mut registered, up) = store.hub.register(store.payload(scope, key));
@@ -263,12 +262,12 @@ pub(crate) async fn wait_for_change(
     if up {
         tokio::select! {
             () = registered.woken() => Ok(()),
-            polled = poll_every(store, scope, key, seen, clock, timer, SAFETY_POLL) => polled,
+            polled = poll_every(store, seen, clock, timer, SAFETY_POLL) => polled,
         }
     } else {
         tokio::select! {
             () = registered.woken() => Ok(()),
-            polled = poll_for_change(store, scope, key, seen, clock, timer) => polled,
+            polled = poll_for_change(store, seen, clock, timer) => polled,
         }
     }
 }

@@ -80,11 +80,9 @@ async fn wait_on(
         .await
         .unwrap()
         .expect("a record");
-    let (b2, ids2, clock2) = (b.clone(), ids.clone(), clock.clone());
+    let (b2, clock2) = (b.clone(), clock.clone());
     let task = tokio::spawn(async move {
-        b2.wait_for_change(&ids2.0, &ids2.1, &seen, &clock2, &never())
-            .await
-            .unwrap();
+        b2.wait_for_change(&seen, &clock2, &never()).await.unwrap();
     });
     while b.wait_subscriptions() == 0 {
         tokio::task::yield_now().await;
@@ -345,7 +343,7 @@ async fn a_waiter_survives_its_listen_connection_being_killed() {
             // Woken by the drop (it may have missed a notification), it waits again, as the
             // executor's round does, until the record changed.
             loop {
-                b.wait_for_change(&ids.0, &ids.1, &seen, &SystemClock, &Timer::tokio())
+                b.wait_for_change(&seen, &SystemClock, &Timer::tokio())
                     .await
                     .unwrap();
                 let now = b.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
@@ -396,9 +394,9 @@ async fn without_notifications_a_waiter_polls() {
         .unwrap()
         .unwrap();
     let waiter = {
-        let (b, ids) = (b.clone(), ids.clone());
+        let b = b.clone();
         tokio::spawn(async move {
-            b.wait_for_change(&ids.0, &ids.1, &seen, &SystemClock, &Timer::tokio())
+            b.wait_for_change(&seen, &SystemClock, &Timer::tokio())
                 .await
                 .unwrap()
         })

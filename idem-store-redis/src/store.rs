@@ -295,12 +295,10 @@ impl KeyStore for RedisStore {
 
     async fn wait_for_change(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
         seen: &Record,
         clock: &dyn Clock,
         timer: &Timer,
     ) -> Result<(), StoreError> {
-        crate::wake::wait_for_change(self, scope, key, seen, clock, timer).await
+        crate::wake::wait_for_change(self, seen, clock, timer).await
     }
 }

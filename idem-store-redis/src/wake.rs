@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use idem_core::wait::{Timer, changed, poll_every, poll_for_change};
-use idem_core::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
+use idem_core::{Clock, KeyStore, Record, StoreError};
 use redis::aio::ConnectionManager;
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
@@ -331,14 +331,13 @@ impl Drop for Registered<'_> {
 /// message and a poll (every [`SAFETY_POLL`] when subscribed, the portable backoff when not).
 pub(crate) async fn wait_for_change(
     store: &RedisStore,
-    scope: &Scope,
-    key: &IdempotencyKey,
     seen: &Record,
     clock: &dyn Clock,
     timer: &Timer,
 ) -> Result<(), StoreError> {
+    let (scope, key) = (&seen.scope, &seen.key);
     let Some(mut subscriber) = store.hub.subscriber().await else {
-        return poll_for_change(store, scope, key, seen, clock, timer).await;
+        return poll_for_change(store, seen, clock, timer).await;
     };
     let name = RecordKeys::new(&store.prefix, scope, key).record;
     let mut registered = store.hub.register(&name);
@@ -349,12 +348,12 @@ pub(crate) async fn wait_for_change(
     if subscribed {
         tokio::select! {
             () = registered.woken() => Ok(()),
-            polled = poll_every(store, scope, key, seen, clock, timer, SAFETY_POLL) => polled,
+            polled = poll_every(store, seen, clock, timer, SAFETY_POLL) => polled,
         }
     } else {
         tokio::select! {
             () = registered.woken() => Ok(()),
-            polled = poll_for_change(store, scope, key, seen, clock, timer) => polled,
+            polled = poll_for_change(store, seen, clock, timer) => polled,
         }
     }
 }

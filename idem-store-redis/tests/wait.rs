@@ -73,11 +73,9 @@ async fn wait_on(b: &RedisStore, ids: &Ids, clock: &ManualClock) -> tokio::task:
         .await
         .unwrap()
         .expect("a record");
-    let (b2, ids2, clock2) = (b.clone(), ids.clone(), clock.clone());
+    let (b2, clock2) = (b.clone(), clock.clone());
     let task = tokio::spawn(async move {
-        b2.wait_for_change(&ids2.0, &ids2.1, &seen, &clock2, &never())
-            .await
-            .unwrap();
+        b2.wait_for_change(&seen, &clock2, &never()).await.unwrap();
     });
     while b.wait_subscriptions() == 0 {
         tokio::task::yield_now().await;
@@ -315,9 +313,9 @@ async fn a_store_on_a_callers_connection_manager_polls() {
         .unwrap()
         .unwrap();
     let waiter = {
-        let (b, ids) = (b.clone(), ids.clone());
+        let b = b.clone();
         tokio::spawn(async move {
-            b.wait_for_change(&ids.0, &ids.1, &seen, &SystemClock, &Timer::tokio())
+            b.wait_for_change(&seen, &SystemClock, &Timer::tokio())
                 .await
                 .unwrap()
         })

@@ -215,12 +215,10 @@ impl KeyStore for SqliteStore {
 
     async fn wait_for_change(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
         seen: &Record,
         clock: &dyn idem_core::Clock,
         timer: &idem_core::Timer,
     ) -> Result<(), StoreError> {
-        crate::wake::wait_for_change(self, scope, key, seen, clock, timer).await
+        crate::wake::wait_for_change(self, seen, clock, timer).await
     }
 }

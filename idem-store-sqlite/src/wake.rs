@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use idem_core::wait::{LocalNotifier, Timer, changed, poll_for_change};
-use idem_core::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
+use idem_core::{Clock, KeyStore, Record, StoreError};
 
 use crate::SqliteStore;
 
@@ -29,18 +29,17 @@ pub(crate) fn file_notifier(path: PathBuf) -> LocalNotifier {
 /// from this process and a poll that sees a change.
 pub(crate) async fn wait_for_change(
     store: &SqliteStore,
-    scope: &Scope,
-    key: &IdempotencyKey,
     seen: &Record,
     clock: &dyn Clock,
     timer: &Timer,
 ) -> Result<(), StoreError> {
+    let (scope, key) = (&seen.scope, &seen.key);
     let subscription = store.inner.notifier.subscribe(scope, key);
     if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
         return Ok(());
     }
     tokio::select! {
         () = subscription.notified() => Ok(()),
-        polled = poll_for_change(store, scope, key, seen, clock, timer) => polled,
+        polled = poll_for_change(store, seen, clock, timer) => polled,
     }
 }

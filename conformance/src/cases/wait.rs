@@ -157,17 +157,13 @@ impl KeyStore for Watched {
     }
     async fn wait_for_change(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
         seen: &Record,
         clock: &dyn Clock,
         timer: &Timer,
     ) -> Result<(), idem_core::StoreError> {
         self.waits.0.fetch_add(1, Ordering::SeqCst);
         self.waits.1.notify_waiters();
-        self.inner
-            .wait_for_change(scope, key, seen, clock, timer)
-            .await
+        self.inner.wait_for_change(seen, clock, timer).await
     }
 }
 

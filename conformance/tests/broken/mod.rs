@@ -367,8 +367,6 @@ impl KeyStore for Broken {
 
     async fn wait_for_change(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
         seen: &Record,
         clock: &dyn Clock,
         timer: &Timer,
@@ -376,7 +374,7 @@ impl KeyStore for Broken {
         if self.defect == Defect::NeverWakes {
             return std::future::pending().await;
         }
-        idem_core::wait::poll_for_change(self, scope, key, seen, clock, timer).await
+        idem_core::wait::poll_for_change(self, seen, clock, timer).await
     }
 }
 

@@ -236,7 +236,7 @@ async fn round(
             return RoundEnd::Settled;
         }
         let lease_left = seen.lease_until.saturating_since(now);
-        let changed = store.wait_for_change(&scope, &key, &seen, &*clock, &timer);
+        let changed = store.wait_for_change(&seen, &*clock, &timer);
         match select(changed, timer.sleep(lease_left)).await {
             Either::Left((Ok(()), _)) | Either::Right(((), _)) => {}
             Either::Left((Err(error), _)) => {

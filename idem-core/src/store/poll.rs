@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::timer::Timer;
-use crate::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
+use crate::{Clock, KeyStore, Record, StoreError};
 
 /// The first pause of the portable wait.
 pub(crate) const POLL_FIRST: Duration = Duration::from_millis(5);
@@ -23,8 +23,6 @@ pub fn changed(seen: &Record, now: Option<&Record>) -> bool {
 /// 5 ms, then after pauses doubling up to 250 ms, until it [`changed`] from `seen`.
 pub async fn poll_for_change<S: KeyStore + ?Sized>(
     store: &S,
-    scope: &Scope,
-    key: &IdempotencyKey,
     seen: &Record,
     clock: &dyn Clock,
     timer: &Timer,
@@ -32,7 +30,7 @@ pub async fn poll_for_change<S: KeyStore + ?Sized>(
     let mut pause = POLL_FIRST;
     loop {
         timer.sleep(pause).await;
-        if read_changed(store, scope, key, seen, clock).await? {
+        if read_changed(store, seen, clock).await? {
             return Ok(());
         }
         pause = (pause * 2).min(POLL_MAX);
@@ -44,8 +42,6 @@ pub async fn poll_for_change<S: KeyStore + ?Sized>(
 /// half-open connection, a pooler that drops `LISTEN`) costs at most `every`.
 pub async fn poll_every<S: KeyStore + ?Sized>(
     store: &S,
-    scope: &Scope,
-    key: &IdempotencyKey,
     seen: &Record,
     clock: &dyn Clock,
     timer: &Timer,
@@ -53,7 +49,7 @@ pub async fn poll_every<S: KeyStore + ?Sized>(
 ) -> Result<(), StoreError> {
     loop {
         timer.sleep(every).await;
-        if read_changed(store, scope, key, seen, clock).await? {
+        if read_changed(store, seen, clock).await? {
             return Ok(());
         }
     }
@@ -62,12 +58,14 @@ pub async fn poll_every<S: KeyStore + ?Sized>(
 /// One read of the record (timed as the store's `get`): whether it [`changed`] from `seen`.
 async fn read_changed<S: KeyStore + ?Sized>(
     store: &S,
-    scope: &Scope,
-    key: &IdempotencyKey,
     seen: &Record,
     clock: &dyn Clock,
 ) -> Result<bool, StoreError> {
-    let found =
-        crate::metrics::timed(store.backend(), "get", store.get(scope, key, clock.now())).await?;
+    let found = crate::metrics::timed(
+        store.backend(),
+        "get",
+        store.get(&seen.scope, &seen.key, clock.now()),
+    )
+    .await?;
     Ok(changed(seen, found.as_ref()))
 }
