@@ -13,13 +13,11 @@ impl SqliteStore {
     /// ([`Maintenance::latest_schema_version`](idem_core::Maintenance::latest_schema_version)).
     /// Idempotent, and safe to run from several processes at once (one `BEGIN IMMEDIATE`
     /// transaction). Blocking (a local file): call it at start-up, also before a runtime
-    /// exists. [`Maintenance::migrate`](idem_core::Maintenance::migrate) is the same call.
+    /// exists. It waits for this process's own writes to the file as another process would (the
+    /// busy timeout). [`Maintenance::migrate`](idem_core::Maintenance::migrate) is the same call.
     pub fn migrate(&self) -> Result<(), StoreError> {
         let conn = self.inner.take_connection()?;
-        let result = {
-            let _writer = self.inner.write_lock();
-            migrate_on(&conn, &self.inner.table)
-        };
+        let result = migrate_on(&conn, &self.inner.table);
         self.inner.give_back(conn);
         result.map(|_| ())
     }

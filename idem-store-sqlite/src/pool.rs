@@ -1,14 +1,15 @@
 //! The connections of a handle and the write lock of a database file: every operation runs on a
-//! pooled connection on tokio's blocking pool, and every write in one `IMMEDIATE` transaction.
+//! pooled connection on tokio's blocking pool, and every write in one `IMMEDIATE` transaction
+//! after its turn at the file's write lock.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use idem_core::machine::Transition;
 use idem_core::{IdempotencyKey, Record, Scope, StoreError};
 use rusqlite::{Connection, TransactionBehavior};
-use tokio::sync::Semaphore;
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, Semaphore};
 
 use crate::connect::Config;
 use crate::error::at;
@@ -22,18 +23,29 @@ pub(crate) struct Inner {
     pub(crate) max_connections: usize,
     pub(crate) idle: Mutex<Vec<Connection>>,
     pub(crate) permits: Arc<Semaphore>,
-    pub(crate) writer: Arc<Mutex<()>>,
+    pub(crate) writer: WriteLock,
     /// Wakes this process's waiters on a record after each write (`wake`).
     pub(crate) notifier: idem_core::wait::LocalNotifier,
 }
 
-/// The process-wide write lock of a database file. Within one process, writers wait on it with
-/// no timeout (std's mutex: no order is promised among waiters, and a thread that releases it
-/// may take it straight back, which is why a purge paces itself between batches), so SQLite's
-/// busy handler (which polls with sleeps and gives up after the busy timeout) only arbitrates
-/// between processes.
-pub(crate) fn file_write_lock(path: PathBuf) -> Arc<Mutex<()>> {
-    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Weak<Mutex<()>>>>> = OnceLock::new();
+/// The process-wide write lock of a database file: one turn at a time among this process's
+/// writes to the file, so SQLite's busy handler (which polls with sleeps and gives up after the
+/// busy timeout) only arbitrates between processes (and [`SqliteStore::migrate`], which takes
+/// the file's lock as another process would).
+pub(crate) type WriteLock = Arc<AsyncMutex<()>>;
+
+/// A write's turn at the file's [`WriteLock`]; the write runs while it is held.
+pub(crate) type WriteTurn = OwnedMutexGuard<()>;
+
+/// The [`WriteLock`] of the database file at `path` (canonical), shared by every handle of this
+/// process opened on it.
+///
+/// It is tokio's mutex, awaited *before* a write takes a connection: a write waiting for its turn
+/// holds none of the pool's connections, so the reads of the same handle (a woken retry's above
+/// all) never queue behind writers that wait for the lock. Waiters take their turns in order
+/// (first come, first served), so a purge between batches cannot take the lock straight back.
+pub(crate) fn file_write_lock(path: PathBuf) -> WriteLock {
+    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Weak<AsyncMutex<()>>>>> = OnceLock::new();
     let mut locks = LOCKS
         .get_or_init(Default::default)
         .lock()
@@ -42,15 +54,17 @@ pub(crate) fn file_write_lock(path: PathBuf) -> Arc<Mutex<()>> {
         return lock;
     }
     locks.retain(|_, weak| weak.strong_count() > 0);
-    let lock = Arc::new(Mutex::new(()));
+    let lock = Arc::new(AsyncMutex::new(()));
     locks.insert(path, Arc::downgrade(&lock));
     lock
 }
 
 impl Inner {
-    pub(crate) fn write_lock(&self) -> MutexGuard<'_, ()> {
-        // The guarded data is `()`: a panic while holding it leaves nothing half-done.
-        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    /// The write turn if it is free now and nobody waits for it: for a blocking call that found
+    /// out late that it writes (a claim). `None`: give the connection back and wait for the turn
+    /// with [`SqliteStore::run_write`].
+    pub(crate) fn try_write_turn(&self) -> Option<WriteTurn> {
+        self.writer.clone().try_lock_owned().ok()
     }
 
     pub(crate) fn take_connection(&self) -> Result<Connection, StoreError> {
@@ -72,13 +86,14 @@ impl Inner {
         }
     }
 
-    /// Runs `f` in an `IMMEDIATE` transaction (after the process-wide write lock) and commits.
+    /// Runs `f` in an `IMMEDIATE` transaction and commits; `_turn` proves the write's turn at
+    /// the file's write lock.
     pub(crate) fn write_tx<A>(
         &self,
         conn: &Connection,
+        _turn: &WriteTurn,
         f: impl FnOnce(&Connection) -> Result<A, StoreError>,
     ) -> Result<A, StoreError> {
-        let _writer = self.write_lock();
         let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
             .map_err(at("begin immediate"))?;
         let answer = f(&tx)?;
@@ -139,5 +154,17 @@ impl SqliteStore {
                 StoreError::backend("sqlite: the blocking task panicked", e)
             }
         })?
+    }
+
+    /// Runs the write `f` on a pooled connection after its turn at the file's write lock, which
+    /// it waits for before taking a connection (see [`file_write_lock`]) and holds until `f`
+    /// returns, even if the caller's future is dropped meanwhile.
+    pub(crate) async fn run_write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&Inner, &mut Connection, &WriteTurn) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let turn = self.inner.writer.clone().lock_owned().await;
+        self.run(move |inner, conn| f(inner, conn, &turn)).await
     }
 }

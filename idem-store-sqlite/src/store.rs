@@ -14,6 +14,7 @@ use idem_core::{
 use rusqlite::params;
 
 use crate::error::at;
+use crate::pool::Inner;
 use crate::{SqliteStore, ops, row};
 
 #[async_trait]
@@ -28,32 +29,51 @@ impl KeyStore for SqliteStore {
     ) -> Result<ClaimAnswer, StoreError> {
         let (scope, key, fingerprint, policy) =
             (scope.clone(), key.clone(), fingerprint.clone(), *policy);
-        self.run(move |inner, conn| {
-            let req = ClaimRequest::new(&scope, &key, &fingerprint);
-            // Read-only answers (replay, in flight, mismatch) are decided from one SELECT, which
-            // sees one committed state: no write lock, so replays do not queue behind writers.
-            let found = ops::read(conn, &inner.sql, &scope, &key)?;
-            let first = machine::claim(found.as_ref(), req, now, &policy);
-            if first.write.is_none() {
-                return Ok(first.answer);
-            }
-            // A claim that writes decides again under the write lock. A key that was absent is
-            // inserted unless a record appeared meanwhile (one statement, no second read); any
-            // other record is read again and decided on.
-            let answer = inner.write_tx(conn, |tx| {
-                if let (None, Some(record)) = (&found, &first.write)
-                    && ops::insert_new(tx, &inner.sql, record)?
-                {
-                    return Ok(first.answer);
+        let owned = (scope.clone(), key.clone(), fingerprint.clone());
+        let first = self
+            .run(move |inner, conn| {
+                let req = ClaimRequest::new(&scope, &key, &fingerprint);
+                // Read-only answers (replay, in flight, mismatch) are decided from one SELECT,
+                // which sees one committed state: no write lock, so replays do not queue behind
+                // writers.
+                let found = ops::read(conn, &inner.sql, &scope, &key)?;
+                let first = machine::claim(found.as_ref(), req, now, &policy);
+                if first.write.is_none() {
+                    return Ok(Some(first.answer));
                 }
+                // A claim that writes goes on here if the write lock is free; otherwise it gives
+                // the connection back and waits for its turn below, holding none.
+                let Some(turn) = inner.try_write_turn() else {
+                    return Ok(None);
+                };
+                let answer = inner.write_tx(conn, &turn, |tx| {
+                    // A key that was absent is inserted unless a record appeared meanwhile (one
+                    // statement, no second read); any other record is read again and decided on.
+                    if let (None, Some(record)) = (&found, &first.write)
+                        && ops::insert_new(tx, &inner.sql, record)?
+                    {
+                        return Ok(first.answer);
+                    }
+                    inner.apply(tx, &scope, &key, |found| {
+                        Ok(machine::claim(found, req, now, &policy))
+                    })
+                })?;
+                claimed(inner, &scope, &key, &answer);
+                Ok(Some(answer))
+            })
+            .await?;
+        if let Some(answer) = first {
+            return Ok(answer);
+        }
+        let (scope, key, fingerprint) = owned;
+        self.run_write(move |inner, conn, turn| {
+            let req = ClaimRequest::new(&scope, &key, &fingerprint);
+            let answer = inner.write_tx(conn, turn, |tx| {
                 inner.apply(tx, &scope, &key, |found| {
                     Ok(machine::claim(found, req, now, &policy))
                 })
             })?;
-            // A claim that won rewrote the record (a retry, a takeover): its waiters look again.
-            if matches!(answer, ClaimAnswer::Claimed { .. }) {
-                inner.notifier.notify(&scope, &key);
-            }
+            claimed(inner, &scope, &key, &answer);
             Ok(answer)
         })
         .await
@@ -70,8 +90,8 @@ impl KeyStore for SqliteStore {
     ) -> Result<CompleteAnswer, StoreError> {
         machine::check_outcome_size(outcome, policy)?;
         let (scope, key, outcome, policy) = (scope.clone(), key.clone(), outcome.clone(), *policy);
-        self.run(move |inner, conn| {
-            let answer = inner.write_tx(conn, |tx| {
+        self.run_write(move |inner, conn, turn| {
+            let answer = inner.write_tx(conn, turn, |tx| {
                 let held = ops::Held {
                     scope: &scope,
                     key: &key,
@@ -93,8 +113,8 @@ impl KeyStore for SqliteStore {
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
         let (scope, key) = (scope.clone(), key.clone());
-        self.run(move |inner, conn| {
-            let answer = inner.write_tx(conn, |tx| {
+        self.run_write(move |inner, conn, turn| {
+            let answer = inner.write_tx(conn, turn, |tx| {
                 inner.apply(tx, &scope, &key, |found| {
                     Ok(machine::release(found, token, now))
                 })
@@ -116,8 +136,8 @@ impl KeyStore for SqliteStore {
         // Refused before any transaction is opened.
         machine::check_lease(lease)?;
         let (scope, key) = (scope.clone(), key.clone());
-        self.run(move |inner, conn| {
-            inner.write_tx(conn, |tx| {
+        self.run_write(move |inner, conn, turn| {
+            inner.write_tx(conn, turn, |tx| {
                 inner.apply(tx, &scope, &key, |found| {
                     Ok(machine::extend(found, token, lease, now)?)
                 })
@@ -172,8 +192,7 @@ impl KeyStore for SqliteStore {
 
     async fn purge_expired(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.run(move |inner, conn| {
-            let _writer = inner.write_lock();
+        self.run_write(move |inner, conn, _turn| {
             conn.prepare_cached(&inner.sql.purge)
                 .map_err(at("purge: prepare"))?
                 .execute(params![row::ts(now), limit])
@@ -196,8 +215,8 @@ impl KeyStore for SqliteStore {
     ) -> Result<CheckpointAnswer, StoreError> {
         machine::check_checkpoint_size(checkpoint, policy)?;
         let (scope, key, checkpoint) = (scope.clone(), key.clone(), checkpoint.clone());
-        self.run(move |inner, conn| {
-            inner.write_tx(conn, |tx| {
+        self.run_write(move |inner, conn, turn| {
+            inner.write_tx(conn, turn, |tx| {
                 let held = ops::Held {
                     scope: &scope,
                     key: &key,
@@ -220,5 +239,12 @@ impl KeyStore for SqliteStore {
         timer: &idem_core::Timer,
     ) -> Result<(), StoreError> {
         crate::wake::wait_for_change(self, seen, clock, timer).await
+    }
+}
+
+/// A claim that won rewrote the record (a retry, a takeover): its waiters look again.
+fn claimed(inner: &Inner, scope: &Scope, key: &IdempotencyKey, answer: &ClaimAnswer) {
+    if matches!(answer, ClaimAnswer::Claimed { .. }) {
+        inner.notifier.notify(scope, key);
     }
 }
