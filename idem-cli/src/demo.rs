@@ -84,6 +84,8 @@ struct Counters {
     executed: AtomicUsize,
     replays: AtomicUsize,
     conflicts: AtomicUsize,
+    /// Per kind of operation ([`TIMED_OUT`], …; [`ALL`] unused), the 409s its calls got.
+    conflicts_by: [AtomicUsize; 4],
     unanswered: AtomicUsize,
     done: AtomicUsize,
     /// Per kind of operation ([`ALL`], [`TIMED_OUT`], …), the answer times in milliseconds.
@@ -108,13 +110,16 @@ impl Counters {
         AnswerTimes::of(&ms)
     }
 
-    fn record(&self, answer: &Result<idem_http::client::ToolAnswer, ClientError>) {
+    fn record(&self, fault: Fault, answer: &Result<idem_http::client::ToolAnswer, ClientError>) {
         match answer {
             Ok(a) => {
                 self.attempts
                     .fetch_add(a.attempts as usize, Ordering::Relaxed);
                 self.conflicts
                     .fetch_add(a.in_flight as usize, Ordering::Relaxed);
+                if let Some(kind) = fault.times() {
+                    self.conflicts_by[kind].fetch_add(a.in_flight as usize, Ordering::Relaxed);
+                }
                 if a.replayed {
                     self.replays.fetch_add(1, Ordering::Relaxed);
                 } else {
@@ -213,17 +218,17 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
             let fault = Fault::of(i);
             match fault {
                 Fault::CallAgain => {
-                    counters.record(&client.call(&key, &args).await);
+                    counters.record(fault, &client.call(&key, &args).await);
                     counters.answered(fault, sent);
-                    counters.record(&client.call(&key, &args).await);
+                    counters.record(fault, &client.call(&key, &args).await);
                 }
-                Fault::ShortDeadline => counters.record(&hasty.call(&key, &args).await),
+                Fault::ShortDeadline => counters.record(fault, &hasty.call(&key, &args).await),
                 Fault::DuplicateSend => {
                     let (a, b) = tokio::join!(client.call(&key, &args), client.call(&key, &args));
-                    counters.record(&a);
-                    counters.record(&b);
+                    counters.record(fault, &a);
+                    counters.record(fault, &b);
                 }
-                Fault::CrashedHolder => counters.record(&crashing.call(&key, &args).await),
+                Fault::CrashedHolder => counters.record(fault, &crashing.call(&key, &args).await),
             }
             if fault != Fault::CallAgain {
                 counters.answered(fault, sent);
@@ -243,6 +248,9 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
         executed: counters.executed.load(Ordering::Relaxed),
         replays: counters.replays.load(Ordering::Relaxed),
         conflicts: counters.conflicts.load(Ordering::Relaxed),
+        conflicts_timed_out: counters.conflicts_by[TIMED_OUT].load(Ordering::Relaxed),
+        conflicts_sent_twice: counters.conflicts_by[SENT_TWICE].load(Ordering::Relaxed),
+        conflicts_hung: counters.conflicts_by[HUNG].load(Ordering::Relaxed),
         unanswered: counters.unanswered.load(Ordering::Relaxed),
         tickets: backend.ticket_count(&tenant).await?,
         double_effects: backend.double_effects(&tenant).await?,

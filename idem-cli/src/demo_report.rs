@@ -41,6 +41,14 @@ pub struct DemoReport {
     pub replays: usize,
     /// Answers that said "in flight" (409).
     pub conflicts: usize,
+    /// Of `conflicts`, those to operations whose attempts time out before the tool answers: an
+    /// attempt shorter than the tool has no answer to wait for within its own deadline.
+    pub conflicts_timed_out: usize,
+    /// Of `conflicts`, those to operations sent twice at once (none when retries wait).
+    pub conflicts_sent_twice: usize,
+    /// Of `conflicts`, those to retries of a hung holder's operation: no answer exists until the
+    /// holder's lease ends.
+    pub conflicts_hung: usize,
     /// Operations that got no answer within their deadline.
     pub unanswered: usize,
     /// Tickets at the sink.
@@ -73,6 +81,9 @@ pub fn table(with: &DemoReport, without: Option<&DemoReport>) -> String {
             r.executed as i64,
             r.replays as i64,
             r.conflicts as i64,
+            r.conflicts_timed_out as i64,
+            r.conflicts_sent_twice as i64,
+            r.conflicts_hung as i64,
             r.unanswered as i64,
             r.tickets,
             r.double_effects,
@@ -94,6 +105,9 @@ pub fn table(with: &DemoReport, without: Option<&DemoReport>) -> String {
         "answered: executed",
         "answered: replayed",
         "409 in flight",
+        "- attempt timed out",
+        "- sent twice at once",
+        "- holder hung",
         "unanswered",
         "tickets at the sink",
         "double effects",
@@ -166,6 +180,6 @@ mod tests {
         };
         assert_eq!(row("- sent twice at once p99 (ms)"), ["330", "0"]);
         assert_eq!(row("tickets at the sink"), ["0", "7"]);
-        assert_eq!(text.lines().count(), 19);
+        assert_eq!(text.lines().count(), 22);
     }
 }
