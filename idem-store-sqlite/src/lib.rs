@@ -38,7 +38,9 @@ use pool::Inner;
 /// - A claim that only reads (replay, in flight, mismatch) decides from one `SELECT` and takes no
 ///   write lock: replays run in parallel.
 /// - The blocking SQLite calls run on tokio's blocking pool (`spawn_blocking`), over a small pool
-///   of connections per handle; a tokio runtime is required.
+///   of connections per handle; a tokio runtime is required. Within a process, writes to one file
+///   take turns (first come, first served) before they take a connection, so reads never wait
+///   behind writes queued for the lock.
 /// - Clones share the same connections. Each [`SqliteStore::open`] is a new handle with its own.
 #[derive(Clone)]
 pub struct SqliteStore {
