@@ -67,8 +67,9 @@ impl Harness {
     }
 
     /// Notes that the store does not support `feature` (e.g. `"checkpoints"`), which the case
-    /// checked it refuses with a typed error: the case passes and is reported as not
-    /// supported ([`Report::not_supported`](crate::Report::not_supported), [`CaseResult::not_supported`](crate::CaseResult::not_supported)).
+    /// checked it refuses with a typed error: the case passes and is reported as not supported
+    /// ([`Report::not_supported`](crate::Report::not_supported),
+    /// [`CaseResult::not_supported`](crate::CaseResult::not_supported)).
     pub(crate) fn not_supported(&self, feature: &'static str) {
         *self.not_supported.lock().unwrap_or_else(|e| e.into_inner()) = Some(feature);
     }

@@ -1,5 +1,6 @@
-//! The conformance suite every idem [`KeyStore`](idem_core::KeyStore) runs: each guarantee of [contract §3](idem_core::contract#guarantees) and each row of
-//! the [contract §2](idem_core::contract#states) table as its own named case.
+//! The conformance suite every idem [`KeyStore`](idem_core::KeyStore) runs: each guarantee of
+//! [contract §3](idem_core::contract#guarantees) and each row of the [contract
+//! §2](idem_core::contract#states) table as its own named case.
 //!
 //! ```
 //! use idem_core::MemoryStore;
@@ -77,12 +78,12 @@
 //! # The model-based test
 //!
 //! Beside the named cases, [`run_model`] drives random sequences of every operation (claim,
-//! concurrent claims, complete, release, extend, checkpoint, get, list, list_in_flight, purge_expired) and
-//! clock moves against the pure rules of `idem_core::machine` over a map and against your store,
-//! compares every answer and every record, and on failure panics with the minimal failing
-//! sequence proptest's shrinking found. Unlike the cases, it needs a factory of fresh, empty,
-//! private namespaces (purge counts and lists are compared exactly); see [`run_model`] for the
-//! design:
+//! concurrent claims, complete, release, extend, checkpoint, get, list, list_in_flight,
+//! purge_expired) and clock moves against the pure rules of `idem_core::machine` over a map and
+//! against your store, compares every answer and every record, and on failure panics with the
+//! minimal failing sequence proptest's shrinking found. Unlike the cases, it needs a factory of
+//! fresh, empty, private namespaces (purge counts and lists are compared exactly); see
+//! [`run_model`] for the design:
 //!
 //! ```no_run
 //! # use idem_core::MemoryStore;
@@ -103,63 +104,66 @@
 //! - Cases run in parallel against the same storage; each isolates itself with scopes of its own
 //!   (`idem-conformance/<case>/<random run id>/…`), never by deleting data, so the storage may be
 //!   shared with other data and other runs.
-//! - Time comes from a [`ManualClock`](idem_core::ManualClock) passed as `now`: cases move it by days, and the expiry,
-//!   purge and inspection cases run it decades in the past (1972–2000), each purging case in a
-//!   window of its own, so that their purges cannot touch other cases' records. A store must
-//!   decide everything from the `now` it is given, never from its own clock.
+//! - Time comes from a [`ManualClock`](idem_core::ManualClock) passed as `now`: cases move it by
+//!   days, and the expiry, purge and inspection cases run it decades in the past (1972–2000), each
+//!   purging case in a window of its own, so that their purges cannot touch other cases' records. A
+//!   store must decide everything from the `now` it is given, never from its own clock.
 //!
 //! # What a store must do to pass, case group by case group
 //!
 //! Case names start with their group, so a failure says where to look. Cases check the records a
 //! store leaves, not only its answers, and the executor cases count effects at the sink.
 //!
-//! - **`claim_`** ([contract §2](idem_core::contract#states), the claim table): each row of the table, answer and write. An absent
-//!   key is `Claimed` as attempt 1 and written `processing` with the fingerprint, token, lease
-//!   and expiry; a running lease is `InFlight` (with the time left, never 0) and writes nothing;
-//!   an elapsed lease is `InFlight { stale: true }` under `Reconcile` and a takeover (next token,
-//!   next attempt) under `Takeover`; `completed` replays; `failed_retryable` is claimed again; any
-//!   other request for the key is `FingerprintMismatch` in every state; tokens are unique across
-//!   keys. To fix a failure: run the decision of [`idem_core::machine::claim`] on the record as
-//!   stored, and write its record.
-//! - **`fencing_`** ([contract §2](idem_core::contract#states) complete / release / extend, §3.3): only the holder of the current
-//!   token acts, and only on a `processing` record. A definitive outcome completes (expiry renewed
-//!   to now + ttl); a retryable one is `failed_retryable` under `DefinitiveOnly` and `completed`
-//!   under `CacheAll`; a second complete, a stale token after a takeover, an unknown key are
-//!   `Fenced` and write nothing; the fingerprint of the claim stays. A holder whose lease elapsed
-//!   but whom nobody took over still completes, releases and extends: a lease ends a claim only
-//!   by a takeover, so never fence on `lease_until > now` — fence on the token and the state.
-//!   `extend` never shortens a lease (the later deadline, and the expiry that goes with it, is
-//!   kept and answered) and refuses a lease of zero whole milliseconds with
+//! - **`claim_`** ([contract §2](idem_core::contract#states), the claim table): each row of the
+//!   table, answer and write. An absent key is `Claimed` as attempt 1 and written `processing` with
+//!   the fingerprint, token, lease and expiry; a running lease is `InFlight` (with the time left,
+//!   never 0) and writes nothing; an elapsed lease is `InFlight { stale: true }` under `Reconcile`
+//!   and a takeover (next token, next attempt) under `Takeover`; `completed` replays;
+//!   `failed_retryable` is claimed again; any other request for the key is `FingerprintMismatch` in
+//!   every state; tokens are unique across keys. To fix a failure: run the decision of
+//!   [`idem_core::machine::claim`] on the record as stored, and write its record.
+//! - **`fencing_`** ([contract §2](idem_core::contract#states) complete / release / extend, §3.3):
+//!   only the holder of the current token acts, and only on a `processing` record. A definitive
+//!   outcome completes (expiry renewed to now + ttl); a retryable one is `failed_retryable` under
+//!   `DefinitiveOnly` and `completed` under `CacheAll`; a second complete, a stale token after a
+//!   takeover, an unknown key are `Fenced` and write nothing; the fingerprint of the claim stays. A
+//!   holder whose lease elapsed but whom nobody took over still completes, releases and extends: a
+//!   lease ends a claim only by a takeover, so never fence on `lease_until > now` — fence on the
+//!   token and the state. `extend` never shortens a lease (the later deadline, and the expiry that
+//!   goes with it, is kept and answered) and refuses a lease of zero whole milliseconds with
 //!   [`StoreError::ZeroLease`](idem_core::StoreError::ZeroLease), writing nothing.
-//! - **`scope_`** ([contract §1](idem_core::contract#words) scope, §3.4): records are addressed by (scope, key) compared byte for
-//!   byte. Two addresses that differ only in letter case, in accents or Unicode normalisation
-//!   (NFC vs NFD), in trailing spaces, in where a separator falls between scope and key
-//!   (`("a:b", "c")` vs `("a", "b:c")`, `/` too), or in the last byte of a 255-byte key or a
-//!   512-byte scope are two independent records: each claims as new, replays its own outcome,
-//!   `get` and `list` by scope return each its own. To fix a failure: key the storage by the two
-//!   values kept apart (a composite primary key, or a length-prefixed or escaped encoding) in a
-//!   binary collation (`COLLATE "C"` or `bytea` in PostgreSQL, `BINARY` in SQLite), never by
-//!   a plain concatenation, a lower-cased value, a `CHAR(n)` column or a prefix index.
-//! - **`outcome_`** ([contract §3.5](idem_core::contract#guarantee-5)): status, class and body replay byte for byte (key order, white
-//!   space, number spelling, Unicode, escapes, a NUL); a body of exactly the limit is stored; one
-//!   byte over is refused with `OutcomeTooLarge` before anything is written.
-//! - **`expiry_`** ([contract §2](idem_core::contract#states), §3.6): a record with `expires_at <= now` is absent to `get`, to
-//!   `claim` (replaced as attempt 1, token continuing upward) and to its holder; `now + 1 ms` is
-//!   live. `purge_expired(now, limit)` deletes expired records only, at most `limit` per call, and
-//!   returns exactly how many it deleted (a store that reports fewer makes `purge_expired_all`
-//!   stop early); a token is never reused after a purge (random token ids).
-//! - **`inspect_`** ([contract §3.7](idem_core::contract#guarantee-7)): `get` returns the record as stored; `list_in_flight` the stale
-//!   `processing` records, earliest lease first, at most `limit`, never an expired one; `list`
-//!   filters by state, scope and age, least recently written first.
-//! - **`concurrency_`** ([contract §3.1](idem_core::contract#guarantee-1)): claims from separate handles released together by a
-//!   barrier, over several rounds: exactly one wins, for an absent record, an expired one, a
-//!   `failed_retryable` one (by outcome and by release) and a stale one under `Takeover`, and
-//!   while the holder completes (no claim wins) or releases (exactly one does); every loser sees
-//!   the winner's running lease, and the stored record is the winner's. To fix a failure: the
-//!   read, the decision and the write of a claim must be one atomic step for every existing
-//!   record, not only for an absent key (one transaction that locks the row — `SELECT … FOR
-//!   UPDATE`, `BEGIN IMMEDIATE` — or a compare-and-set on the token, or a server-side script).
-//!   The executor cases count the operation at the sink: it runs exactly once.
+//! - **`scope_`** ([contract §1](idem_core::contract#words) scope, §3.4): records are addressed by
+//!   (scope, key) compared byte for byte. Two addresses that differ only in letter case, in accents
+//!   or Unicode normalisation (NFC vs NFD), in trailing spaces, in where a separator falls between
+//!   scope and key (`("a:b", "c")` vs `("a", "b:c")`, `/` too), or in the last byte of a 255-byte
+//!   key or a 512-byte scope are two independent records: each claims as new, replays its own
+//!   outcome, `get` and `list` by scope return each its own. To fix a failure: key the storage by
+//!   the two values kept apart (a composite primary key, or a length-prefixed or escaped encoding)
+//!   in a binary collation (`COLLATE "C"` or `bytea` in PostgreSQL, `BINARY` in SQLite), never by a
+//!   plain concatenation, a lower-cased value, a `CHAR(n)` column or a prefix index.
+//! - **`outcome_`** ([contract §3.5](idem_core::contract#guarantee-5)): status, class and body
+//!   replay byte for byte (key order, white space, number spelling, Unicode, escapes, a NUL); a
+//!   body of exactly the limit is stored; one byte over is refused with `OutcomeTooLarge` before
+//!   anything is written.
+//! - **`expiry_`** ([contract §2](idem_core::contract#states), §3.6): a record with `expires_at <=
+//!   now` is absent to `get`, to `claim` (replaced as attempt 1, token continuing upward) and to
+//!   its holder; `now + 1 ms` is live. `purge_expired(now, limit)` deletes expired records only, at
+//!   most `limit` per call, and returns exactly how many it deleted (a store that reports fewer
+//!   makes `purge_expired_all` stop early); a token is never reused after a purge (random token
+//!   ids).
+//! - **`inspect_`** ([contract §3.7](idem_core::contract#guarantee-7)): `get` returns the record as
+//!   stored; `list_in_flight` the stale `processing` records, earliest lease first, at most
+//!   `limit`, never an expired one; `list` filters by state, scope and age, least recently written
+//!   first.
+//! - **`concurrency_`** ([contract §3.1](idem_core::contract#guarantee-1)): claims from separate
+//!   handles released together by a barrier, over several rounds: exactly one wins, for an absent
+//!   record, an expired one, a `failed_retryable` one (by outcome and by release) and a stale one
+//!   under `Takeover`, and while the holder completes (no claim wins) or releases (exactly one
+//!   does); every loser sees the winner's running lease, and the stored record is the winner's. To
+//!   fix a failure: the read, the decision and the write of a claim must be one atomic step for
+//!   every existing record, not only for an absent key (one transaction that locks the row —
+//!   `SELECT … FOR UPDATE`, `BEGIN IMMEDIATE` — or a compare-and-set on the token, or a server-side
+//!   script). The executor cases count the operation at the sink: it runs exactly once.
 //! - **`checkpoint_`** ([contract §6.1](idem_core::contract#checkpoints), §3.10): a holder's
 //!   checkpoints are saved in order, byte for byte; fenced exactly like `complete` (a stale
 //!   holder after a takeover, a forged token, a released or completed record: `Fenced`, nothing
@@ -168,16 +172,18 @@
 //!   `max_checkpoint_bytes` is `CheckpointTooLarge` before anything is written. A store whose
 //!   `supports_checkpoints()` is false passes them by refusing every checkpoint with
 //!   `StoreError::CheckpointsUnsupported`, and is reported as not supporting them.
-//! - **`executor_`** ([contract §2](idem_core::contract#states) through [`idem_core::Executor`]): the same key twice is one effect;
-//!   a mismatch, an in-flight repeat and a fenced late holder run or store nothing; an expired
-//!   record and a retry after a retryable failure run exactly once more; a slow operation that
-//!   outlived its lease, with nobody taking over, is recorded and replays.
-//! - **`wait_`** ([contract §5.2](idem_core::contract#waiting), through [`idem_core::Executor::waiting`]
-//!   and [`KeyStore::wait_for_change`](idem_core::KeyStore::wait_for_change)): a repeat that waits
-//!   on another handle is woken by the completion (it replays), the release (it claims and runs,
-//!   once) and a takeover (it waits on the new holder and replays its outcome), each within 5 s;
-//!   when nothing happens it answers `InFlight` after its bound, having written nothing. A store
-//!   that overrides nothing passes by polling; to fix a failure of an override: subscribe before
+//! - **`executor_`** ([contract §2](idem_core::contract#states) through [`idem_core::Executor`]):
+//!   the same key twice is one effect; a mismatch, an in-flight repeat and a fenced late holder run
+//!   or store nothing; an expired record and a retry after a retryable failure run exactly once
+//!   more; a slow operation that outlived its lease, with nobody taking over, is recorded and
+//!   replays.
+//! - **`wait_`** ([contract §5.2](idem_core::contract#waiting), through
+//!   [`idem_core::Executor::waiting`] and
+//!   [`KeyStore::wait_for_change`](idem_core::KeyStore::wait_for_change)): a repeat that waits on
+//!   another handle is woken by the completion (it replays), the release (it claims and runs, once)
+//!   and a takeover (it waits on the new holder and replays its outcome), each within 5 s; when
+//!   nothing happens it answers `InFlight` after its bound, having written nothing. A store that
+//!   overrides nothing passes by polling; to fix a failure of an override: subscribe before
 //!   reading, notify after every commit that changes the record, from every writer.
 //!
 //! # The suite can fail
@@ -185,8 +191,9 @@
 //! Its own tests (`conformance/tests/broken/`) hold deliberately broken stores, one per class of
 //! defect: a claim that reads, awaits, then writes (for every record, or only for existing ones);
 //! no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
-//! `scope + ":" + key` addressing; a purge that miscounts; a wait that never wakes. Each fails the cases meant to catch it,
-//! through [`run_all`], [`run_matching`] and [`conformance_tests!`], and passes a basic case.
+//! `scope + ":" + key` addressing; a purge that miscounts; a wait that never wakes. Each fails the
+//! cases meant to catch it, through [`run_all`], [`run_matching`] and [`conformance_tests!`], and
+//! passes a basic case.
 //!
 //! # What is stable
 //!

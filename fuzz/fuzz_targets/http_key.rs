@@ -2,9 +2,10 @@
 //! header value can hold, so several headers can be sent), and `idem_http::key_header` on every
 //! accepted key.
 //!
-//! No header: `key-required`; more than one: refused. One: an accepted key obeys [contract §4](idem_core::contract#refusals) and is
-//! what the draft's syntax says (the unescaped inside of a structured-field string, or the bare
-//! token); every accepted key, written by `key_header`, reads back as the same key.
+//! No header: `key-required`; more than one: refused. One: an accepted key obeys [contract
+//! §4](idem_core::contract#refusals) and is what the draft's syntax says (the unescaped inside of a
+//! structured-field string, or the bare token); every accepted key, written by `key_header`, reads
+//! back as the same key.
 #![no_main]
 
 use http::{HeaderMap, HeaderValue};

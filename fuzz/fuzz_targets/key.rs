@@ -1,9 +1,10 @@
 //! `IdempotencyKey::new` and `IdempotencyKey::for_step` on arbitrary text.
 //!
-//! An accepted key is exactly the text given, obeys [contract §4](idem_core::contract#refusals), and reads back from its string form,
-//! from JSON and from a store (MemoryStore claim then get). A refusal names the rule really
-//! broken. `for_step` (the input split at 0xFF bytes into three parts) never refuses non-empty
-//! parts, always yields a valid key, and yields the same key for the same parts.
+//! An accepted key is exactly the text given, obeys [contract §4](idem_core::contract#refusals),
+//! and reads back from its string form, from JSON and from a store (MemoryStore claim then get). A
+//! refusal names the rule really broken. `for_step` (the input split at 0xFF bytes into three
+//! parts) never refuses non-empty parts, always yields a valid key, and yields the same key for the
+//! same parts.
 #![no_main]
 
 use idem_core::{IdempotencyKey, KeyError, Scope};

@@ -29,13 +29,15 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
     })
 }
 
-/// Whether `b` is visible ASCII, the only bytes a key may hold ([contract §4](idem_core::contract#refusals)).
+/// Whether `b` is visible ASCII, the only bytes a key may hold ([contract
+/// §4](idem_core::contract#refusals)).
 pub fn visible_ascii(b: u8) -> bool {
     (0x21..=0x7e).contains(&b)
 }
 
-/// `IdempotencyKey::new(text)`, checked: an accepted key is exactly `text`, obeys [contract §4](idem_core::contract#refusals) and
-/// reads back from its string form and from JSON; a refusal names the rule `text` really breaks.
+/// `IdempotencyKey::new(text)`, checked: an accepted key is exactly `text`, obeys [contract
+/// §4](idem_core::contract#refusals) and reads back from its string form and from JSON; a refusal
+/// names the rule `text` really breaks.
 pub fn check_key(text: &str) -> Option<IdempotencyKey> {
     match IdempotencyKey::new(text) {
         Ok(key) => {

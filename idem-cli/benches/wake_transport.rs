@@ -11,21 +11,22 @@
 //!   sessions, each an `IdempotentCaller` sending `_meta["io.idem/wait"]` by default
 //!   (`without_wait()`: none, so "in flight" and `retryAfterMs`).
 //!
-//! One server of each transport per backend, on one store handle, configured as `idem serve`
-//! is: the lease is the tool's minimum client deadline (1.8 s), so a retry that does not wait is
-//! told to come back when the lease ends. PostgreSQL and Redis wake a waiting retry through the
-//! engine (`LISTEN/NOTIFY`, pub/sub) even in one process, SQLite and memory in process. Measured: from the executed request's answer reaching its client to the replay
-//! reaching the other (whichever was executed). 100 pairs, 10 at a time, each on a key of its own.
-//! The tool counts its runs; each row asserts runs == pairs.
+//! One server of each transport per backend, on one store handle, configured as `idem serve` is:
+//! the lease is the tool's minimum client deadline (1.8 s), so a retry that does not wait is told
+//! to come back when the lease ends. PostgreSQL and Redis wake a waiting retry through the engine
+//! (`LISTEN/NOTIFY`, pub/sub) even in one process, SQLite and memory in process. Measured: from the
+//! executed request's answer reaching its client to the replay reaching the other (whichever was
+//! executed). 100 pairs, 10 at a time, each on a key of its own. The tool counts its runs; each row
+//! asserts runs == pairs.
 //!
 //! ```text
 //! IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p idem-cli --bench wake_transport
 //! ```
 //! A backend whose variable is unset is left out. Under `cargo test --benches` (no `--bench`
-//! argument) it runs 10 pairs per row on memory alone, as a smoke test. `IDEM_BENCH_BATCH` sets the pairs at a time
-//! (default 10), `IDEM_BENCH_SQLITE_CONNECTIONS` the SQLite store's connections (default the
-//! store's own, 4).
+//! argument) it runs 10 pairs per row on memory alone, as a smoke test. `IDEM_BENCH_BATCH` sets the
+//! pairs at a time (default 10), `IDEM_BENCH_SQLITE_CONNECTIONS` the SQLite store's connections
+//! (default the store's own, 4).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,6 +1,7 @@
-//! `idem demo --callers stock`: agents that send no key ([contract §5.1](idem_core::contract#keyless))
-//! retrying the same tool, once with keys derived from the arguments and, side by side, with the
-//! key refused and with the tool unprotected; effects counted at the sink.
+//! `idem demo --callers stock`: agents that send no key ([contract
+//! §5.1](idem_core::contract#keyless)) retrying the same tool, once with keys derived from the
+//! arguments and, side by side, with the key refused and with the tool unprotected; effects counted
+//! at the sink.
 //!
 //! The agents are what a generic stack does without an orchestrator's key: an HTTP client with a
 //! retry policy (it re-sends the same body after a timeout, a 409 or a 5xx), duplicate sends of

@@ -56,8 +56,9 @@ pub struct ServeOptions {
     /// Bearer tokens mapped to tenants; `None` trusts `X-Tenant-Id` as sent (see the module
     /// docs).
     pub tokens: Option<Arc<Tokens>>,
-    /// What a request without `Idempotency-Key` gets ([contract §5.1](idem_core::contract#keyless)):
-    /// refused (the default), a key derived from `title` and `account_id`, or no protection.
+    /// What a request without `Idempotency-Key` gets ([contract
+    /// §5.1](idem_core::contract#keyless)): refused (the default), a key derived from `title` and
+    /// `account_id`, or no protection.
     pub key_source: KeySource,
 }
 
@@ -105,8 +106,8 @@ impl ServeOptions {
         self.contract().processing_window()
     }
 
-    /// The minimum client retry deadline: processing window + store write ([contract §5](idem_core::contract#http)). Also the
-    /// lease of a claim.
+    /// The minimum client retry deadline: processing window + store write ([contract
+    /// §5](idem_core::contract#http)). Also the lease of a claim.
     pub fn min_client_deadline(&self) -> Duration {
         self.contract().min_client_deadline()
     }

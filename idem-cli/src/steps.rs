@@ -1,6 +1,6 @@
-//! The checkpoints of a record as `idem keys show` prints them ([contract §6.1](idem_core::contract#checkpoints)):
-//! each step's name, time and size; its value only when it is stored in clear (an encrypted value
-//! shows its algorithm and key id, never ciphertext).
+//! The checkpoints of a record as `idem keys show` prints them ([contract
+//! §6.1](idem_core::contract#checkpoints)): each step's name, time and size; its value only when it
+//! is stored in clear (an encrypted value shows its algorithm and key id, never ciphertext).
 
 use idem_core::Record;
 use idem_core::codec::sealed_info;

@@ -24,10 +24,11 @@ use crate::{Outcome, OutcomeClass, StoreError, Timestamp};
 /// One saved step: a name, a JSON value (as the exact text stored: encoded by the executor's
 /// codec where there is one) and when it was saved.
 ///
-/// Checkpoints are the named steps an operation with several effects saves as it goes, so that
-/// the attempt after a crash resumes instead of starting over
-/// ([contract §6.1](crate::contract#checkpoints)). A record keeps its checkpoints in the order they were saved (saving a name again adds another entry; a lookup
-/// by name sees the latest). The rules (fencing, size limit, what keeps and what ends them) are
+/// Checkpoints are the named steps an operation with several effects saves as it goes, so that the
+/// attempt after a crash resumes instead of starting over ([contract
+/// §6.1](crate::contract#checkpoints)). A record keeps its checkpoints in the order they were saved
+/// (saving a name again adds another entry; a lookup by name sees the latest). The rules (fencing,
+/// size limit, what keeps and what ends them) are
 /// [`machine::checkpoint`](crate::machine::checkpoint)'s; the store operation is
 /// [`KeyStore::checkpoint`](crate::KeyStore::checkpoint); operations save and read them through
 /// [`Attempt::checkpoint`](crate::Attempt::checkpoint) and

@@ -1,7 +1,8 @@
 //! Time: millisecond timestamps and an injectable clock.
 //!
-//! Every store operation takes `now` from its caller, so a store never reads a clock of its own
-//! and tests move time with a [`ManualClock`] instead of sleeping ([contract §3.8](crate::contract#guarantee-8)).
+//! Every store operation takes `now` from its caller, so a store never reads a clock of its own and
+//! tests move time with a [`ManualClock`] instead of sleeping ([contract
+//! §3.8](crate::contract#guarantee-8)).
 
 use std::fmt;
 use std::ops::{Add, Sub};

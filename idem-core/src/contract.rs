@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// What a side-effecting tool promises its callers ([contract §5](crate::contract#http)): it answers within its
-/// processing window, and recording the answer costs at most the store write budget, so a client
-/// attempt shorter than their sum (the minimum client retry deadline) is cut off while the tool
-/// is still working.
+/// What a side-effecting tool promises its callers ([contract §5](crate::contract#http)): it
+/// answers within its processing window, and recording the answer costs at most the store write
+/// budget, so a client attempt shorter than their sum (the minimum client retry deadline) is cut
+/// off while the tool is still working.
 ///
 /// ```
 /// use std::time::Duration;
@@ -40,7 +40,8 @@ impl ToolContract {
     }
 
     /// The same contract publishing `max_wait`, the longest a repeat may wait for an in-flight
-    /// answer ([§5.2](crate::contract#waiting), [`Executor::with_max_wait`](crate::Executor::with_max_wait)).
+    /// answer ([§5.2](crate::contract#waiting),
+    /// [`Executor::with_max_wait`](crate::Executor::with_max_wait)).
     pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self

@@ -1,4 +1,5 @@
-//! Keys for the downstream provider's own idempotency contract ([contract §6](crate::contract#beyond-one-call)).
+//! Keys for the downstream provider's own idempotency contract ([contract
+//! §6](crate::contract#beyond-one-call)).
 
 use sha2::{Digest, Sha256};
 

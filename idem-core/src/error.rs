@@ -65,8 +65,8 @@ pub enum Error {
     /// stored outcome: an unknown key id, a wrong key, a body tampered with or stored without the
     /// codec. Nothing ran and nothing is replayed (never a replay of garbage); the record is left
     /// as it is. Also a resumed attempt whose [checkpoints](crate::Checkpoint) do not decode:
-    /// nothing ran, and the claim was released. Over HTTP and MCP it is an internal error (500). Fix the codec's keys; the next
-    /// call replays.
+    /// nothing ran, and the claim was released. Over HTTP and MCP it is an internal error (500).
+    /// Fix the codec's keys; the next call replays.
     #[error("the stored outcome could not be decoded; nothing ran and nothing was replayed")]
     Decode(#[source] CodecError),
     /// The operation ran, but the executor's [codec](crate::codec) could not encode its outcome,

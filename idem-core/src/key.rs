@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 const MAX_KEY_BYTES: usize = IdempotencyKey::MAX_BYTES;
 const MAX_SCOPE_BYTES: usize = Scope::MAX_BYTES;
 
-/// Why a key was refused ([contract §4](crate::contract#refusals)). Each variant names the rule it broke.
+/// Why a key was refused ([contract §4](crate::contract#refusals)). Each variant names the rule it
+/// broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {

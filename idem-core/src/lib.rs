@@ -1,8 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-/// One `tracing` event per transition ([contract §8](crate::contract#observability)): the event's name is the transition's, and the
-/// same name is in the structured field `idem.event`, so every formatter prints it.
+/// One `tracing` event per transition ([contract §8](crate::contract#observability)): the event's
+/// name is the transition's, and the same name is in the structured field `idem.event`, so every
+/// formatter prints it.
 macro_rules! transition {
     ($level:ident, $name:literal $(, $($rest:tt)*)?) => {
         tracing::event!(name: $name, tracing::Level::$level, idem.event = $name $(, $($rest)*)?)

@@ -42,8 +42,9 @@
 //! milliseconds) is refused by `extend` the same way, before looking at the record:
 //! [`ZeroLease`].
 //!
-//! The executor never leaves a record `processing` because its outcome was too large: it
-//! completes it with [`Outcome::not_kept`] instead ([contract §2](crate::contract#states)), through the same `complete`.
+//! The executor never leaves a record `processing` because its outcome was too large: it completes
+//! it with [`Outcome::not_kept`] instead ([contract §2](crate::contract#states)), through the same
+//! `complete`.
 
 use std::time::Duration;
 

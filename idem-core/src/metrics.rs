@@ -1,4 +1,5 @@
-//! The metric names of every idem crate, their descriptions and units ([contract §8](crate::contract#observability)).
+//! The metric names of every idem crate, their descriptions and units ([contract
+//! §8](crate::contract#observability)).
 //!
 //! Metrics go through the [`metrics`](https://docs.rs/metrics) facade, so any exporter plugs in.
 //! Install your recorder, then call [`describe`] once so the exporter knows each metric's help
@@ -106,10 +107,10 @@ pub fn describe() {
     );
 }
 
-/// Runs one store operation, recording its duration in [`STORE_OP_SECONDS`] and counting a
-/// failure in [`STORE_ERRORS`]. `backend` is the store's [`KeyStore::backend`](crate::KeyStore::backend),
-/// `op` the trait method's name. The executor and the reconciler time their own store calls;
-/// use this for the ones you make yourself (the CLI does).
+/// Runs one store operation, recording its duration in [`STORE_OP_SECONDS`] and counting a failure
+/// in [`STORE_ERRORS`]. `backend` is the store's [`KeyStore::backend`](crate::KeyStore::backend),
+/// `op` the trait method's name. The executor and the reconciler time their own store calls; use
+/// this for the ones you make yourself (the CLI does).
 pub async fn timed<T>(
     backend: &'static str,
     op: &'static str,

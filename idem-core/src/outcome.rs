@@ -47,9 +47,10 @@ pub const OUTCOME_NOT_KEPT: &str = problem_urn!("outcome-not-kept");
 
 /// What an operation answered: a status code, a JSON body and a class.
 ///
-/// The body is kept as the exact JSON text it was given, so a replay returns it byte for byte
-/// (key order, white space, escapes and all). Its `Debug` shows the status, the class and the
-/// body's size, never the body: stored bodies are never logged ([contract §8](crate::contract#observability)).
+/// The body is kept as the exact JSON text it was given, so a replay returns it byte for byte (key
+/// order, white space, escapes and all). Its `Debug` shows the status, the class and the body's
+/// size, never the body: stored bodies are never logged ([contract
+/// §8](crate::contract#observability)).
 ///
 /// ```
 /// use idem_core::{Outcome, OutcomeClass};
@@ -135,7 +136,8 @@ impl Outcome {
     }
 
     /// The small outcome stored in place of `original` when `original` is over the size limit
-    /// `limit` ([contract §2](crate::contract#states)): the operation ran, its response was not kept.
+    /// `limit` ([contract §2](crate::contract#states)): the operation ran, its response was not
+    /// kept.
     ///
     /// It keeps `original`'s status and class, so a retry learns what the operation answered
     /// (a success stays a success: a caller must not mistake it for a failure and run the

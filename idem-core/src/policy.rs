@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Which outcomes become the permanent answer ([contract §2](crate::contract#complete), `complete`).
+/// Which outcomes become the permanent answer ([contract §2](crate::contract#complete),
+/// `complete`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CachePolicy {
@@ -17,7 +18,8 @@ pub enum CachePolicy {
     CacheAll,
 }
 
-/// What a claim does when it finds a `processing` record whose lease has elapsed ([contract §2](crate::contract#states)).
+/// What a claim does when it finds a `processing` record whose lease has elapsed ([contract
+/// §2](crate::contract#states)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StalePolicy {
@@ -56,8 +58,8 @@ pub enum PolicyError {
     ZeroCheckpointLimit,
 }
 
-/// The knobs of contract [§1](crate::contract#words)–[§2](crate::contract#states). Always valid: build one with [`Policy::builder`] or take
-/// [`Policy::default`].
+/// The knobs of contract [§1](crate::contract#words)–[§2](crate::contract#states). Always valid:
+/// build one with [`Policy::builder`] or take [`Policy::default`].
 ///
 /// ```
 /// use idem_core::{Policy, StalePolicy};

@@ -78,8 +78,9 @@ pub struct Record {
     pub updated_at: Timestamp,
     /// From this instant on the record is treated exactly as if it did not exist.
     pub expires_at: Timestamp,
-    /// The steps the operation saved so far, in order ([contract §6.1](crate::contract#checkpoints)):
-    /// kept through a release, a retryable outcome and a takeover; none once `completed`.
+    /// The steps the operation saved so far, in order ([contract
+    /// §6.1](crate::contract#checkpoints)): kept through a release, a retryable outcome and a
+    /// takeover; none once `completed`.
     #[serde(default)]
     pub checkpoints: Vec<Checkpoint>,
 }

@@ -1,4 +1,5 @@
-//! The client side's retry schedule ([contract §6](crate::contract#beyond-one-call)): shared by every transport's client (HTTP, MCP).
+//! The client side's retry schedule ([contract §6](crate::contract#beyond-one-call)): shared by
+//! every transport's client (HTTP, MCP).
 //!
 //! The caller reuses one key on every attempt; this module only decides how long an attempt may
 //! take, how long to wait between attempts, and when to give up.

@@ -281,9 +281,9 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
         false
     }
 
-    /// Resolves when the record of `seen.scope` and `seen.key` may no longer be `seen` (the
-    /// record a waiting request read: `processing`): completed, released, taken over, extended,
-    /// expired or gone ([contract §5.2](crate::contract#waiting)). Time is `clock`'s; sleep only on `timer`.
+    /// Resolves when the record of `seen.scope` and `seen.key` may no longer be `seen` (the record
+    /// a waiting request read: `processing`): completed, released, taken over, extended, expired or
+    /// gone ([contract §5.2](crate::contract#waiting)). Time is `clock`'s; sleep only on `timer`.
     ///
     /// The default polls [`KeyStore::get`] with backoff
     /// ([`wait::poll_for_change`](crate::wait::poll_for_change)), so every store can be waited

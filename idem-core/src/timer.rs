@@ -29,7 +29,8 @@ impl fmt::Debug for Timer {
 }
 
 impl Timer {
-    /// A timer that sleeps with `sleep`, e.g. `Timer::new(|d| Box::pin(async_io::Timer::after(d)))`.
+    /// A timer that sleeps with `sleep`, e.g. `Timer::new(|d|
+    /// Box::pin(async_io::Timer::after(d)))`.
     pub fn new(sleep: impl Fn(Duration) -> Sleep + Send + Sync + 'static) -> Self {
         Self {
             sleep: Arc::new(sleep),

@@ -1,18 +1,19 @@
 //! Waking a request that waits for an in-flight answer ([contract §5.2](crate::contract#waiting)):
-//! the [`Timer`] a wait runs on, the portable wait of [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change) (polling
-//! [`KeyStore::get`](crate::KeyStore::get) with backoff), and [`LocalNotifier`], the in-process wake-up a store can
-//! build its own wait from.
+//! the [`Timer`] a wait runs on, the portable wait of
+//! [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change) (polling
+//! [`KeyStore::get`](crate::KeyStore::get) with backoff), and [`LocalNotifier`], the in-process
+//! wake-up a store can build its own wait from.
 //!
 //! # For store authors
 //!
-//! A store that implements nothing new is waited on by polling: [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)'s
-//! default reads the record with [`KeyStore::get`](crate::KeyStore::get) every 5 ms at first, doubling up to every
-//! 250 ms, until it differs from the record the waiter saw. A store whose engine can notify
-//! overrides `wait_for_change`: subscribe first, then read the record once, return at once if it
-//! already differs, else await the notification. Subscribing before the read is what makes a
-//! wake-up impossible to lose. The executor shares one call of `wait_for_change` among all the
-//! waiters of one (scope, key) in the process, so a store sees one subscription per key, not one
-//! per waiter.
+//! A store that implements nothing new is waited on by polling:
+//! [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)'s default reads the record with
+//! [`KeyStore::get`](crate::KeyStore::get) every 5 ms at first, doubling up to every 250 ms, until
+//! it differs from the record the waiter saw. A store whose engine can notify overrides
+//! `wait_for_change`: subscribe first, then read the record once, return at once if it already
+//! differs, else await the notification. Subscribing before the read is what makes a wake-up
+//! impossible to lose. The executor shares one call of `wait_for_change` among all the waiters of
+//! one (scope, key) in the process, so a store sees one subscription per key, not one per waiter.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,9 +28,9 @@ pub use crate::timer::{Sleep, Timer};
 type Subscribers = HashMap<(Scope, IdempotencyKey), HashMap<u64, oneshot::Sender<()>>>;
 
 /// In-process wake-ups by (scope, key): a store calls [`LocalNotifier::notify`] after each write
-/// (after its commit), and its [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change) awaits a [`LocalNotifier::subscribe`]
-/// made before it reads the record. Clones share the subscribers. `MemoryStore` uses it; a store
-/// whose writers are all in this process can too.
+/// (after its commit), and its [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)
+/// awaits a [`LocalNotifier::subscribe`] made before it reads the record. Clones share the
+/// subscribers. `MemoryStore` uses it; a store whose writers are all in this process can too.
 #[derive(Debug, Clone, Default)]
 pub struct LocalNotifier {
     inner: Arc<Mutex<Notifier>>,

@@ -1,5 +1,6 @@
-//! The executor's own behaviour: cancellation ([contract §2](idem_core::contract#states)), errors before and after the operation,
-//! heartbeats. Store-independent behaviour is in the conformance suite.
+//! The executor's own behaviour: cancellation ([contract §2](idem_core::contract#states)), errors
+//! before and after the operation, heartbeats. Store-independent behaviour is in the conformance
+//! suite.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -278,10 +279,10 @@ async fn store_down_at_completion_reports_the_outcome_and_leaves_processing() {
     assert_eq!(s.effects.load(Ordering::SeqCst), 1);
 }
 
-/// [contract §2](idem_core::contract#states): an outcome too large to keep does not leave the key stuck in `processing` (every
-/// retry a 409 until an operator acts): the record completes with a small "ran, not kept"
-/// outcome, the first caller gets the real answer, and a retry gets the final answer without
-/// running the operation again.
+/// [contract §2](idem_core::contract#states): an outcome too large to keep does not leave the key
+/// stuck in `processing` (every retry a 409 until an operator acts): the record completes with a
+/// small "ran, not kept" outcome, the first caller gets the real answer, and a retry gets the final
+/// answer without running the operation again.
 #[tokio::test]
 async fn oversized_outcome_completes_as_not_kept_and_retries_get_that_final_answer() {
     let policy = Policy::builder().max_outcome_bytes(8).build().unwrap();

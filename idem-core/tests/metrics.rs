@@ -1,6 +1,7 @@
-//! Metrics, counted exactly with a recorder local to each test ([contract §8](idem_core::contract#observability)):
-//! every store operation the executor and the reconciler make is timed with its `op`, every
-//! reconciler decision is counted, and `describe()` gives every metric a description and a unit.
+//! Metrics, counted exactly with a recorder local to each test ([contract
+//! §8](idem_core::contract#observability)): every store operation the executor and the reconciler
+//! make is timed with its `op`, every reconciler decision is counted, and `describe()` gives every
+//! metric a description and a unit.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -112,8 +113,9 @@ async fn the_executor_times_claim_extend_and_complete() {
     assert_eq!(m.count(names::COMPLETIONS, &[("result", "completed")]), 1);
 }
 
-/// Each claim answer is counted with where its key came from ([contract §5.1](idem_core::contract#keyless)):
-/// a sent key and each derived one, and the effect ran once per key.
+/// Each claim answer is counted with where its key came from ([contract
+/// §5.1](idem_core::contract#keyless)): a sent key and each derived one, and the effect ran once
+/// per key.
 #[tokio::test]
 async fn claims_carry_the_key_source() {
     let recorder = DebuggingRecorder::new();

@@ -1,7 +1,8 @@
-//! Reconciliation of an operation with two effects ([contract §6.1](idem_core::contract#checkpoints)):
-//! the probe sees the record's checkpoints, decoded by the reconciler's codec, and is asked about
-//! the step after the last one; "not happened" releases the record with its checkpoints and the
-//! next attempt resumes after them. Effects are counted at their sinks.
+//! Reconciliation of an operation with two effects ([contract
+//! §6.1](idem_core::contract#checkpoints)): the probe sees the record's checkpoints, decoded by the
+//! reconciler's codec, and is asked about the step after the last one; "not happened" releases the
+//! record with its checkpoints and the next attempt resumes after them. Effects are counted at
+//! their sinks.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! The reconciler honours how its takeover claim was won (a record released, retried, expired or
 //! purged meanwhile is skipped, unprobed, not left `processing`, and never written back past its
-//! expiry), and one record's failure does not stop the pass. A `FaultStore` hook changes the record at the worst moment: right
-//! after the reconciler lists it, or right after it reads it back.
+//! expiry), and one record's failure does not stop the pass. A `FaultStore` hook changes the record
+//! at the worst moment: right after the reconciler lists it, or right after it reads it back.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -181,7 +181,8 @@ fn verbatim<B: From<Bytes>>(
     response
 }
 
-/// The [contract §5](idem_core::contract#http) envelope around a stored outcome; the tool's body is inserted byte for byte.
+/// The [contract §5](idem_core::contract#http) envelope around a stored outcome; the tool's body is
+/// inserted byte for byte.
 fn wrap<B: From<Bytes>>(outcome: &Outcome, replay: bool) -> Response<B> {
     let status = replay::status_of(outcome);
     // A response kept in verbatim mode (the layer's mode changed): its body, as envelope mode

@@ -1,4 +1,5 @@
-//! The agent side: a tool client that reuses one key on every attempt ([contract §6](idem_core::contract#client-side), client side).
+//! The agent side: a tool client that reuses one key on every attempt ([contract
+//! §6](idem_core::contract#client-side), client side).
 
 use std::time::Duration;
 
@@ -221,17 +222,19 @@ impl ToolClient {
         self
     }
 
-    /// The same client, sending every attempt with `http` instead of the client
-    /// [`ToolClient::new`] built: for your own roots or client certificate
-    /// ([`reqwest::ClientBuilder::tls_certs_merge`], [`reqwest::ClientBuilder::tls_certs_only`]), a proxy, a shared connection pool or
-    /// another TLS backend. The policy still sets each attempt's timeout.
+    /// The same client, sending every attempt with `http` instead of the client [`ToolClient::new`]
+    /// built: for your own roots or client certificate
+    /// ([`reqwest::ClientBuilder::tls_certs_merge`], [`reqwest::ClientBuilder::tls_certs_only`]), a
+    /// proxy, a shared connection pool or another TLS backend. The policy still sets each attempt's
+    /// timeout.
     pub fn with_http_client(mut self, http: reqwest::Client) -> Self {
         self.http = http;
         self
     }
 
-    /// Reads tool `name`'s `min_client_deadline_ms` from the listing at `tools_url`
-    /// (`GET /tools`, an [`idem_core::contract::ToolListing`]), then builds the client as [`ToolClient::new`] does.
+    /// Reads tool `name`'s `min_client_deadline_ms` from the listing at `tools_url` (`GET /tools`,
+    /// an [`idem_core::contract::ToolListing`]), then builds the client as [`ToolClient::new`]
+    /// does.
     pub async fn discover(
         tools_url: &str,
         name: &str,

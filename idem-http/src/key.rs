@@ -5,11 +5,13 @@ use idem_core::IdempotencyKey;
 
 use crate::Problem;
 
-/// The header that carries the key ([contract §5](idem_core::contract#http); IETF draft "The Idempotency-Key HTTP Header Field").
+/// The header that carries the key ([contract §5](idem_core::contract#http); IETF draft "The
+/// Idempotency-Key HTTP Header Field").
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// Reads the key from `headers`: the IETF draft's structured-field string (`"abc"`, with `\"` and
-/// `\\` escapes) or a bare token (`abc`), then validates it ([contract §4](idem_core::contract#refusals)).
+/// `\\` escapes) or a bare token (`abc`), then validates it ([contract
+/// §4](idem_core::contract#refusals)).
 ///
 /// ```
 /// use http::HeaderMap;
@@ -115,9 +117,9 @@ mod tests {
 
     #[test]
     fn every_key_round_trips_through_key_header() {
-        // Found with the fuzz target `http_key` (its round-trip property): the client sent keys bare, so a key
-        // starting with '"' was read as a quoted string: `"abc"` became `abc` (another key,
-        // another record) and `"a` was refused.
+        // Found with the fuzz target `http_key` (its round-trip property): the client sent keys
+        // bare, so a key starting with '"' was read as a quoted string: `"abc"` became `abc`
+        // (another key, another record) and `"a` was refused.
         for text in ["\"abc\"", "\"a", "a\"b", "\\", "\"\\\"", "plain-key", "~"] {
             let key = IdempotencyKey::new(text).unwrap();
             let value = key_header(&key);

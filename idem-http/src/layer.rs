@@ -19,7 +19,8 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 type PrincipalFn = dyn Fn(&Parts) -> Result<String, Problem> + Send + Sync;
 pub(crate) type FingerprintFn = dyn Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync;
 
-/// Makes the routes it wraps exactly-once per `Idempotency-Key` (contract [§4](idem_core::contract#refusals)–[§5](idem_core::contract#http)).
+/// Makes the routes it wraps exactly-once per `Idempotency-Key` (contract
+/// [§4](idem_core::contract#refusals)–[§5](idem_core::contract#http)).
 ///
 /// For each request: reads and validates the key (400 `key-required` / `invalid-key`), derives
 /// the scope from the principal the extractor returns plus the request path, reads the body

@@ -1,5 +1,5 @@
-//! The query string as the fingerprint sees it ([contract §1](idem_core::contract#words): "method, path and the query string, its
-//! parameters sorted").
+//! The query string as the fingerprint sees it ([contract §1](idem_core::contract#words): "method,
+//! path and the query string, its parameters sorted").
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_decode, percent_encode};
 

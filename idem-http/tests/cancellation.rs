@@ -1,7 +1,8 @@
-//! A caller that goes away cannot cancel the tool or lose its outcome ([contract §2](idem_core::contract#states)):
-//! the layer runs the claim, the tool and the completion in a task of its own, whether or not
-//! the executor has a spawner. In-process (the router as a tower service), so the moment the
-//! caller's future is dropped is exact: before the tool started, or while it runs.
+//! A caller that goes away cannot cancel the tool or lose its outcome ([contract
+//! §2](idem_core::contract#states)): the layer runs the claim, the tool and the completion in a
+//! task of its own, whether or not the executor has a spawner. In-process (the router as a tower
+//! service), so the moment the caller's future is dropped is exact: before the tool started, or
+//! while it runs.
 
 use std::future::Future;
 use std::pin::Pin;

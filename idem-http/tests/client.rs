@@ -272,10 +272,10 @@ async fn the_overall_deadline_stops_retries() {
 
 #[tokio::test]
 async fn every_valid_key_reaches_the_server_unchanged() {
-    // Found with the fuzz target `http_key` (its round-trip property): the client sent the key bare, and a bare value
-    // starting with '"' is a structured-field string to the server, so the key `"abc"` reached it
-    // as `abc` (another key: it replayed `abc`'s ticket) and `"a` was refused. The client now
-    // always sends a structured-field string.
+    // Found with the fuzz target `http_key` (its round-trip property): the client sent the key
+    // bare, and a bare value starting with '"' is a structured-field string to the server, so the
+    // key `"abc"` reached it as `abc` (another key: it replayed `abc`'s ticket) and `"a` was
+    // refused. The client now always sends a structured-field string.
     let seen = Arc::new(Seen::default());
     let base = tool_server(Duration::ZERO, seen.clone()).await;
     let client = ToolClient::new(

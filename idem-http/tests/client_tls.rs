@@ -147,7 +147,8 @@ async fn https_with_the_callers_client_runs_once_per_key() {
 async fn an_untrusted_certificate_is_refused_at_once() {
     let tickets = Arc::new(AtomicU32::new(0));
     let (base, _) = https_tool(tickets.clone()).await;
-    // Clients that do not trust the test CA: the system's roots (`new`), and one trusting another CA.
+    // Clients that do not trust the test CA: the system's roots (`new`), and one trusting another
+    // CA.
     let (other_ca, _, _) = certificates();
     let other = idem_http::client::http_client_builder()
         .tls_certs_only([reqwest::Certificate::from_pem(other_ca.as_bytes()).unwrap()])

@@ -1,6 +1,6 @@
-//! An encrypting codec on the executor applies through the HTTP layer ([contract §6](idem_core::contract#codecs)):
-//! the store holds ciphertext, the retry gets the tool's answer, and a wrong key is a 500 that
-//! never runs the tool again. The sink counts how often the tool ran.
+//! An encrypting codec on the executor applies through the HTTP layer ([contract
+//! §6](idem_core::contract#codecs)): the store holds ciphertext, the retry gets the tool's answer,
+//! and a wrong key is a 500 that never runs the tool again. The sink counts how often the tool ran.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

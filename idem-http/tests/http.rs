@@ -1,4 +1,5 @@
-//! The layer over real HTTP on loopback, counting tickets where they land (contract [§4](idem_core::contract#refusals)–[§5](idem_core::contract#http)).
+//! The layer over real HTTP on loopback, counting tickets where they land (contract
+//! [§4](idem_core::contract#refusals)–[§5](idem_core::contract#http)).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -214,9 +215,10 @@ async fn same_key_other_body_is_422_and_no_ticket() {
     assert_eq!(s.tickets(), 1);
 }
 
-/// The query string is part of the request ([contract §1](idem_core::contract#words)): `?amount=5` and `?amount=500` with one key
-/// and one body are two requests, so the second is refused and the tool runs once; the same
-/// parameters in another order, or spelled with other escapes, are the same request.
+/// The query string is part of the request ([contract §1](idem_core::contract#words)): `?amount=5`
+/// and `?amount=500` with one key and one body are two requests, so the second is refused and the
+/// tool runs once; the same parameters in another order, or spelled with other escapes, are the
+/// same request.
 #[tokio::test]
 async fn the_query_string_is_in_the_fingerprint() {
     let s = memory_server().await;

@@ -1,5 +1,6 @@
-//! Requests without `Idempotency-Key` under each key source of the layer ([contract §5.1](idem_core::contract#keyless)),
-//! over real HTTP on loopback, counting tickets where they land.
+//! Requests without `Idempotency-Key` under each key source of the layer ([contract
+//! §5.1](idem_core::contract#keyless)), over real HTTP on loopback, counting tickets where they
+//! land.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! [contract §2](idem_core::contract#states) over real HTTP: a response too large to keep does not leave the key stuck in
-//! `processing` (409 forever). The sink counts how often the tool ran.
+//! [contract §2](idem_core::contract#states) over real HTTP: a response too large to keep does not
+//! leave the key stuck in `processing` (409 forever). The sink counts how often the tool ran.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -40,7 +40,8 @@ pub enum KeyRefusal {
         /// Where it was found.
         place: &'static str,
     },
-    /// The key breaks a rule of [contract §4](idem_core::contract#refusals) (the message says which).
+    /// The key breaks a rule of [contract §4](idem_core::contract#refusals) (the message says
+    /// which).
     #[error("{source} (in {place})")]
     Invalid {
         /// Where it was found.

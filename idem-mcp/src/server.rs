@@ -59,9 +59,9 @@ use settings::PrincipalFn;
 ///    [`UNAUTHENTICATED`] (nothing claimed, the tool not run), unless the server opted into one
 ///    shared scope with [`IdempotentTools::allow_anonymous`];
 /// 3. fingerprints the tool name and the canonical arguments;
-/// 4. runs the claim, the tool and the completion through the [`Executor`] in one spawned task
-///    (a client that goes away cannot cancel it halfway; its retry gets the recorded answer),
-///    with the [`Attempt`](idem_core::Attempt) in the request context's extensions (so a tool can complete
+/// 4. runs the claim, the tool and the completion through the [`Executor`] in one spawned task (a
+///    client that goes away cannot cancel it halfway; its retry gets the recorded answer), with the
+///    [`Attempt`](idem_core::Attempt) in the request context's extensions (so a tool can complete
 ///    the record in its own transaction and call `mark_recorded`);
 /// 5. records the `CallToolResult` as the outcome: a success and an `isError: true` result are
 ///    definitive (the latter per `ToolSettings::tool_error`); an `Err` from the tool (an
@@ -177,7 +177,8 @@ impl IdempotentTools {
             .with_max_wait(self.executor.max_wait())
     }
 
-    /// The minimum client retry deadline of `tool`: processing window + store write ([contract §5](idem_core::contract#http)).
+    /// The minimum client retry deadline of `tool`: processing window + store write ([contract
+    /// §5](idem_core::contract#http)).
     pub fn min_client_deadline(&self, tool: &str) -> Option<Duration> {
         self.contract(tool).map(|c| c.min_client_deadline())
     }

@@ -1,8 +1,8 @@
-//! [contract §8](idem_core::contract#observability): keys and scopes are logged, stored bodies never. One process runs the executor, the
-//! reconciler, the HTTP layer and an MCP server with every `tracing` event of idem's crates
-//! captured (down to TRACE), including what an application logs of the values idem hands it
-//! (`?execution`, `?report`, `?record`); no stored body text may appear. Every transition event
-//! carries `idem.event`.
+//! [contract §8](idem_core::contract#observability): keys and scopes are logged, stored bodies
+//! never. One process runs the executor, the reconciler, the HTTP layer and an MCP server with
+//! every `tracing` event of idem's crates captured (down to TRACE), including what an application
+//! logs of the values idem hands it (`?execution`, `?report`, `?record`); no stored body text may
+//! appear. Every transition event carries `idem.event`.
 
 use std::convert::Infallible;
 use std::future::Future;

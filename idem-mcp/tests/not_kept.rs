@@ -1,5 +1,6 @@
-//! [contract §2](idem_core::contract#states): a result too large to keep does not leave the key stuck in `processing`. A real rmcp
-//! client and server over an in-memory pipe; the sink counts how often the tool's body ran.
+//! [contract §2](idem_core::contract#states): a result too large to keep does not leave the key
+//! stuck in `processing`. A real rmcp client and server over an in-memory pipe; the sink counts how
+//! often the tool's body ran.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,5 @@
-//! Turning sqlx errors into [`StoreError`]s, by SQLSTATE code and error kind, never by message text.
+//! Turning sqlx errors into [`StoreError`]s, by SQLSTATE code and error kind, never by message
+//! text.
 
 use idem_core::StoreError;
 

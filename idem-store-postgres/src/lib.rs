@@ -22,7 +22,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 
-/// The newest migration this crate knows ([`Maintenance::latest_schema_version`](idem_core::Maintenance::latest_schema_version)).
+/// The newest migration this crate knows
+/// ([`Maintenance::latest_schema_version`](idem_core::Maintenance::latest_schema_version)).
 const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version as u32;
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use sqlx;

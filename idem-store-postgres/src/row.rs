@@ -1,10 +1,11 @@
-//! Records to bind parameters and back, through the columns of [`idem_core::store::columns::RawRecord`].
+//! Records to bind parameters and back, through the columns of
+//! [`idem_core::store::columns::RawRecord`].
 //!
 //! Timestamps and the token's `seq` are kept as BIGINT by the one clamping rule of
-//! [`idem_core::store::columns`] (past `i64::MAX`, the year 292 million, they are stored as `i64::MAX`,
-//! which keeps every comparison the store makes in SQL right). The token id is kept as 32 hex
-//! digits, the outcome body as TEXT exactly as [`idem_core::Outcome::body`] gives it (never jsonb,
-//! which reorders keys).
+//! [`idem_core::store::columns`] (past `i64::MAX`, the year 292 million, they are stored as
+//! `i64::MAX`, which keeps every comparison the store makes in SQL right). The token id is kept as
+//! 32 hex digits, the outcome body as TEXT exactly as [`idem_core::Outcome::body`] gives it (never
+//! jsonb, which reorders keys).
 
 use idem_core::store::columns::{RawRecord, timestamp_from_column};
 use idem_core::{Record, StoreError, Timestamp};

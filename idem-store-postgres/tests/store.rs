@@ -181,9 +181,9 @@ async fn effect_and_completion(
     (tx, answer)
 }
 
-/// [contract §7](idem_core::contract#traps): a claim whose INSERT waits on another transaction's uncommitted insert of the same
-/// key must answer from that row once it commits (not "no row", not a second claim), and must
-/// win if it rolls back.
+/// [contract §7](idem_core::contract#traps): a claim whose INSERT waits on another transaction's
+/// uncommitted insert of the same key must answer from that row once it commits (not "no row", not
+/// a second claim), and must win if it rolls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_waiting_on_an_uncommitted_inserter() {
     let Some(url) = common::url() else { return };

@@ -180,7 +180,8 @@ async fn disable_is_refused_by_a_tls_only_server() {
     let err = connect_and_claim(&with(&base, "sslmode=disable"))
         .await
         .unwrap_err();
-    // pg_hba.conf has no line for a connection without encryption: invalid_authorization_specification.
+    // pg_hba.conf has no line for a connection without encryption:
+    // invalid_authorization_specification.
     let sqlx_err = err
         .source()
         .and_then(|s| s.downcast_ref::<sqlx::Error>())

@@ -10,10 +10,10 @@
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p idem-store-redis --bench redis
 //! ```
 //!
-//! `IDEM_BENCH_ITERATIONS` (default 5000) sets the calls of each kind, shared among the callers. With
-//! `IDEM_BENCH_WAIT_REPLICAS=N` (a server with N replicas) first executions and replays are
-//! measured again with `with_wait_for_replicas(N, 1 s)`. Keys are unique per
-//! run and expire within minutes; nothing is flushed.
+//! `IDEM_BENCH_ITERATIONS` (default 5000) sets the calls of each kind, shared among the callers.
+//! With `IDEM_BENCH_WAIT_REPLICAS=N` (a server with N replicas) first executions and replays are
+//! measured again with `with_wait_for_replicas(N, 1 s)`. Keys are unique per run and expire within
+//! minutes; nothing is flushed.
 
 use std::time::{Duration, Instant};
 

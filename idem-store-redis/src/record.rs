@@ -2,8 +2,8 @@
 //! [`idem_core::store::columns::RawRecord`]: Redis keeps every field as text, numbers in decimal.
 //!
 //! Two layouts are read (see `scripts.rs`): format 2, the metadata packed in field `m` and the
-//! outcome in `o` (and the checkpoints in `c`), which every script writes; and format 1, one field per column, which earlier
-//! versions wrote and which a record keeps until its next write.
+//! outcome in `o` (and the checkpoints in `c`), which every script writes; and format 1, one field
+//! per column, which earlier versions wrote and which a record keeps until its next write.
 
 use std::collections::HashMap;
 

@@ -29,7 +29,8 @@ pub use schema::{SCHEMA_TABLE, TableName};
 
 use pool::Inner;
 
-/// A [`KeyStore`](idem_core::KeyStore) in an SQLite database file: the embedded default, no server needed.
+/// A [`KeyStore`](idem_core::KeyStore) in an SQLite database file: the embedded default, no server
+/// needed.
 ///
 /// - Every operation is one transaction; those that write run `BEGIN IMMEDIATE` → read the record
 ///   → decide with the pure rules of [`idem_core::machine`] → write → `COMMIT`, so they are atomic

@@ -1,6 +1,6 @@
-//! A record as a row and back, through the columns of [`idem_core::store::columns::RawRecord`]: reading
-//! strictly (a wrongly typed value is `Corrupt`), binding in [`COLUMNS`](crate::schema::COLUMNS)
-//! order.
+//! A record as a row and back, through the columns of [`idem_core::store::columns::RawRecord`]:
+//! reading strictly (a wrongly typed value is `Corrupt`), binding in
+//! [`COLUMNS`](crate::schema::COLUMNS) order.
 
 use idem_core::store::columns::RawRecord;
 use rusqlite::Row;

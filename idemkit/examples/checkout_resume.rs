@@ -1,5 +1,5 @@
-//! A tool with two effects, a payment and then an email, whose holder is killed between them
-//! and resumed by a takeover: one payment, one email ([contract §6.1](idemkit::contract#checkpoints)).
+//! A tool with two effects, a payment and then an email, whose holder is killed between them and
+//! resumed by a takeover: one payment, one email ([contract §6.1](idemkit::contract#checkpoints)).
 //!
 //! The tool saves a checkpoint after the payment (`attempt.checkpoint("charged", &payment_id)`).
 //! The example starts itself again as a child process that claims the order, pays, saves the

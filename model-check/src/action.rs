@@ -16,11 +16,13 @@ pub enum Finding {
 pub enum Action {
     /// Caller `i` calls: it claims (executor: `claim`).
     Call(u8),
-    /// Waiting caller `i` re-reads and claims like any retry ([contract §5.2](idem_core::contract#waiting)).
+    /// Waiting caller `i` re-reads and claims like any retry ([contract
+    /// §5.2](idem_core::contract#waiting)).
     Wake(u8),
     /// Holder `i` runs its next effect downstream.
     Effect(u8),
-    /// Holder `i` saves a checkpoint after an effect ([contract §6.1](idem_core::contract#checkpoints)).
+    /// Holder `i` saves a checkpoint after an effect ([contract
+    /// §6.1](idem_core::contract#checkpoints)).
     Checkpoint(u8),
     /// Holder `i` renews its lease (a heartbeat).
     Extend(u8),

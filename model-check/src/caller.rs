@@ -1,6 +1,7 @@
-//! A caller running the executor's steps: claim; then effects (with a checkpoint after each but
-//! the last), heartbeats, and `complete`; or `release` before any effect; or a crash anywhere.
-//! A repeat that finds the operation in flight may wait for a change ([contract §5.2](idem_core::contract#waiting)).
+//! A caller running the executor's steps: claim; then effects (with a checkpoint after each but the
+//! last), heartbeats, and `complete`; or `release` before any effect; or a crash anywhere. A repeat
+//! that finds the operation in flight may wait for a change ([contract
+//! §5.2](idem_core::contract#waiting)).
 
 use std::time::Duration;
 

@@ -14,7 +14,8 @@ pub struct CallerSpec {
     pub calls: u8,
 }
 
-/// When the store acknowledges a write ([contract §6.1](idem_core::contract#checkpoints), "Failover").
+/// When the store acknowledges a write ([contract §6.1](idem_core::contract#checkpoints),
+/// "Failover").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Replication {
     /// After the replica confirmed it (Redis `WAIT`, PostgreSQL synchronous standby): a failover
@@ -50,12 +51,13 @@ pub struct Config {
     /// How many times the reconciler may take a stale record over (0: no reconciler).
     pub reconcile_passes: u8,
     /// Whether the reconciler reads a stale record back and claims it in two store calls, with
-    /// anything in between (as `idem_core::reconcile::Reconciler` does), or in one step. The two-call
-    /// model has several times the states (`docs/model-check.md`).
+    /// anything in between (as `idem_core::reconcile::Reconciler` does), or in one step. The
+    /// two-call model has several times the states (`docs/model-check.md`).
     pub reconcile_reads_first: bool,
     /// Whether the reconciler's takeover claim keeps the record's own expiry, as
-    /// `idem_core::reconcile::Reconciler` does (`takeover_policy`). Off, it is the reconciler before that
-    /// rule (the callers' ttl, however old the read): kept to show what the checker finds then.
+    /// `idem_core::reconcile::Reconciler` does (`takeover_policy`). Off, it is the reconciler
+    /// before that rule (the callers' ttl, however old the read): kept to show what the checker
+    /// finds then.
     pub reconcile_own_expiry: bool,
     /// Whether the probe may answer "unknown" although the downstream system knows (a probe that
     /// is down). Off, it answers "unknown" only when the operation is half done.
@@ -66,12 +68,14 @@ pub struct Config {
     pub failovers: u8,
     /// When the store acknowledges writes.
     pub replication: Replication,
-    /// Whether holders never start an effect after the lease they know of ended ([contract §7](idem_core::contract#traps):
-    /// heartbeat with `extend` and stop when the claim is lost).
+    /// Whether holders never start an effect after the lease they know of ended ([contract
+    /// §7](idem_core::contract#traps): heartbeat with `extend` and stop when the claim is lost).
     pub honour_lease: bool,
-    /// Whether holders save a checkpoint after each effect but the last ([contract §6.1](idem_core::contract#checkpoints)).
+    /// Whether holders save a checkpoint after each effect but the last ([contract
+    /// §6.1](idem_core::contract#checkpoints)).
     pub checkpoints: bool,
-    /// Whether a repeat that finds the operation in flight waits for a change ([contract §5.2](idem_core::contract#waiting)).
+    /// Whether a repeat that finds the operation in flight waits for a change ([contract
+    /// §5.2](idem_core::contract#waiting)).
     pub waiting: bool,
     /// Whether an attempt may fail with a retryable outcome before its first effect.
     pub retryable: bool,

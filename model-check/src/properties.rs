@@ -5,22 +5,25 @@ use idem_core::RecordState;
 use crate::state::State;
 use crate::store::{NOW, Rules};
 
-/// [contract §2](idem_core::contract#states) (opening) and §3.1: no interleaving runs an operation twice. Every step of every
-/// operation ran at most once downstream, except in the windows [contract §7](idem_core::contract#traps) documents.
+/// [contract §2](idem_core::contract#states) (opening) and §3.1: no interleaving runs an operation
+/// twice. Every step of every operation ran at most once downstream, except in the windows
+/// [contract §7](idem_core::contract#traps) documents.
 pub const AT_MOST_ONCE: &str = "at most one effect per operation (contract §2, §3.1)";
-/// contract [§3.3](idem_core::contract#guarantee-3) and [§3.10](idem_core::contract#guarantee-10): a live completed record's outcome, and every checkpoint, was written by
-/// the holder of the token the record had then.
+/// contract [§3.3](idem_core::contract#guarantee-3) and [§3.10](idem_core::contract#guarantee-10):
+/// a live completed record's outcome, and every checkpoint, was written by the holder of the token
+/// the record had then.
 pub const FENCING: &str =
     "fencing: outcome and checkpoints come from the token's holder (contract §3.3, §3.10)";
-/// [contract §2](idem_core::contract#states) (`FingerprintMismatch` row) and §4: a key reused for another request never replays
-/// the first request's outcome.
+/// [contract §2](idem_core::contract#states) (`FingerprintMismatch` row) and §4: a key reused for
+/// another request never replays the first request's outcome.
 pub const NO_FOREIGN_REPLAY: &str = "no silent replay of another request (contract §2, §4)";
-/// contract [§2](idem_core::contract#states) and [§3.5](idem_core::contract#guarantee-5): every replay carries the outcome of the operation's first completion.
+/// contract [§2](idem_core::contract#states) and [§3.5](idem_core::contract#guarantee-5): every
+/// replay carries the outcome of the operation's first completion.
 pub const FIRST_OUTCOME: &str =
     "a replay carries the first completion's outcome (contract §2, §3.5)";
-/// contract [§2](idem_core::contract#states) and [§3.6](idem_core::contract#guarantee-6): an expired record is treated exactly as if it did not exist, and stays so:
-/// reconciliation (which settles stale claims) never writes a record that had expired or was
-/// purged back into existence.
+/// contract [§2](idem_core::contract#states) and [§3.6](idem_core::contract#guarantee-6): an
+/// expired record is treated exactly as if it did not exist, and stays so: reconciliation (which
+/// settles stale claims) never writes a record that had expired or was purged back into existence.
 pub const EXPIRED_STAYS_GONE: &str =
     "reconciliation never recreates an expired record (contract §2, §3.6)";
 /// Sanity: an operation can complete (the model is not vacuous).

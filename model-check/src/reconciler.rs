@@ -1,13 +1,14 @@
-//! The reconciler ([contract §6](idem_core::contract#beyond-one-call), `idem_core::reconcile::Reconciler`): reads a stale `processing` record back,
-//! takes it over with a fresh token (`claim` under `idem_core::reconcile::takeover_policy`: the
-//! record's own expiry, within a lease of the read), asks the probe, and completes (found),
-//! releases (not found) or leaves the record (unknown).
+//! The reconciler ([contract §6](idem_core::contract#beyond-one-call),
+//! `idem_core::reconcile::Reconciler`): reads a stale `processing` record back, takes it over with
+//! a fresh token (`claim` under `idem_core::reconcile::takeover_policy`: the record's own expiry,
+//! within a lease of the read), asks the probe, and completes (found), releases (not found) or
+//! leaves the record (unknown).
 //!
 //! The probe tells the truth or says "unknown". It is asked about the step after the last
-//! checkpoint ([contract §6.1](idem_core::contract#checkpoints)); with checkpoints, a step it finds is saved as a checkpoint by the
-//! reconciler (under its token) and the next step is asked about, so a half-done operation is
-//! settled too. Without checkpoints it is asked about the whole operation, and a half-done one is
-//! "unknown": nothing may guess.
+//! checkpoint ([contract §6.1](idem_core::contract#checkpoints)); with checkpoints, a step it finds
+//! is saved as a checkpoint by the reconciler (under its token) and the next step is asked about,
+//! so a half-done operation is settled too. Without checkpoints it is asked about the whole
+//! operation, and a half-done one is "unknown": nothing may guess.
 
 use idem_core::StalePolicy;
 use idem_core::machine::{ClaimAnswer, ClaimKind};

@@ -45,8 +45,8 @@ pub struct Caller {
 pub enum Phase {
     /// Between calls (or done, when no call is left).
     Idle,
-    /// A repeat waiting for the operation in flight to change ([contract §5.2](idem_core::contract#waiting)): it holds no lease
-    /// and writes nothing.
+    /// A repeat waiting for the operation in flight to change ([contract
+    /// §5.2](idem_core::contract#waiting)): it holds no lease and writes nothing.
     Waiting {
         /// The record it saw.
         seen: Seen,
@@ -122,8 +122,8 @@ impl Hash for Checked {
     }
 }
 
-/// The record a waiting request saw ([contract §5.2](idem_core::contract#waiting)), compared, as `idem_core::wait::changed`
-/// compares it, by state, token, lease and last write only.
+/// The record a waiting request saw ([contract §5.2](idem_core::contract#waiting)), compared, as
+/// `idem_core::wait::changed` compares it, by state, token, lease and last write only.
 #[derive(Debug, Clone)]
 pub struct Seen(pub Record);
 

@@ -1,6 +1,6 @@
-//! [contract §3.1](idem_core::contract#guarantee-1): concurrent claims from separate handles: exactly one winner, for every record a
-//! claim can rewrite (absent, expired, `failed_retryable`, stale under takeover) and while the
-//! holder completes or releases.
+//! [contract §3.1](idem_core::contract#guarantee-1): concurrent claims from separate handles:
+//! exactly one winner, for every record a claim can rewrite (absent, expired, `failed_retryable`,
+//! stale under takeover) and while the holder completes or releases.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,5 @@
-//! contract [§3.6](idem_core::contract#guarantee-6) and [§3.7](idem_core::contract#guarantee-7): expiry, purge, inspection.
+//! contract [§3.6](idem_core::contract#guarantee-6) and [§3.7](idem_core::contract#guarantee-7):
+//! expiry, purge, inspection.
 //!
 //! The purge and list cases run decades in the past (see the crate docs), so that purging cannot
 //! touch the records of cases running at the wall clock's time. Each purging case has a time

@@ -1,4 +1,5 @@
-//! [contract §2](idem_core::contract#complete) `complete` / `release` / `extend` and [contract §3.3](idem_core::contract#guarantee-3): only the current token acts.
+//! [contract §2](idem_core::contract#complete) `complete` / `release` / `extend` and [contract
+//! §3.3](idem_core::contract#guarantee-3): only the current token acts.
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idem_core::{CachePolicy, RecordState};
@@ -239,7 +240,8 @@ pub(crate) async fn fencing_extend_keeps_the_claim_alive(h: Harness) {
     );
 }
 
-/// The fingerprint stored at claim is the one on the completed record ([contract §3.3](idem_core::contract#guarantee-3)).
+/// The fingerprint stored at claim is the one on the completed record ([contract
+/// §3.3](idem_core::contract#guarantee-3)).
 pub(crate) async fn fencing_fingerprint_kept_on_completion(h: Harness) {
     let (store, scope, key, token) = one_claimed(&h, &policy()).await;
     store
@@ -257,9 +259,9 @@ pub(crate) async fn fencing_fingerprint_kept_on_completion(h: Harness) {
     );
 }
 
-/// A holder whose lease elapsed, with nobody taking over (even under `Takeover`, a takeover
-/// happens only on a claim), still holds the current token: its `complete` succeeds and the
-/// outcome replays ([contract §2](idem_core::contract#states): leases end claims only by a takeover).
+/// A holder whose lease elapsed, with nobody taking over (even under `Takeover`, a takeover happens
+/// only on a claim), still holds the current token: its `complete` succeeds and the outcome replays
+/// ([contract §2](idem_core::contract#states): leases end claims only by a takeover).
 pub(crate) async fn fencing_holder_completes_after_its_lease_elapsed(h: Harness) {
     for (name, policy) in [("reconcile", policy()), ("takeover", takeover())] {
         let (store, scope, key) = (h.store().await, h.scope(name), h.key("slow"));

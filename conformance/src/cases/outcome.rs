@@ -1,4 +1,5 @@
-//! [contract §3.5](idem_core::contract#guarantee-5): stored outcomes replay byte for byte; oversized ones are refused.
+//! [contract §3.5](idem_core::contract#guarantee-5): stored outcomes replay byte for byte;
+//! oversized ones are refused.
 
 use idem_core::machine::ClaimAnswer;
 use idem_core::{Outcome, OutcomeClass, RecordState, StoreError};

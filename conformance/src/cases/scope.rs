@@ -1,6 +1,6 @@
-//! contract [§3.4](idem_core::contract#guarantee-4) and [§1](idem_core::contract#words) (scope): isolation and exact addressing. Records are addressed by
-//! (scope, key) compared byte for byte: no case folding, no normalisation, no trimming, no
-//! concatenation that lets a separator move.
+//! contract [§3.4](idem_core::contract#guarantee-4) and [§1](idem_core::contract#words) (scope):
+//! isolation and exact addressing. Records are addressed by (scope, key) compared byte for byte: no
+//! case folding, no normalisation, no trimming, no concatenation that lets a separator move.
 
 use idem_core::machine::{ClaimAnswer, ReleaseAnswer};
 use idem_core::{ClaimKind, RecordState};

@@ -154,9 +154,10 @@ impl std::error::Error for ModelFailure {}
 ///   those of one serial order, the act after `k` of the claims for some `k`).
 /// - `complete`, `release` and `extend` act with the address's latest token, an older one, the
 ///   latest one with a different random id, or a token never handed out.
-/// - The model is a map of [`Record`](idem_core::Record)s written only by the functions of [`idem_core::machine`];
-///   [`ListFilter`](idem_core::store::ListFilter) and [`Record::is_stale_processing`](idem_core::Record::is_stale_processing) select what the lists must return. The
-///   model never restates a rule.
+/// - The model is a map of [`Record`](idem_core::Record)s written only by the functions of
+///   [`idem_core::machine`]; [`ListFilter`](idem_core::store::ListFilter) and
+///   [`Record::is_stale_processing`](idem_core::Record::is_stale_processing) select what the lists
+///   must return. The model never restates a rule.
 /// - Tokens: the store draws its own random token ids, the model its own. The first time the
 ///   store hands out a token (a `Claimed` answer) it must have the model's `seq` and be new; from
 ///   then on it stands for the model's token, in answers and in records. A record carrying a

@@ -15,7 +15,8 @@ use crate::{
     Token, downstream_key,
 };
 
-/// The claim an operation runs under, handed to the operation by [`Executor::run`](super::Executor::run).
+/// The claim an operation runs under, handed to the operation by
+/// [`Executor::run`](super::Executor::run).
 #[derive(Clone)]
 pub struct Attempt {
     pub(super) store: Arc<dyn KeyStore>,
@@ -113,11 +114,11 @@ impl Attempt {
         })
     }
 
-    /// Tells the executor that the operation has completed the record itself, in the same
-    /// committed transaction as its effect ([contract §6](crate::contract#transactional-completion), transactional completion: e.g.
-    /// `SqliteStore`'s or `PostgresStore`'s completion on the caller's transaction), so the
-    /// executor must not complete it again. Call it only after that transaction committed. Clones
-    /// of the attempt share the mark.
+    /// Tells the executor that the operation has completed the record itself, in the same committed
+    /// transaction as its effect ([contract §6](crate::contract#transactional-completion),
+    /// transactional completion: e.g. `SqliteStore`'s or `PostgresStore`'s completion on the
+    /// caller's transaction), so the executor must not complete it again. Call it only after that
+    /// transaction committed. Clones of the attempt share the mark.
     pub fn mark_recorded(&self) {
         self.recorded.store(true, Ordering::SeqCst);
     }

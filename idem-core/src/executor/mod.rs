@@ -154,20 +154,20 @@ impl Executor {
         self
     }
 
-    /// Runs the claim and the completion as background tasks through `spawn`, so a dropped
-    /// caller cannot lose them (see "Cancellation"). Not needed on tokio: with the `tokio`
-    /// feature (on by default) the executor spawns on the tokio runtime current when it starts a
-    /// task. For another runtime, e.g. `executor.with_spawner(|task| { smol::spawn(task).detach(); })`.
+    /// Runs the claim and the completion as background tasks through `spawn`, so a dropped caller
+    /// cannot lose them (see "Cancellation"). Not needed on tokio: with the `tokio` feature (on by
+    /// default) the executor spawns on the tokio runtime current when it starts a task. For another
+    /// runtime, e.g. `executor.with_spawner(|task| { smol::spawn(task).detach(); })`.
     pub fn with_spawner(mut self, spawn: impl Fn(BackgroundTask) + Send + Sync + 'static) -> Self {
         self.spawn = Spawn::With(Arc::new(spawn));
         self
     }
 
     /// This executor without a spawner (neither its own nor tokio's): the claim and the completion
-    /// run inline, in the caller's task. For a caller that already runs [`Executor::run`] in a task of its own that
-    /// nothing cancels (the HTTP layer and the MCP wrapper spawn one per call): there the
-    /// spawner's extra task per claim and per completion protects nothing more and costs a task
-    /// hop each.
+    /// run inline, in the caller's task. For a caller that already runs [`Executor::run`] in a task
+    /// of its own that nothing cancels (the HTTP layer and the MCP wrapper spawn one per call):
+    /// there the spawner's extra task per claim and per completion protects nothing more and costs
+    /// a task hop each.
     pub fn without_spawner(&self) -> Self {
         Self {
             spawn: Spawn::Inline,
@@ -176,9 +176,9 @@ impl Executor {
     }
 
     /// Encodes every outcome with `codec` before it is stored and decodes every stored outcome
-    /// before it is replayed (encryption, redaction: see [`codec`](crate::codec)). The status,
-    /// the class, the fingerprint and the record's metadata stay clear. A stored outcome that
-    /// does not decode is [`Error::Decode`](crate::Error::Decode): nothing runs and nothing is replayed.
+    /// before it is replayed (encryption, redaction: see [`codec`](crate::codec)). The status, the
+    /// class, the fingerprint and the record's metadata stay clear. A stored outcome that does not
+    /// decode is [`Error::Decode`](crate::Error::Decode): nothing runs and nothing is replayed.
     pub fn with_codec(mut self, codec: impl OutcomeCodec) -> Self {
         self.codec = Some(Arc::new(codec));
         self

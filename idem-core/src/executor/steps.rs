@@ -220,9 +220,10 @@ pub(crate) struct Held<'a> {
 }
 
 /// Completes the record with `outcome` encoded by `codec`; if that is over the policy's limit,
-/// completes it with [`Outcome::not_kept`] (encoded too) instead ([contract §2](crate::contract#states): a record is never left `processing` because its
-/// outcome could not be kept). The replacement is small and bounded; it is stored under the same
-/// policy with the limit raised to its size if the limit is smaller still, so it always fits.
+/// completes it with [`Outcome::not_kept`] (encoded too) instead ([contract
+/// §2](crate::contract#states): a record is never left `processing` because its outcome could not
+/// be kept). The replacement is small and bounded; it is stored under the same policy with the
+/// limit raised to its size if the limit is smaller still, so it always fits.
 pub(crate) async fn complete_or_not_kept(
     held: Held<'_>,
     outcome: &Outcome,

@@ -6,9 +6,9 @@ use sha2::{Digest, Sha256};
 
 use super::FingerprintError;
 
-/// The canonical JSON text of `value` that [`Fingerprint::of`](super::Fingerprint::of) hashes: RFC 8785 (JCS), except
-/// that an integer a double cannot hold exactly keeps its exact decimal digits (see
-/// [`Fingerprint`](super::Fingerprint)).
+/// The canonical JSON text of `value` that [`Fingerprint::of`](super::Fingerprint::of) hashes: RFC
+/// 8785 (JCS), except that an integer a double cannot hold exactly keeps its exact decimal digits
+/// (see [`Fingerprint`](super::Fingerprint)).
 pub fn canonical_json(value: &serde_json::Value) -> Result<String, FingerprintError> {
     let mut out = Vec::new();
     write_canonical(value, &mut out)?;
@@ -16,7 +16,8 @@ pub fn canonical_json(value: &serde_json::Value) -> Result<String, FingerprintEr
 }
 
 /// Where canonical text goes: a buffer ([`canonical_json`]) or straight into the hash
-/// ([`Fingerprint::of_value`](super::Fingerprint::of_value)), so a fingerprint builds no intermediate text.
+/// ([`Fingerprint::of_value`](super::Fingerprint::of_value)), so a fingerprint builds no
+/// intermediate text.
 pub(super) trait Sink {
     fn put(&mut self, bytes: &[u8]);
 }

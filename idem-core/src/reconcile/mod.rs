@@ -1,5 +1,5 @@
-//! Reconciliation and purge: the way out for records stuck in `processing` ([contract §6](crate::contract#beyond-one-call)), and the
-//! garbage collection of expired ones.
+//! Reconciliation and purge: the way out for records stuck in `processing` ([contract
+//! §6](crate::contract#beyond-one-call)), and the garbage collection of expired ones.
 //!
 //! The seed's third case: the tool succeeded, the response write failed, the key says
 //! `processing` forever. Neither "pretend it did not happen" (a retry would do it twice) nor
@@ -103,11 +103,11 @@ impl<P: Probe> Reconciler<P> {
         self
     }
 
-    /// Encodes the probe's outcomes with `codec` before storing them: give it the executor's
-    /// codec (the one given to [`Executor::with_codec`](crate::Executor::with_codec)), or records
-    /// completed here would be stored in clear (and refused on replay by an encrypting codec). A failure to encode is
-    /// reported in [`ReconcileReport::failed`] as a [`StoreError::Backend`] keeping the codec's
-    /// error as its source; the record stays `processing`.
+    /// Encodes the probe's outcomes with `codec` before storing them: give it the executor's codec
+    /// (the one given to [`Executor::with_codec`](crate::Executor::with_codec)), or records
+    /// completed here would be stored in clear (and refused on replay by an encrypting codec). A
+    /// failure to encode is reported in [`ReconcileReport::failed`] as a [`StoreError::Backend`]
+    /// keeping the codec's error as its source; the record stays `processing`.
     pub fn codec(mut self, codec: Arc<dyn OutcomeCodec>) -> Self {
         self.codec = Some(codec);
         self

@@ -56,7 +56,8 @@ pub enum StoreError {
     /// The checkpoint is over the policy's size limit; nothing was written.
     #[error(transparent)]
     CheckpointTooLarge(#[from] CheckpointTooLarge),
-    /// The store does not keep checkpoints ([`KeyStore::supports_checkpoints`](crate::KeyStore::supports_checkpoints) is false);
+    /// The store does not keep checkpoints
+    /// ([`KeyStore::supports_checkpoints`](crate::KeyStore::supports_checkpoints) is false);
     /// nothing was written.
     #[error("the store ({backend}) does not support checkpoints")]
     CheckpointsUnsupported {
@@ -119,7 +120,8 @@ impl StoreError {
     }
 }
 
-/// An outcome over [`Policy::max_outcome_bytes`](crate::Policy::max_outcome_bytes): refused, nothing written.
+/// An outcome over [`Policy::max_outcome_bytes`](crate::Policy::max_outcome_bytes): refused,
+/// nothing written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("outcome body is {size} bytes, over the limit of {limit} bytes; nothing was stored")]
 pub struct OutcomeTooLarge {
@@ -139,7 +141,8 @@ pub struct ZeroLease {
     pub lease: Duration,
 }
 
-/// A checkpoint over [`Policy::max_checkpoint_bytes`](crate::Policy::max_checkpoint_bytes): refused, nothing written.
+/// A checkpoint over [`Policy::max_checkpoint_bytes`](crate::Policy::max_checkpoint_bytes):
+/// refused, nothing written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
     "checkpoint is {size} bytes (name and value), over the limit of {limit} bytes; nothing was saved"

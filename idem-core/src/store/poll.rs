@@ -1,4 +1,5 @@
-//! The portable wait, [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)'s default (re-exported from [`crate::wait`]).
+//! The portable wait, [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)'s default
+//! (re-exported from [`crate::wait`]).
 
 use std::time::Duration;
 
@@ -19,8 +20,9 @@ pub fn changed(seen: &Record, now: Option<&Record>) -> bool {
     })
 }
 
-/// The portable wait, [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)'s default: reads the record with `get` after
-/// 5 ms, then after pauses doubling up to 250 ms, until it [`changed`] from `seen`.
+/// The portable wait, [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change)'s default:
+/// reads the record with `get` after 5 ms, then after pauses doubling up to 250 ms, until it
+/// [`changed`] from `seen`.
 pub async fn poll_for_change<S: KeyStore + ?Sized>(
     store: &S,
     seen: &Record,

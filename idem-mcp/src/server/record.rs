@@ -80,10 +80,11 @@ pub(super) fn from_outcome(outcome: &Outcome) -> Result<CallToolResponse, ErrorD
     }
 }
 
-/// The replay of a call whose result was too large to keep ([contract §2](idem_core::contract#states)): the tool ran and this is
-/// the final answer. A result (`isError` as the original's) whose text says so, with the
-/// problem document under `_meta["io.idem/outcomeNotKept"]`; an error the tool returned stays an
-/// error, with the problem as its `data`.
+/// The replay of a call whose result was too large to keep ([contract
+/// §2](idem_core::contract#states)): the tool ran and this is the final answer. A result (`isError`
+/// as the original's) whose text says so, with the problem document under
+/// `_meta["io.idem/outcomeNotKept"]`; an error the tool returned stays an error, with the problem
+/// as its `data`.
 fn not_kept(outcome: &Outcome) -> Result<CallToolResponse, ErrorData> {
     let problem = outcome.body_json();
     let detail = problem["detail"]

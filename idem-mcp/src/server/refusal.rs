@@ -8,8 +8,9 @@ use serde_json::json;
 
 use crate::key;
 
-/// JSON-RPC error code: the key was already used with other arguments ([contract §4](idem_core::contract#refusals),
-/// `FingerprintMismatch`). In the implementation-defined server-error range.
+/// JSON-RPC error code: the key was already used with other arguments ([contract
+/// §4](idem_core::contract#refusals), `FingerprintMismatch`). In the implementation-defined
+/// server-error range.
 pub const FINGERPRINT_MISMATCH: ErrorCode = ErrorCode(-32090);
 /// JSON-RPC error code: another call with this key is still running; `data.retryAfterMs` says
 /// when to ask again ([contract §4](idem_core::contract#refusals), `InFlight`).
@@ -19,9 +20,10 @@ pub const IN_FLIGHT: ErrorCode = ErrorCode(-32091);
 /// otherwise is an internal error (`-32603`) of type `store-error`: nothing ran, and a retry
 /// waits for the store to be fixed.
 pub const STORE_UNAVAILABLE: ErrorCode = ErrorCode(-32092);
-/// JSON-RPC error code: a side-effecting tool was called without a principal and the server has
-/// not opted into one shared scope ([`IdempotentTools::allow_anonymous`](crate::IdempotentTools::allow_anonymous)); nothing was claimed and
-/// the tool did not run ([contract §1](idem_core::contract#words), scope).
+/// JSON-RPC error code: a side-effecting tool was called without a principal and the server has not
+/// opted into one shared scope
+/// ([`IdempotentTools::allow_anonymous`](crate::IdempotentTools::allow_anonymous)); nothing was
+/// claimed and the tool did not run ([contract §1](idem_core::contract#words), scope).
 pub const UNAUTHENTICATED: ErrorCode = ErrorCode(-32093);
 
 /// `refusal` of a call of `tool` as a JSON-RPC error.

@@ -72,15 +72,15 @@ impl ToolSettings {
 
 /// The authenticated principal of a request, put in the request's extensions by the server's
 /// authentication (for streamable HTTP: an axum/tower layer inserting it into the HTTP request's
-/// extensions, which rmcp hands on inside `http::request::Parts`). [`IdempotentTools`](super::IdempotentTools) scopes
-/// keys by it.
+/// extensions, which rmcp hands on inside `http::request::Parts`).
+/// [`IdempotentTools`](super::IdempotentTools) scopes keys by it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Principal(pub String);
 
 pub(super) type PrincipalFn = dyn Fn(&RequestContext<RoleServer>) -> Option<String> + Send + Sync;
 
-/// The principal [`IdempotentTools`](super::IdempotentTools) finds by default: a [`Principal`] in the request context's
-/// extensions, or in those of the HTTP request (`http::request::Parts`).
+/// The principal [`IdempotentTools`](super::IdempotentTools) finds by default: a [`Principal`] in
+/// the request context's extensions, or in those of the HTTP request (`http::request::Parts`).
 pub fn default_principal(context: &RequestContext<RoleServer>) -> Option<String> {
     context
         .extensions

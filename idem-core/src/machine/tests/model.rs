@@ -47,10 +47,10 @@ fn policies() -> impl Strategy<Value = Policy> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// Drives random sequences against one record and checks the invariants of contract [§2](crate::contract#states)–[§3](crate::contract#guarantees):
-    /// at most one live holder, tokens strictly increase (and are never reused, even across a
-    /// purge), a completed outcome never changes while the record lives, a mismatched fingerprint
-    /// changes nothing.
+    /// Drives random sequences against one record and checks the invariants of contract
+    /// [§2](crate::contract#states)–[§3](crate::contract#guarantees): at most one live holder,
+    /// tokens strictly increase (and are never reused, even across a purge), a completed outcome
+    /// never changes while the record lives, a mismatched fingerprint changes nothing.
     #[test]
     fn invariants_hold_for_any_sequence(policy in policies(), steps in proptest::collection::vec(step(), 1..60)) {
         let ids = ids();
