@@ -64,7 +64,7 @@ impl SqliteStoreBuilder {
             busy_timeout: self.busy_timeout,
         };
         let first = config.connect()?;
-        // One write lock per database file per process (see `Inner::write_lock`).
+        // One write lock per database file per process (see `file_write_lock`).
         let canonical = std::fs::canonicalize(&config.path).unwrap_or_else(|_| config.path.clone());
         let inner = Inner {
             sql: schema::Statements::new(&self.table),
