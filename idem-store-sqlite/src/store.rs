@@ -29,7 +29,6 @@ impl KeyStore for SqliteStore {
     ) -> Result<ClaimAnswer, StoreError> {
         let (scope, key, fingerprint, policy) =
             (scope.clone(), key.clone(), fingerprint.clone(), *policy);
-        let owned = (scope.clone(), key.clone(), fingerprint.clone());
         let first = self
             .run(move |inner, conn| {
                 let req = ClaimRequest::new(&scope, &key, &fingerprint);
@@ -39,12 +38,13 @@ impl KeyStore for SqliteStore {
                 let found = ops::read(conn, &inner.sql, &scope, &key)?;
                 let first = machine::claim(found.as_ref(), req, now, &policy);
                 if first.write.is_none() {
-                    return Ok(Some(first.answer));
+                    return Ok(Ok(first.answer));
                 }
                 // A claim that writes goes on here if the write lock is free; otherwise it gives
-                // the connection back and waits for its turn below, holding none.
+                // the connection back (and its arguments, uncloned) and waits for its turn below,
+                // holding none.
                 let Some(turn) = inner.try_write_turn() else {
-                    return Ok(None);
+                    return Ok(Err((scope, key, fingerprint)));
                 };
                 let answer = inner.write_tx(conn, &turn, |tx| {
                     // A key that was absent is inserted unless a record appeared meanwhile (one
@@ -59,13 +59,13 @@ impl KeyStore for SqliteStore {
                     })
                 })?;
                 claimed(inner, &scope, &key, &answer);
-                Ok(Some(answer))
+                Ok(Ok(answer))
             })
             .await?;
-        if let Some(answer) = first {
-            return Ok(answer);
-        }
-        let (scope, key, fingerprint) = owned;
+        let (scope, key, fingerprint) = match first {
+            Ok(answer) => return Ok(answer),
+            Err(queued) => queued,
+        };
         self.run_write(move |inner, conn, turn| {
             let req = ClaimRequest::new(&scope, &key, &fingerprint);
             let answer = inner.write_tx(conn, turn, |tx| {
