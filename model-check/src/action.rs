@@ -26,6 +26,9 @@ pub enum Action {
     Checkpoint(u8),
     /// Holder `i` renews its lease (a heartbeat).
     Extend(u8),
+    /// Holder `i` renews its lease for less than it has left (`Attempt::extend` takes any
+    /// lease): the later deadline stays, and the holder counts on it.
+    ExtendShort(u8),
     /// Holder `i` records its definitive outcome (executor: `complete`).
     Complete(u8),
     /// Holder `i`'s operation fails with a retryable outcome before any effect.

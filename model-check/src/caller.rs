@@ -12,6 +12,10 @@ use crate::spec_rules;
 use crate::state::{Hold, Phase, Seen, State};
 use crate::store::{NOW, Rules};
 
+/// The lease of a heartbeat that asks for less than the holder has left (one tick): `extend`
+/// never shortens a lease, so it changes nothing, unless the rule is broken.
+const SHORT_LEASE: Duration = Duration::from_millis(1);
+
 /// The steps caller `i` can take in `s`.
 pub fn actions(rules: &Rules, s: &State, i: u8, out: &mut Vec<Action>) {
     let cfg = &rules.cfg;
@@ -35,8 +39,12 @@ pub fn actions(rules: &Rules, s: &State, i: u8, out: &mut Vec<Action>) {
             } else {
                 out.push(Action::Complete(i));
             }
-            if NOW + rules.policy.lease() > h.lease_until {
+            let lease = rules.policy.lease();
+            if NOW + lease > h.lease_until {
                 out.push(Action::Extend(i));
+            }
+            if NOW + SHORT_LEASE < h.lease_until {
+                out.push(Action::ExtendShort(i));
             }
             if !h.ran {
                 out.push(Action::Release(i));
@@ -82,13 +90,21 @@ pub fn step(rules: &Rules, s: &mut State, i: u8, action: Action) {
                     h.checkpoint_due = false;
                     rules.checkpoint(s, key, h.token)
                 }
-                Action::Extend(_) => match rules.extend(s, key, h.token) {
-                    ExtendAnswer::Extended { lease_until } => {
-                        h.lease_until = lease_until;
-                        true
+                Action::Extend(_) | Action::ExtendShort(_) => {
+                    let lease = match action {
+                        Action::Extend(_) => rules.policy.lease(),
+                        _ => SHORT_LEASE,
+                    };
+                    match rules.extend(s, key, h.token, lease) {
+                        // What `Attempt::extend` tells the operation: the claim is still held,
+                        // and (the later deadline wins) its lease runs at least `lease` more.
+                        ExtendAnswer::Extended { .. } => {
+                            h.lease_until = h.lease_until.max(NOW + lease);
+                            true
+                        }
+                        ExtendAnswer::Fenced => false,
                     }
-                    ExtendAnswer::Fenced => false,
-                },
+                }
                 Action::Complete(_) | Action::FailRetryable(_) => {
                     let definitive = matches!(action, Action::Complete(_));
                     let outcome = Rules::outcome(request, h.token, definitive);

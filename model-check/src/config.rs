@@ -25,17 +25,6 @@ pub enum Replication {
     Asynchronous,
 }
 
-/// Whether the store compares the caller's token before `complete`, `release`, `extend` and
-/// `checkpoint`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Fencing {
-    /// The rules as they are (`idem_core::machine`).
-    Checked,
-    /// The one-line change: the store acts for any caller as if it held the record's current
-    /// token. Exists to show that the checker finds what fencing prevents.
-    Skipped,
-}
-
 /// A model: the actors, the settings under test and the bounds of the search.
 ///
 /// Time is relative (see [`crate::model`]): there is no bound on the clock; the bounds are the
@@ -83,8 +72,6 @@ pub struct Config {
     pub lease: u64,
     /// The ttl in ticks, or `None` for records that never expire.
     pub ttl: Option<u64>,
-    /// The store's fencing.
-    pub fencing: Fencing,
 }
 
 impl Config {
@@ -119,7 +106,6 @@ impl Config {
             retryable: false,
             lease: 2,
             ttl: Some(5),
-            fencing: Fencing::Checked,
         }
     }
 

@@ -6,13 +6,13 @@ use std::process::ExitCode;
 use idem_core::StalePolicy;
 use idem_model_check::liveness::always_can_settle;
 use idem_model_check::run::check;
-use idem_model_check::{CallerSpec, Config, Fencing, Replication};
+use idem_model_check::{CallerSpec, Config, ProtocolModel, Replication};
 
 const HELP: &str = "\
 usage: idem-model-check [options]
 
 Searches every reachable state of the idem protocol within the bounds given and prints the
-figures and any counterexample. Defaults: two callers on one key making 2 and 1 calls, one
+figures, or stops at the first counterexample and prints it. Defaults: two callers on one key making 2 and 1 calls, one
 effect, one crash, reconciliation with a probe (2 takeovers), no failover, lease 2, ttl 5.
 
   --calls A,B[,C]    calls of each caller (a third caller reuses key 0 with another request)
@@ -29,7 +29,6 @@ effect, one crash, reconciliation with a probe (2 takeovers), no failover, lease
   --takeover         stale claims are taken over (no reconciler)
   --failovers N      failovers of the store
   --asynchronous     the store acknowledges before its replica has the write
-  --no-fencing       the store skips the token comparison (shows what fencing prevents)
   --ignore-lease     holders start effects after their lease ended
   --ttl N|none       the ttl in ticks (lease: 2)
   --liveness         check that every state can settle instead (probe never 'unknown' when
@@ -74,7 +73,6 @@ fn parse(args: &[String]) -> Result<(Config, bool), String> {
             "--takeover" => cfg = cfg.takeover(),
             "--failovers" => cfg.failovers = number(it.next())?,
             "--asynchronous" => cfg.replication = Replication::Asynchronous,
-            "--no-fencing" => cfg.fencing = Fencing::Skipped,
             "--ignore-lease" => cfg.honour_lease = false,
             "--ttl" => {
                 cfg.ttl = match it.next().map(String::as_str) {
@@ -125,7 +123,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let r = check(cfg, None);
+    let r = check(ProtocolModel::new(cfg), None);
     println!(
         "{} states ({} generated), depth {}, {:.2?}",
         r.unique_states, r.states, r.max_depth, r.elapsed

@@ -6,10 +6,13 @@
 //! now, so this is the same system, and its states repeat instead of counting up: the search is
 //! exhaustive without a bound on the clock, and a lease or a ttl always can run out.
 
+use std::sync::Arc;
+
 use stateright::{Model, Property};
 
 use crate::action::Action;
 use crate::config::{Config, Replication};
+use crate::machine::{Machine, Shipped};
 use crate::properties;
 use crate::state::{Caller, Ghost, Phase, Recon, State};
 use crate::store::Rules;
@@ -22,10 +25,15 @@ pub struct ProtocolModel {
 }
 
 impl ProtocolModel {
-    /// The model of `cfg`.
+    /// The model of `cfg`, its store running the rules that ship (`idem_core::machine`).
     pub fn new(cfg: Config) -> Self {
+        Self::with_machine(cfg, Shipped)
+    }
+
+    /// The model of `cfg`, its store running `machine`'s rules (a test's mutant of them).
+    pub fn with_machine(cfg: Config, machine: impl Machine) -> Self {
         Self {
-            rules: Rules::new(cfg),
+            rules: Rules::new(cfg, Arc::new(machine)),
         }
     }
 
@@ -107,6 +115,7 @@ impl Model for ProtocolModel {
             | Action::Effect(i)
             | Action::Checkpoint(i)
             | Action::Extend(i)
+            | Action::ExtendShort(i)
             | Action::Complete(i)
             | Action::FailRetryable(i)
             | Action::Release(i)
@@ -139,6 +148,9 @@ impl Model for ProtocolModel {
             }),
             Property::always(properties::EXPIRED_STAYS_GONE, |_, s| {
                 properties::expired_stays_gone(s)
+            }),
+            Property::always(properties::CHECKPOINTS_END, |_, s| {
+                properties::checkpoints_end(s)
             }),
             Property::sometimes(properties::COMPLETES, |_, s| properties::completes(s)),
             Property::sometimes(properties::REPLAYS, |_, s| properties::replays(s)),

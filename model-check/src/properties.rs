@@ -26,6 +26,10 @@ pub const FIRST_OUTCOME: &str =
 /// settles stale claims) never writes a record that had expired or was purged back into existence.
 pub const EXPIRED_STAYS_GONE: &str =
     "reconciliation never recreates an expired record (contract §2, §3.6)";
+/// contract [§3.10](idem_core::contract#guarantee-10) and [§6.1](idem_core::contract#checkpoints):
+/// the checkpoints belong to the operation and its completion ends them: a completed record keeps
+/// none.
+pub const CHECKPOINTS_END: &str = "completion ends the checkpoints (contract §3.10, §6.1)";
 /// Sanity: an operation can complete (the model is not vacuous).
 pub const COMPLETES: &str = "an operation completes";
 /// Sanity: a repeat can be replayed.
@@ -66,6 +70,14 @@ pub fn first_outcome(s: &State) -> bool {
 /// [`EXPIRED_STAYS_GONE`].
 pub fn expired_stays_gone(s: &State) -> bool {
     !s.ghost.recreated
+}
+
+/// [`CHECKPOINTS_END`].
+pub fn checkpoints_end(s: &State) -> bool {
+    s.primary.iter().flatten().all(|stored| {
+        let r = &stored.record;
+        r.state != RecordState::Completed || r.checkpoints.is_empty()
+    })
 }
 
 /// [`COMPLETES`].

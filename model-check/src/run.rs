@@ -1,4 +1,5 @@
-//! Running the checker: one exhaustive breadth-first search, and what it found.
+//! Running the checker: one breadth-first search, exhaustive unless it meets a counterexample,
+//! and what it found.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -7,7 +8,6 @@ use std::time::{Duration, Instant};
 use stateright::{Checker, HasDiscoveries, Model};
 
 use crate::action::Action;
-use crate::config::Config;
 use crate::model::ProtocolModel;
 use crate::state::{Phase, State};
 use crate::store::{NOW, Rules};
@@ -23,10 +23,13 @@ pub struct Report {
     pub max_depth: usize,
     /// How long the search took.
     pub elapsed: Duration,
-    /// Each safety property that fails, with its counterexample: the steps from the start to
-    /// the first state that breaks it (each state with the action taken from it).
+    /// The safety properties found failing before the search stopped (the first one found,
+    /// usually alone), each with its counterexample: the steps from the start to the first state
+    /// that breaks it (each state with the action taken from it). Empty: none fails in any
+    /// reachable state.
     pub violations: BTreeMap<&'static str, Vec<(State, Option<Action>)>>,
-    /// The reachability properties with no example.
+    /// The reachability properties with no example; only known, and so only listed, when the
+    /// search covered every state.
     pub unreached: Vec<&'static str>,
 }
 
@@ -37,26 +40,36 @@ impl Report {
     }
 }
 
-/// Searches every state of `cfg`'s model (on every core). With `stop_at`, the search runs on
-/// one thread and ends as soon as that property has a counterexample.
-pub fn check(cfg: Config, stop_at: Option<&'static str>) -> Report {
-    let model = ProtocolModel::new(cfg.clone());
-    let model_for_check = ProtocolModel::new(cfg);
+/// Searches the states of `model` breadth-first, and stops at the first counterexample: with
+/// `stop_at`, the first to that property (on one thread, so it is a shortest one); without, the
+/// first to any safety property (on every core). A broken rule is thus reported in about the
+/// time its counterexample takes to reach, whatever the size of the space it opens; where no
+/// property fails, every reachable state is searched.
+pub fn check(model: ProtocolModel, stop_at: Option<&'static str>) -> Report {
+    let model_for_check = model.clone();
     let properties = model.properties();
-    // One thread when looking for a counterexample: the search is then breadth-first exactly,
-    // so the counterexample is a shortest one.
-    let threads = match stop_at {
-        Some(_) => 1,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    let (threads, finish_when) = match stop_at {
+        Some(name) => (1, HasDiscoveries::AnyOf(BTreeSet::from([name]))),
+        None => (
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            HasDiscoveries::AnyFailures,
+        ),
     };
-    let mut builder = model.checker().threads(threads);
-    if let Some(name) = stop_at {
-        builder = builder.finish_when(HasDiscoveries::AnyOf(BTreeSet::from([name])));
-    }
     let started = Instant::now();
-    let checker = builder.spawn_bfs().join();
+    let checker = model
+        .checker()
+        .threads(threads)
+        .finish_when(finish_when)
+        .spawn_bfs()
+        .join();
     let elapsed = started.elapsed();
     let mut discoveries = checker.discoveries();
+    let stopped = match stop_at {
+        Some(name) => discoveries.contains_key(name),
+        None => properties
+            .iter()
+            .any(|p| p.expectation.discovery_is_failure() && discoveries.contains_key(p.name)),
+    };
     let mut violations = BTreeMap::new();
     let mut unreached = Vec::new();
     for p in &properties {
@@ -73,7 +86,7 @@ pub fn check(cfg: Config, stop_at: Option<&'static str>) -> Report {
                 }
                 violations.insert(p.name, steps);
             }
-            (false, None) => unreached.push(p.name),
+            (false, None) if !stopped => unreached.push(p.name),
             _ => {}
         }
     }

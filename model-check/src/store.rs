@@ -1,22 +1,23 @@
-//! The model's store: each operation runs `idem_core::machine`'s rule on the record the primary
-//! holds and writes what the rule says, to the primary and (when writes are acknowledged after
-//! the replica confirmed them) to the replica: claims, completions, releases, extends and
-//! checkpoints, and with them the checkpoints' lifetime (kept by a retry, a takeover, a release
-//! and a retryable outcome; dropped by completion and by a record that replaces an expired one).
-//! The ghost variables are kept here too.
+//! The model's store: each operation runs its [`Machine`]'s rule (`idem_core::machine`'s, unless
+//! a test seeds a mutant) on the record the primary holds and writes what the rule says, to the
+//! primary and (when writes are acknowledged after the replica confirmed them) to the replica:
+//! claims, completions, releases, extends and checkpoints, and with them the checkpoints'
+//! lifetime (kept by a retry, a takeover, a release and a retryable outcome; dropped by completion
+//! and by a record that replaces an expired one). The ghost variables are kept here too.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::machine::ReleaseAnswer;
 use idem_core::machine::{
-    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer,
+    CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::{
     Checkpoint, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope,
     Timestamp, Token,
 };
 
-use crate::config::{Config, Fencing, Replication};
+use crate::config::{Config, Replication};
+use crate::machine::Machine;
 use crate::state::{Phase, State, Stored};
 
 pub use crate::state::NOW;
@@ -33,11 +34,13 @@ pub struct Rules {
     pub policy: Policy,
     /// The earliest instant a tick keeps: anything earlier behaves the same (long past).
     floor: Timestamp,
+    /// The transition rules each store operation runs.
+    machine: Arc<dyn Machine>,
 }
 
 impl Rules {
-    /// The rules for `cfg`.
-    pub fn new(cfg: Config) -> Self {
+    /// The rules for `cfg`, each store operation running `machine`'s rule.
+    pub fn new(cfg: Config, machine: Arc<dyn Machine>) -> Self {
         let ms = Duration::from_millis;
         let policy = Policy::builder()
             .lease(ms(cfg.lease))
@@ -57,6 +60,7 @@ impl Rules {
             policy,
             floor: NOW - ms(horizon),
             cfg,
+            machine,
         }
     }
 
@@ -100,14 +104,6 @@ impl Rules {
         s.primary[k] = stored;
     }
 
-    /// The token the store compares: the caller's, or (the one-line change) the record's own.
-    fn fence(&self, s: &State, key: u8, token: Token) -> Token {
-        match self.cfg.fencing {
-            Fencing::Checked => token,
-            Fencing::Skipped => Self::found(s, key).map_or(token, |r| r.token),
-        }
-    }
-
     fn note_writer(s: &mut State, key: u8, writer: Token) {
         if Self::found(s, key).is_some_and(|r| r.token != writer) {
             s.ghost.unfenced_write = true;
@@ -131,7 +127,7 @@ impl Rules {
             fingerprint: &self.requests[usize::from(request)],
             token_id,
         };
-        let t = machine::claim(Self::found(s, key), req, NOW, policy);
+        let t = self.machine.claim(Self::found(s, key), req, NOW, policy);
         if let Some(record) = t.write {
             if s.ghost.acknowledged_expiry[k].is_none_or(|e| NOW >= e) {
                 s.ghost.generation[k] += 1;
@@ -151,8 +147,9 @@ impl Rules {
         outcome: &Outcome,
     ) -> CompleteAnswer {
         let k = usize::from(key);
-        let fenced = self.fence(s, key, token);
-        let t = machine::complete(Self::found(s, key), fenced, outcome, NOW, &self.policy)
+        let t = self
+            .machine
+            .complete(Self::found(s, key), token, outcome, NOW, &self.policy)
             .expect("a small outcome");
         if let Some(record) = t.write {
             Self::note_writer(s, key, token);
@@ -171,8 +168,7 @@ impl Rules {
 
     /// `release` by the holder of `token`.
     pub fn release(&self, s: &mut State, key: u8, token: Token) -> ReleaseAnswer {
-        let fenced = self.fence(s, key, token);
-        let t = machine::release(Self::found(s, key), fenced, NOW);
+        let t = self.machine.release(Self::found(s, key), token, NOW);
         if let Some(record) = t.write {
             Self::note_writer(s, key, token);
             s.ghost.open[usize::from(key)] = false;
@@ -181,11 +177,12 @@ impl Rules {
         t.answer
     }
 
-    /// `extend` by one lease, by the holder of `token`.
-    pub fn extend(&self, s: &mut State, key: u8, token: Token) -> ExtendAnswer {
-        let fenced = self.fence(s, key, token);
-        let lease = self.policy.lease();
-        let t = machine::extend(Self::found(s, key), fenced, lease, NOW).expect("a lease");
+    /// `extend` by `lease`, by the holder of `token`.
+    pub fn extend(&self, s: &mut State, key: u8, token: Token, lease: Duration) -> ExtendAnswer {
+        let t = self
+            .machine
+            .extend(Self::found(s, key), token, lease, NOW)
+            .expect("a lease");
         if let Some(record) = t.write {
             Self::note_writer(s, key, token);
             self.write(s, key, Some(Stored { record }));
@@ -193,15 +190,16 @@ impl Rules {
         t.answer
     }
 
-    /// `checkpoint` by the holder of `token` (`machine::checkpoint`): the next step, named by
+    /// `checkpoint` by the holder of `token` (`Machine::checkpoint`): the next step, named by
     /// its index, its value the token of the claim that saved it. Whether it was saved.
     pub fn checkpoint(&self, s: &mut State, key: u8, token: Token) -> bool {
-        let fenced = self.fence(s, key, token);
         let found = Self::found(s, key);
         let step = found.map_or(0, |r| r.checkpoints.len());
         let checkpoint = Checkpoint::new(format!("step-{step}"), format!("\"{}\"", token.id), NOW)
             .expect("a JSON string");
-        let t = machine::checkpoint(found, fenced, &checkpoint, &self.policy)
+        let t = self
+            .machine
+            .checkpoint(found, token, &checkpoint, &self.policy)
             .expect("a small checkpoint");
         let Some(record) = t.write else {
             return false;

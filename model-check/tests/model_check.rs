@@ -4,9 +4,9 @@
 
 use idem_core::StalePolicy;
 use idem_model_check::liveness::{Liveness, always_can_settle};
-use idem_model_check::properties::{AT_MOST_ONCE, COMPLETES, EXPIRED_STAYS_GONE, FENCING, REPLAYS};
+use idem_model_check::properties::{AT_MOST_ONCE, COMPLETES, EXPIRED_STAYS_GONE, REPLAYS};
 use idem_model_check::run::{Report, check};
-use idem_model_check::{CallerSpec, Config, Fencing, Replication};
+use idem_model_check::{CallerSpec, Config, ProtocolModel, Replication};
 
 /// Two callers on one key, one call each, one crash, a reconciler with a probe (two passes).
 fn base() -> Config {
@@ -30,7 +30,7 @@ fn holds(name: &str, cfg: Config) -> Report {
             .iter()
             .any(|b| (a.key, a.request) == (b.key, b.request))
     });
-    let r = check(cfg, None);
+    let r = check(ProtocolModel::new(cfg), None);
     figures(name, &r);
     if let Some(property) = r.violations.keys().next() {
         panic!(
@@ -50,7 +50,7 @@ fn holds(name: &str, cfg: Config) -> Report {
 
 /// The checker finds a counterexample to `property`; returns its trace.
 fn finds(name: &str, cfg: Config, property: &'static str) -> String {
-    let r = check(cfg, Some(property));
+    let r = check(ProtocolModel::new(cfg), Some(property));
     figures(name, &r);
     let trace = r
         .trace(property)
@@ -112,14 +112,6 @@ fn model_check_failover_window_is_found_only_without_acknowledgement() {
     assert!(trace.contains("Failover"), "{trace}");
     cfg.replication = Replication::Acknowledged;
     holds("failover, acknowledged by the replica", cfg);
-}
-
-#[test]
-fn model_check_without_the_token_comparison_the_checker_finds_a_double_effect() {
-    let mut cfg = base();
-    cfg.fencing = Fencing::Skipped;
-    finds("fencing skipped", cfg.clone(), AT_MOST_ONCE);
-    finds("fencing skipped", cfg, FENCING);
 }
 
 #[test]
