@@ -152,6 +152,9 @@ impl Model for ProtocolModel {
             Property::always(properties::CHECKPOINTS_END, |_, s| {
                 properties::checkpoints_end(s)
             }),
+            Property::always(properties::DEADLINES_BOUNDED, |m, s| {
+                properties::deadlines_bounded(m.config(), s)
+            }),
             Property::sometimes(properties::COMPLETES, |_, s| properties::completes(s)),
             Property::sometimes(properties::REPLAYS, |_, s| properties::replays(s)),
         ]

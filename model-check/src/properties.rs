@@ -1,7 +1,10 @@
 //! The properties, each named after the SPEC guarantee it checks.
 
+use std::time::Duration;
+
 use idem_core::RecordState;
 
+use crate::config::Config;
 use crate::state::State;
 use crate::store::{NOW, Rules};
 
@@ -30,6 +33,13 @@ pub const EXPIRED_STAYS_GONE: &str =
 /// the checkpoints belong to the operation and its completion ends them: a completed record keeps
 /// none.
 pub const CHECKPOINTS_END: &str = "completion ends the checkpoints (contract §3.10, §6.1)";
+/// [contract §2](idem_core::contract#states): a claim sets the lease to `now + lease` and the
+/// expiry to `now + ttl`, a completion the expiry to `now + ttl`, and a heartbeat moves the expiry
+/// only as far as it moves the lease: no record's deadline lies further ahead than that. (It is
+/// also what keeps the model finite: a rule that pushed a deadline further on each step would
+/// otherwise make the search endless instead of failing it.)
+pub const DEADLINES_BOUNDED: &str =
+    "no deadline lies further ahead than a lease or a ttl (contract §2)";
 /// Sanity: an operation can complete (the model is not vacuous).
 pub const COMPLETES: &str = "an operation completes";
 /// Sanity: a repeat can be replayed.
@@ -77,6 +87,16 @@ pub fn checkpoints_end(s: &State) -> bool {
     s.primary.iter().flatten().all(|stored| {
         let r = &stored.record;
         r.state != RecordState::Completed || r.checkpoints.is_empty()
+    })
+}
+
+/// [`DEADLINES_BOUNDED`], for the lease and ttl of `cfg`.
+pub fn deadlines_bounded(cfg: &Config, s: &State) -> bool {
+    let lease = NOW + Duration::from_millis(cfg.lease);
+    let expiry = cfg.ttl.map(|ttl| NOW + Duration::from_millis(ttl));
+    s.primary.iter().chain(&s.replica).flatten().all(|stored| {
+        let r = &stored.record;
+        r.lease_until <= lease && expiry.is_none_or(|e| r.expires_at <= e)
     })
 }
 

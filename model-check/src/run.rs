@@ -41,10 +41,11 @@ impl Report {
 }
 
 /// Searches the states of `model` breadth-first, and stops at the first counterexample: with
-/// `stop_at`, the first to that property (on one thread, so it is a shortest one); without, the
-/// first to any safety property (on every core). A broken rule is thus reported in about the
-/// time its counterexample takes to reach, whatever the size of the space it opens; where no
-/// property fails, every reachable state is searched.
+/// `stop_at`, the first to that property (on one thread); without, the first to any safety
+/// property (on every core). A broken rule is thus reported in about the time its counterexample
+/// takes to reach, whatever the size of the space it opens; where no property fails, every
+/// reachable state is searched. (Stateright looks for the stop every 1,500 states and keeps the
+/// last counterexample it met, so one may be a few steps longer than the shortest.)
 pub fn check(model: ProtocolModel, stop_at: Option<&'static str>) -> Report {
     let model_for_check = model.clone();
     let properties = model.properties();

@@ -171,8 +171,10 @@ fn base() -> Config {
     cfg
 }
 
-/// The most states a search may visit before its counterexample: the exhaustive runs of these
-/// models under the rules that ship visit 8,645 to 226,775, a mutant's space can be far larger.
+/// The most states a search may visit before its counterexample. Searched to the end, these
+/// models have 8,645 to 226,775 states under the rules that ship and 25,063 to 230,841 under
+/// their mutant (the shortening extend's has no end): a search that visits fewer stopped at its
+/// counterexample.
 const FEW_STATES: usize = 20_000;
 
 /// The model check of `cfg` under `mutant`, as CI runs it, fails: a safety property in
@@ -180,18 +182,17 @@ const FEW_STATES: usize = 20_000;
 fn killed(name: &str, cfg: Config, mutant: impl Machine, expected: &[&'static str]) -> String {
     let r = check(ProtocolModel::with_machine(cfg, mutant), None);
     println!(
-        "{name}: {} states ({} generated), depth {}, {:.2?}",
-        r.unique_states, r.states, r.max_depth, r.elapsed
+        "{name}: {} states ({} generated), depth {}, {:.2?}; fails: {:?}",
+        r.unique_states,
+        r.states,
+        r.max_depth,
+        r.elapsed,
+        r.violations.keys()
     );
-    let (property, _) = r
-        .violations
+    let property = expected
         .iter()
-        .next()
-        .unwrap_or_else(|| panic!("{name}: the mutant survives: every property holds"));
-    assert!(
-        expected.contains(property),
-        "{name}: {property} fails, expected one of {expected:?}"
-    );
+        .find(|p| r.violations.contains_key(*p))
+        .unwrap_or_else(|| panic!("{name}: the mutant survives: none of {expected:?} fails"));
     let trace = r.trace(property).expect("a trace");
     println!("{name}: counterexample to {property}:\n{trace}");
     assert!(
