@@ -1,6 +1,8 @@
 //! The exhaustive bounded runs CI makes (`cargo test -p idem-model-check`; `scripts/test` runs
-//! them with the workspace). Each search covers every reachable state of its model; the figures
-//! are printed (`-- --nocapture`) and listed in `docs/model-check.md`.
+//! them with the workspace). Each search covers every reachable state of its model, unless a
+//! property fails: it then stops at that counterexample, so a broken rule fails these tests in
+//! seconds (`tests/mutants.rs`). The figures are printed (`-- --nocapture`) and listed in
+//! `docs/model-check.md`.
 
 use idem_core::StalePolicy;
 use idem_model_check::liveness::{Liveness, always_can_settle};
