@@ -123,7 +123,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let r = check(ProtocolModel::new(cfg), None);
+    let r = check(ProtocolModel::new(cfg));
     println!(
         "{} states ({} generated), depth {}, {:.2?}",
         r.unique_states, r.states, r.max_depth, r.elapsed

@@ -32,7 +32,7 @@ fn holds(name: &str, cfg: Config) -> Report {
             .iter()
             .any(|b| (a.key, a.request) == (b.key, b.request))
     });
-    let r = check(ProtocolModel::new(cfg), None);
+    let r = check(ProtocolModel::new(cfg));
     figures(name, &r);
     if let Some(property) = r.violations.keys().next() {
         panic!(
@@ -52,11 +52,14 @@ fn holds(name: &str, cfg: Config) -> Report {
 
 /// The checker finds a counterexample to `property`; returns its trace.
 fn finds(name: &str, cfg: Config, property: &'static str) -> String {
-    let r = check(ProtocolModel::new(cfg), Some(property));
+    let r = check(ProtocolModel::new(cfg));
     figures(name, &r);
-    let trace = r
-        .trace(property)
-        .unwrap_or_else(|| panic!("{name}: no counterexample to {property}"));
+    let trace = r.trace(property).unwrap_or_else(|| {
+        panic!(
+            "{name}: no counterexample to {property}; fails: {:?}",
+            r.violations.keys()
+        )
+    });
     println!("{name}: counterexample to {property}:\n{trace}");
     trace
 }

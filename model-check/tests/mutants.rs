@@ -1,5 +1,5 @@
 //! Seeded mutants of `idem_core::machine`'s rules: each must fail the model check, as CI runs it
-//! (`run::check(model, None)`), with a counterexample reached in a small part of the space
+//! (`run::check`), with a counterexample reached in a small part of the space
 //! ([contract §3](idem_core::contract#model-check): a checker that cannot fail in practice proves
 //! nothing). Each mutant is one [`Machine`] that breaks one rule the way a one-line change to
 //! `idem_core::machine` would; the rules that ship are not touched. Figures in
@@ -180,7 +180,7 @@ const FEW_STATES: usize = 20_000;
 /// The model check of `cfg` under `mutant`, as CI runs it, fails: a safety property in
 /// `expected` has a counterexample, found within [`FEW_STATES`]. Returns its trace.
 fn killed(name: &str, cfg: Config, mutant: impl Machine, expected: &[&'static str]) -> String {
-    let r = check(ProtocolModel::with_machine(cfg, mutant), None);
+    let r = check(ProtocolModel::with_machine(cfg, mutant));
     println!(
         "{name}: {} states ({} generated), depth {}, {:.2?}; fails: {:?}",
         r.unique_states,
