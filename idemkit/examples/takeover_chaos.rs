@@ -27,8 +27,8 @@
 //! cargo run -p idemkit --example takeover_chaos --features sqlite,postgres,redis -- 200
 //! ```
 //!
-//! runs 200 orders on SQLite (a temporary file), and on PostgreSQL and Redis when
-//! `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL` are set.
+//! runs 200 orders (30 without the argument) on SQLite (a temporary file), and on PostgreSQL and
+//! Redis when `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL` are set.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -381,7 +381,7 @@ fn main() {
     }
     let orders = std::env::args()
         .nth(1)
-        .map_or(200, |n| n.parse().expect("a number of orders"));
+        .map_or(30, |n| n.parse().expect("a number of orders"));
     let dir = std::env::temp_dir().join(format!("idem-chaos-db-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
