@@ -51,13 +51,14 @@ async fn race_checkpoints(h: &Harness, taker: Taker) {
         }
         // The lease has elapsed: nobody took over yet, so the holder still saves.
         let at = t0 + LEASE + Duration::from_millis(round as u64);
-        let (policy, own_expiry) = match taker {
+        let (taker_policy, own_expiry) = match taker {
             Taker::Retry => (takeover(), None),
             Taker::Reconciler => {
                 let read = taker_store.get(&scope, &key, at).await.unwrap();
                 let read = read.expect("the holder's record");
-                let policy = takeover_policy(&policy(), &read, at, at).expect("a takeover policy");
-                (policy, Some(read.expires_at))
+                let taker_policy =
+                    takeover_policy(&policy(), &read, at, at).expect("a takeover policy");
+                (taker_policy, Some(read.expires_at))
             }
         };
         let saving = async {
@@ -74,7 +75,7 @@ async fn race_checkpoints(h: &Harness, taker: Taker) {
         };
         let claiming = async {
             taker_store
-                .claim(&scope, &key, &fp("a"), &policy, at)
+                .claim(&scope, &key, &fp("a"), &taker_policy, at)
                 .await
                 .unwrap()
         };
