@@ -159,16 +159,21 @@
 //!   handles released together by a barrier, over several rounds: exactly one wins, for an absent
 //!   record, an expired one, a `failed_retryable` one (by outcome and by release) and a stale one
 //!   under `Takeover`, and while the holder completes (no claim wins) or releases (exactly one
-//!   does); every loser sees the winner's running lease, and the stored record is the winner's. To
-//!   fix a failure: the read, the decision and the write of a claim must be one atomic step for
-//!   every existing record, not only for an absent key (one transaction that locks the row —
-//!   `SELECT … FOR UPDATE`, `BEGIN IMMEDIATE` — or a compare-and-set on the token, or a server-side
-//!   script). The executor cases count the operation at the sink: it runs exactly once.
+//!   does); every loser sees the winner's running lease, and the stored record is the winner's. A
+//!   takeover racing the old holder's completion, release or extension: one of the two wins, never
+//!   both. To fix a failure: the read, the decision and the write of a claim must be one atomic
+//!   step for every existing record, not only for an absent key (one transaction that locks the
+//!   row — `SELECT … FOR UPDATE`, `BEGIN IMMEDIATE` — or a compare-and-set on every column
+//!   another writer can change, or a server-side script). The executor cases count the operation
+//!   at the sink: it runs exactly once.
 //! - **`checkpoint_`** ([contract §6.1](idem_core::contract#checkpoints), §3.10): a holder's
 //!   checkpoints are saved in order, byte for byte; fenced exactly like `complete` (a stale
 //!   holder after a takeover, a forged token, a released or completed record: `Fenced`, nothing
 //!   written; an elapsed lease nobody took over still saves); kept through a release, a retryable
-//!   outcome, a retry and a takeover; gone after completion, expiry and purge; one over
+//!   outcome, a retry and a takeover — also a takeover (a retry's or a reconciler's) racing the
+//!   holder's checkpoints from another handle: every checkpoint the holder was told is saved is
+//!   on the record it leaves (a compare-and-set that a checkpoint does not change, writing back the
+//!   checkpoints it read, loses them); gone after completion, expiry and purge; one over
 //!   `max_checkpoint_bytes` is `CheckpointTooLarge` before anything is written. A store whose
 //!   `supports_checkpoints()` is false passes them by refusing every checkpoint with
 //!   `StoreError::CheckpointsUnsupported`, and is reported as not supporting them.
@@ -190,7 +195,7 @@
 //!
 //! Its own tests (`conformance/tests/broken/`) hold deliberately broken stores, one per class of
 //! defect: a claim that reads, awaits, then writes (for every record, or only for existing ones);
-//! no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
+//! a rewrite whose compare-and-set misses the checkpoints, or compares only the token; no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
 //! `scope + ":" + key` addressing; a purge that miscounts; a wait that never wakes. Each fails the
 //! cases meant to catch it, through [`run_all`], [`run_matching`] and [`conformance_tests!`], and
 //! passes a basic case.

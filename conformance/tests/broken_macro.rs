@@ -37,6 +37,8 @@ macro_rules! broken_suite {
 broken_suite! {
     read_then_write_claim => ReadThenWriteClaim,
     read_then_write_rewrite => ReadThenWriteRewrite,
+    rewrite_writes_stale_checkpoints => RewriteWritesStaleCheckpoints,
+    rewrite_compares_token_only => RewriteComparesTokenOnly,
     no_fencing => NoFencing,
     lease_ends_holder => LeaseEndsHolder,
     expiry_ignored => ExpiryIgnored,

@@ -37,6 +37,16 @@ fn read_then_write_rewrite_fails_the_rewrite_races() {
 }
 
 #[test]
+fn a_rewrite_that_writes_stale_checkpoints_fails_the_checkpoint_races() {
+    check(Defect::RewriteWritesStaleCheckpoints);
+}
+
+#[test]
+fn a_rewrite_that_compares_only_the_token_fails_the_holder_races() {
+    check(Defect::RewriteComparesTokenOnly);
+}
+
+#[test]
 fn missing_fencing_fails_the_fencing_cases() {
     check(Defect::NoFencing);
 }

@@ -5,7 +5,7 @@ use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer};
 use idem_core::{
     IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp, Token,
 };
-use sqlx::{PgConnection, Postgres, SqlStr};
+use sqlx::{PgConnection, Postgres, Row, SqlStr};
 
 use crate::PostgresStore;
 use crate::conflict::retry_conflicts;
@@ -63,21 +63,23 @@ impl PostgresStore {
         crate::wake::payload(&self.sql.qualified, scope, key)
     }
 
+    /// The record stored for (scope, key), expired or not, with its checkpoints column as stored
+    /// (what the claim's compare-and-set compares).
     pub(crate) async fn read(
         &self,
         conn: &mut PgConnection,
         scope: &Scope,
         key: &IdempotencyKey,
-    ) -> Result<Option<Record>, sqlx::Error> {
+    ) -> Result<Option<(Record, Option<String>)>, sqlx::Error> {
         let row = sqlx::query(self.sql.select_any.clone())
             .bind(scope.as_str())
             .bind(key.as_str())
             .fetch_optional(conn)
             .await?;
-        Ok(match row {
-            Some(row) => Some(record_from_row(&row).map_err(|e| sqlx::Error::Decode(e.into()))?),
-            None => None,
-        })
+        let Some(row) = row else { return Ok(None) };
+        let record = record_from_row(&row).map_err(|e| sqlx::Error::Decode(e.into()))?;
+        let checkpoints = row.try_get("checkpoints")?;
+        Ok(Some((record, checkpoints)))
     }
 
     /// One round of a claim: `Ok(Some(answer))` when decided, `Ok(None)` when the record changed
@@ -93,7 +95,7 @@ impl PostgresStore {
         let mut conn = self.pool.acquire().await?;
         let conn: &mut PgConnection = &mut conn;
         // Read first: a replay (and an in-flight or mismatched request) is this one read.
-        let found = match self.read(conn, req.scope, req.key).await? {
+        let (found, checkpoints) = match self.read(conn, req.scope, req.key).await? {
             Some(found) => found,
             None => {
                 let fresh = machine::claim(None, req, now, policy);
@@ -132,7 +134,8 @@ impl PostgresStore {
             .bind(found.token.id_hex())
             .bind(found.state.as_str())
             .bind(ts(found.lease_until))
-            .bind(ts(found.expires_at));
+            .bind(ts(found.expires_at))
+            .bind(checkpoints);
         if notify {
             replace = replace.bind(self.payload(req.scope, req.key));
         }

@@ -134,17 +134,20 @@ impl Statements {
         );
         let select_any = format!("SELECT {COLUMNS} FROM {t} WHERE scope = $1 AND key = $2");
         // Compare-and-set: the write the machine decided, only if the record is still the one it
-        // decided on (same token, state, lease and expiry).
+        // decided on: same token, state, lease and expiry, and the same checkpoints, byte for
+        // byte (`$21`, the column as read). A holder's checkpoint changes none of the others,
+        // and a takeover writes the checkpoints it read: one saved between the read and this
+        // write would be lost, so the claim reads again instead.
         let replace = format!(
             "UPDATE {t} SET fingerprint = $3, state = $4, token_seq = $5, token_id = $6, attempt = $7, \
              lease_until = $8, outcome_status = $9, outcome_body = $10, outcome_class = $11, \
              created_at = $12, updated_at = $13, expires_at = $14, checkpoints = $15 \
              WHERE scope = $1 AND key = $2 AND token_seq = $16 AND token_id = $17 AND state = $18 \
-             AND lease_until = $19 AND expires_at = $20"
+             AND lease_until = $19 AND expires_at = $20 AND checkpoints IS NOT DISTINCT FROM $21"
         );
         // A claim that replaces a `processing` record (a takeover, or an expired one replaced)
         // changes what a waiter saw: the same compare-and-set, notifying in its statement.
-        let replace_notify = notifying(&replace, 21);
+        let replace_notify = notifying(&replace, 22);
         let held = "scope = $1 AND key = $2 AND state = 'processing' AND token_seq = $3 \
                     AND token_id = $4 AND expires_at > $5";
         // A completed record's checkpoints end with it; a `failed_retryable` one keeps them.

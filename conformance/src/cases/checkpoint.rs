@@ -17,6 +17,12 @@ use idem_core::{Checkpoint, RecordState, StoreError};
 use super::*;
 use crate::harness::Harness;
 
+mod race;
+
+pub(crate) use race::{
+    checkpoint_kept_by_a_racing_reconciler_takeover, checkpoint_kept_by_a_racing_takeover,
+};
+
 /// The store, if it claims checkpoints; otherwise checks that it refuses one with the typed
 /// error, notes it on the harness, and returns `None` (the case then passes as "not supported").
 async fn supporting(h: &Harness) -> Option<Arc<dyn KeyStore>> {

@@ -1,6 +1,7 @@
 //! [contract §3.1](idem_core::contract#guarantee-1): concurrent claims from separate handles:
 //! exactly one winner, for every record a claim can rewrite (absent, expired, `failed_retryable`,
-//! stale under takeover) and while the holder completes or releases.
+//! stale under takeover) and while the holder completes or releases; a takeover racing the old
+//! holder's completion, release or extension.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,7 +14,14 @@ use tokio::task::JoinHandle;
 use super::*;
 use crate::harness::Harness;
 
+mod holder;
 mod records;
+
+pub(crate) use holder::{
+    concurrency_takeover_racing_the_holders_completion,
+    concurrency_takeover_racing_the_holders_extension,
+    concurrency_takeover_racing_the_holders_release,
+};
 
 pub(crate) use records::{
     concurrency_claims_race_on_a_failed_retryable_record,

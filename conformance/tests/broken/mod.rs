@@ -33,6 +33,14 @@ pub enum Defect {
     /// an existing record (expired, `failed_retryable`, stale under takeover) by read, await,
     /// then write: N retries of a `failed_retryable` record all win.
     ReadThenWriteRewrite,
+    /// A claim is atomic for an absent key, but rewrites an existing record by read, await, then
+    /// a compare-and-set on token, state, lease and expiry that writes back the checkpoints it
+    /// read: a checkpoint the holder saves in between changes none of those, and is lost.
+    RewriteWritesStaleCheckpoints,
+    /// A claim is atomic for an absent key, but rewrites an existing record by read, await, then
+    /// a compare-and-set on the token only: the holder's completion, release or extension in
+    /// between keeps the token, and is overwritten.
+    RewriteComparesTokenOnly,
     /// complete / release / extend write to any live record, whatever its token or state (an
     /// `UPDATE … WHERE scope = ? AND key = ?` without the fencing condition).
     NoFencing,
@@ -64,6 +72,8 @@ pub enum Defect {
 pub const ALL: &[Defect] = &[
     Defect::ReadThenWriteClaim,
     Defect::ReadThenWriteRewrite,
+    Defect::RewriteWritesStaleCheckpoints,
+    Defect::RewriteComparesTokenOnly,
     Defect::NoFencing,
     Defect::LeaseEndsHolder,
     Defect::ExpiryIgnored,
@@ -182,6 +192,56 @@ impl Broken {
     }
 }
 
+impl Broken {
+    /// A claim that rewrites an existing record by read, await, then a compare-and-set that
+    /// compares too little (see the defects), reading again when the record changed.
+    async fn claim_compare_and_set(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> ClaimAnswer {
+        loop {
+            let Some(found) = self.found(scope, key) else {
+                return self.claim_atomic(scope, key, fingerprint, policy, now);
+            };
+            let req = ClaimRequest::new(scope, key, fingerprint);
+            let t = machine::claim(Some(&found), req, now, policy);
+            let Some(write) = t.write else {
+                return t.answer;
+            };
+            tokio::time::sleep(ROUND_TRIP).await;
+            if self.replace_if_unchanged(scope, key, &found, write) {
+                return t.answer;
+            }
+        }
+    }
+
+    /// Writes `record` if the stored record still matches `found` in what the defect compares.
+    fn replace_if_unchanged(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        found: &Record,
+        record: Record,
+    ) -> bool {
+        let mut map = self.map.lock().unwrap();
+        let id = self.address(scope, key);
+        let unchanged = map.get(&id).is_some_and(|now| {
+            now.token == found.token
+                && (self.defect == Defect::RewriteComparesTokenOnly
+                    || (now.state, now.lease_until, now.expires_at)
+                        == (found.state, found.lease_until, found.expires_at))
+        });
+        if unchanged {
+            map.insert(id, self.stored(record));
+        }
+        unchanged
+    }
+}
+
 #[async_trait]
 impl KeyStore for Broken {
     async fn claim(
@@ -195,6 +255,11 @@ impl KeyStore for Broken {
         match self.defect {
             Defect::ReadThenWriteClaim => {}
             Defect::ReadThenWriteRewrite if self.found(scope, key).is_some() => {}
+            Defect::RewriteWritesStaleCheckpoints | Defect::RewriteComparesTokenOnly => {
+                return Ok(self
+                    .claim_compare_and_set(scope, key, fingerprint, policy, now)
+                    .await);
+            }
             // Atomic for an absent key: the insert-if-absent runs under the lock.
             _ => return Ok(self.claim_atomic(scope, key, fingerprint, policy, now)),
         }
@@ -401,6 +466,15 @@ pub fn caught_by(defect: Defect) -> &'static [&'static str] {
             "concurrency_claims_race_on_a_stale_record_under_takeover",
             "concurrency_claims_racing_a_release_one_winner",
             "concurrency_executor_retry_runs_once",
+        ],
+        Defect::RewriteWritesStaleCheckpoints => &[
+            "checkpoint_kept_by_a_racing_takeover",
+            "checkpoint_kept_by_a_racing_reconciler_takeover",
+        ],
+        Defect::RewriteComparesTokenOnly => &[
+            "concurrency_takeover_racing_the_holders_completion",
+            "concurrency_takeover_racing_the_holders_release",
+            "concurrency_takeover_racing_the_holders_extension",
         ],
         Defect::NoFencing => &[
             "fencing_second_complete_is_fenced",
