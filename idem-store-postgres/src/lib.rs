@@ -132,8 +132,17 @@ impl PostgresStore {
     /// transaction pooler breaks (PostgreSQL `26000`, `42P05`, `08P01`: the store's errors then
     /// say so). Session pooling needs nothing. In a URL (see [`PostgresStore::connect`]):
     /// `pooler=transaction`.
+    ///
+    /// With `true` the pool's new connections also stop sending the `extra_float_digits` startup
+    /// parameter, which PgBouncer refuses unless told to ignore it (`ignore_startup_parameters`);
+    /// the store reads no floating-point values.
     pub fn with_transaction_pooler(mut self, enabled: bool) -> Self {
         self.pooler = enabled;
+        if enabled {
+            let options = (*self.pool.connect_options()).clone();
+            self.pool
+                .set_connect_options(options.extra_float_digits(None));
+        }
         self
     }
 
@@ -175,11 +184,15 @@ impl PostgresStore {
     /// and use [`PostgresStore::new`] or [`PostgresStore::with_table`].
     ///
     /// Two parameters of the URL are the store's, not the driver's:
-    /// `pooler=transaction` ([`PostgresStore::with_transaction_pooler`]; `session` and `none`
-    /// change nothing) and `listen_url=postgres://…` ([`PostgresStore::with_listen_options`]).
+    /// `pooler=transaction` ([`PostgresStore::with_transaction_pooler`]; `pooler=session` only
+    /// drops the `extra_float_digits` startup parameter, which PgBouncer refuses by default) and `listen_url=postgres://…` ([`PostgresStore::with_listen_options`]).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let url = params::StoreParams::parse(url)?;
-        let options = url.options;
+        let options = if url.pooled {
+            url.options.extra_float_digits(None)
+        } else {
+            url.options
+        };
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(Duration::from_secs(5))

@@ -11,6 +11,9 @@ pub(crate) struct StoreParams {
     pub(crate) options: PgConnectOptions,
     /// `pooler=transaction`.
     pub(crate) pooler: bool,
+    /// `pooler=transaction` or `pooler=session`: a pooler that refuses unknown startup
+    /// parameters.
+    pub(crate) pooled: bool,
     /// `listen_url=…`, parsed.
     pub(crate) listen: Option<PgConnectOptions>,
 }
@@ -30,14 +33,15 @@ impl StoreParams {
     pub(crate) fn parse(text: &str) -> Result<Self, StoreError> {
         let mut url = url::Url::parse(text)
             .map_err(|e| misconfigured(format!("postgres connection string: {e}")))?;
-        let (mut pooler, mut listen) = (false, None);
+        let (mut pooler, mut pooled, mut listen) = (false, false, None);
         let mut rest = Vec::new();
         for (name, value) in url.query_pairs() {
             match &*name {
                 "pooler" => {
-                    pooler = match &*value {
-                        "transaction" => true,
-                        "session" | "none" => false,
+                    (pooler, pooled) = match &*value {
+                        "transaction" => (true, true),
+                        "session" => (false, true),
+                        "none" => (false, false),
                         other => {
                             return Err(misconfigured(format!(
                                 "postgres connection string: pooler={other:?}; expected \
@@ -58,6 +62,7 @@ impl StoreParams {
         Ok(Self {
             options: driver_options("connection string", url.as_str())?,
             pooler,
+            pooled,
             listen,
         })
     }
@@ -80,7 +85,7 @@ mod tests {
         let listen = p.listen.unwrap();
         assert_eq!((listen.get_host(), listen.get_port()), ("db", 5432));
         let plain = StoreParams::parse("postgres://db/app?pooler=session").unwrap();
-        assert!(!plain.pooler && plain.listen.is_none());
+        assert!(!plain.pooler && plain.pooled && plain.listen.is_none());
         let err = StoreParams::parse("postgres://db/app?pooler=statement").unwrap_err();
         assert!(err.to_string().contains("statement pooling"), "{err}");
         let err = StoreParams::parse("postgres://app:hunter2@db/app?pooler=x").unwrap_err();

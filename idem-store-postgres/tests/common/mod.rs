@@ -95,7 +95,18 @@ impl StoreTarget {
 
     /// A store on a new pool of up to `max` connections tagged `app`, in the test table.
     async fn store(&self, app: &str, max: u32) -> PostgresStore {
-        let store = PostgresStore::with_table(pool(&self.url, app, max).await, SCHEMA, TABLE)
+        let mut connect = options(&self.url, app);
+        if self.pooler {
+            // PgBouncer refuses this startup parameter by default (the store's README).
+            connect = connect.extra_float_digits(None);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(connect)
+            .await
+            .expect("connect to IDEM_TEST_POSTGRES_STORE_URL");
+        let store = PostgresStore::with_table(pool, SCHEMA, TABLE)
             .expect("valid names")
             .with_transaction_pooler(self.pooler);
         match &self.listen {
