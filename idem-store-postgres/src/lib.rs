@@ -52,6 +52,9 @@ use schema::{MIGRATIONS, Statements};
 /// - A request waiting for an in-flight answer is woken by `LISTEN/NOTIFY`: completion, release
 ///   and takeover notify in their own statement (so at commit), and the store listens on one
 ///   connection of its own, opened at the first wait. See [`PostgresStore::with_notifications`].
+/// - Behind a transaction pooler (PgBouncer `pool_mode = transaction`), told so with
+///   [`PostgresStore::with_transaction_pooler`] or `pooler=transaction` in the URL, no statement
+///   is prepared: each is one simple-protocol query.
 ///
 /// Clones share the pool.
 #[derive(Clone)]
@@ -157,10 +160,11 @@ impl PostgresStore {
 
     /// Whether a request waiting for an in-flight answer is woken by `LISTEN` (the default) or
     /// polls the record (`false`). `LISTEN` needs a session of its own, which the store opens on
-    /// the pool's connection options at the first wait, outside the pool. Turn it off where a
-    /// session cannot listen: behind PgBouncer in transaction or statement pooling mode (its
-    /// `LISTEN` succeeds but nothing is ever heard), or where one more connection per process is
-    /// too many. Writes notify either way, so processes that listen are still woken.
+    /// the pool's connection options (or [`PostgresStore::with_listen_options`]) at the first
+    /// wait, outside the pool. Behind a transaction pooler without a direct connection to listen
+    /// on, waits poll ([`PostgresStore::with_transaction_pooler`]). Turn it off where one more
+    /// connection per process is too many. Writes notify either way, so processes that listen
+    /// are still woken.
     pub fn with_notifications(mut self, enabled: bool) -> Self {
         self.notifications = enabled;
         self
