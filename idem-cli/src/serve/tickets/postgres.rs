@@ -20,10 +20,13 @@ pub(super) struct PostgresTickets(pub(super) PostgresStore);
 impl Tickets for PostgresTickets {
     async fn create_table(&self) -> Result<(), BoxError> {
         // A constant with a constant rewritten into it: no input reaches this text. A simple
-        // query: no statement is prepared.
-        sqlx::raw_sql(sqlx::AssertSqlSafe(CREATE_TICKETS.replace(
-            "INTEGER PRIMARY KEY AUTOINCREMENT",
-            "BIGSERIAL PRIMARY KEY",
+        // query (no statement is prepared) of two statements, so one implicit transaction: the
+        // lock serialises servers starting at once (concurrent `CREATE TABLE IF NOT EXISTS` of a
+        // new table can fail on the catalog's unique index).
+        let create =
+            CREATE_TICKETS.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SELECT pg_advisory_xact_lock(7419002); {create}"
         )))
         .execute(self.0.pool())
         .await?;
