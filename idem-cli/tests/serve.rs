@@ -165,6 +165,59 @@ async fn thirty_two_concurrent_one_ticket(s: Server) {
     assert_eq!(s.tickets().await, 1, "exactly one ticket row");
 }
 
+async fn two_hundred_new_keys_two_hundred_tickets(s: Server) {
+    for i in 0..200 {
+        let resp = s.post(Some(&format!("wf-seq:step-{i}")), &args()).await;
+        assert_eq!(
+            resp.status(),
+            201,
+            "key {i}: {}",
+            resp.text().await.unwrap()
+        );
+    }
+    assert_eq!(s.tickets().await, 200, "one ticket per key");
+}
+
+/// A retry that asks to wait (`Prefer: wait`) while the first call runs (a slow tool) gets the
+/// replay, not 409; one ticket.
+async fn a_waiting_retry_gets_the_replay(s: Server) {
+    use idem_core::Clock;
+    let s = Arc::new(s);
+    let key = "wf-wait:step-1";
+    let first = {
+        let s = s.clone();
+        tokio::spawn(async move { s.post(Some(key), &args()).await })
+    };
+    // A condition, not a pause: the first call's claim is in flight.
+    let scope = idem_core::Scope::from_parts([s.tenant.as_str(), "/tools/create_ticket"]).unwrap();
+    let id = idem_core::IdempotencyKey::new(key).unwrap();
+    let store = s.backend.store();
+    while store
+        .get(&scope, &id, s.clock.now())
+        .await
+        .unwrap()
+        .is_none()
+    {
+        tokio::task::yield_now().await;
+    }
+    let again = idem_http::client::http_client()
+        .unwrap()
+        .post(format!("{}/tools/create_ticket", s.base))
+        .header("content-type", "application/json")
+        .header("x-tenant-id", &s.tenant)
+        .header("idempotency-key", key)
+        .header("prefer", "wait=10")
+        .body(args())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 201, "the replay, not 409");
+    assert_eq!(again.headers()["idempotency-replayed"], "true");
+    assert!(again.headers().contains_key("preference-applied"));
+    assert_eq!(first.await.unwrap().status(), 201);
+    assert_eq!(s.tickets().await, 1, "one ticket");
+}
+
 async fn after_expiry_runs_again_once(s: Server) {
     assert_eq!(s.post(Some("k-e"), &args()).await.status(), 201);
     s.clock.advance(Duration::from_secs(24 * 3600 + 1));
@@ -283,6 +336,16 @@ macro_rules! on_backends {
                 }
             )*
         }
+        mod postgres_pooler {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(s) = super::start("postgres-pooler", std::time::Duration::from_millis($latency_ms)).await {
+                        super::$name(s).await;
+                    }
+                }
+            )*
+        }
         mod redis {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -304,5 +367,7 @@ on_backends! {
     after_expiry_runs_again_once => 0,
     two_tenants_two_tickets => 0,
     slow_tool_short_deadline_then_replay => 1500,
+    two_hundred_new_keys_two_hundred_tickets => 0,
+    a_waiting_retry_gets_the_replay => 300,
     tools_publish_window_and_deadline => 500,
 }

@@ -2,7 +2,7 @@
 //! check of [`Maintenance`](idem_core::Maintenance) for PostgreSQL).
 
 use idem_core::{ConfigWarning, StoreError};
-use sqlx::Row;
+use sqlx::{Row, SqlStr};
 
 use crate::PostgresStore;
 use crate::error::classify;
@@ -158,14 +158,18 @@ impl PostgresStore {
     pub(crate) async fn durability_warnings(&self) -> Result<Vec<ConfigWarning>, StoreError> {
         let op = "config check";
         let mut c = self.pool.acquire().await.map_err(|e| classify(op, e))?;
-        let row = sqlx::query(
-            "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'), \
-             current_setting('fsync'), pg_is_in_recovery()",
-        )
-        .fetch_one(&mut *c)
+        let row = self
+            .statement(&SqlStr::from_static(
+                "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'), \
+                 current_setting('fsync'), pg_is_in_recovery()",
+            ))
+            .fetch_one(&mut *c)
         .await
         .map_err(|e| classify(op, e))?;
-        let replicas = sqlx::query("SELECT coalesce(sync_state, '') FROM pg_stat_replication")
+        let replicas = self
+            .statement(&SqlStr::from_static(
+                "SELECT coalesce(sync_state, '') FROM pg_stat_replication",
+            ))
             .fetch_all(&mut *c)
             .await
             .map_err(|e| classify(op, e))?

@@ -6,8 +6,10 @@ mod error;
 mod maintenance;
 mod migrate;
 mod ops;
+mod params;
 mod row;
 mod schema;
+mod statement;
 mod store;
 mod wake;
 
@@ -17,8 +19,8 @@ use std::time::Duration;
 
 use idem_core::machine::{self, CompleteAnswer};
 use idem_core::{Attempt, Outcome, StoreError};
-use sqlx::PgConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{PgConnection, SqlStr};
 
 pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 
@@ -50,6 +52,9 @@ use schema::{MIGRATIONS, Statements};
 /// - A request waiting for an in-flight answer is woken by `LISTEN/NOTIFY`: completion, release
 ///   and takeover notify in their own statement (so at commit), and the store listens on one
 ///   connection of its own, opened at the first wait. See [`PostgresStore::with_notifications`].
+/// - Behind a transaction pooler (PgBouncer `pool_mode = transaction`), told so with
+///   [`PostgresStore::with_transaction_pooler`] or `pooler=transaction` in the URL, no statement
+///   is prepared: each is one simple-protocol query.
 ///
 /// Clones share the pool.
 #[derive(Clone)]
@@ -58,6 +63,10 @@ pub struct PostgresStore {
     sql: Arc<Statements>,
     hub: Arc<wake::Hub>,
     notifications: bool,
+    /// Behind a transaction pooler: statements are sent inline ([`statement`]).
+    pooler: bool,
+    /// Where `LISTEN` connects, when not on the pool's options.
+    listen: Option<Arc<PgConnectOptions>>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -68,6 +77,8 @@ impl fmt::Debug for PostgresStore {
             .field("pool_size", &self.pool.size())
             .field("pool_idle", &self.pool.num_idle())
             .field("notifications", &self.notifications)
+            .field("transaction_pooler", &self.pooler)
+            .field("listen_url", &self.listen.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -102,15 +113,58 @@ impl PostgresStore {
             sql: Arc::new(sql),
             hub: Arc::default(),
             notifications: true,
+            pooler: false,
+            listen: None,
         }
+    }
+
+    /// `sql` as a statement the store's connections can run (inline behind a transaction
+    /// pooler).
+    pub(crate) fn statement<'q>(&self, sql: &SqlStr) -> statement::Statement<'q> {
+        statement::Statement::new(sql.clone(), self.pooler)
+    }
+
+    /// Whether the pool's URL points at a transaction pooler (PgBouncer `pool_mode =
+    /// transaction`, or a managed pooler that behaves like it), where consecutive transactions of
+    /// one connection run on different server connections. With `true` every statement of the
+    /// store is sent as one simple-protocol query with its values written in as typed literals,
+    /// so no prepared statement outlives its round trip; waits poll the record unless
+    /// [`PostgresStore::with_listen_options`] names a direct connection to `LISTEN` on.
+    ///
+    /// `false` (the default) keeps prepared statements cached per connection, which a
+    /// transaction pooler breaks (PostgreSQL `26000`, `42P05`, `08P01`: the store's errors then
+    /// say so). Session pooling needs nothing. In a URL (see [`PostgresStore::connect`]):
+    /// `pooler=transaction`.
+    ///
+    /// With `true` the pool's new connections also stop sending the `extra_float_digits` startup
+    /// parameter, which PgBouncer refuses unless told to ignore it (`ignore_startup_parameters`);
+    /// the store reads no floating-point values.
+    pub fn with_transaction_pooler(mut self, enabled: bool) -> Self {
+        self.pooler = enabled;
+        if enabled {
+            let options = (*self.pool.connect_options()).clone();
+            self.pool
+                .set_connect_options(options.extra_float_digits(None));
+        }
+        self
+    }
+
+    /// `LISTEN` on a connection made with `options` (a direct connection to the same server)
+    /// rather than on the pool's: behind a transaction pooler, where `LISTEN` cannot be heard,
+    /// this lets waiting requests be woken by notification instead of polling. In a URL:
+    /// `listen_url=postgres://…` (percent-encoded).
+    pub fn with_listen_options(mut self, options: PgConnectOptions) -> Self {
+        self.listen = Some(Arc::new(options));
+        self
     }
 
     /// Whether a request waiting for an in-flight answer is woken by `LISTEN` (the default) or
     /// polls the record (`false`). `LISTEN` needs a session of its own, which the store opens on
-    /// the pool's connection options at the first wait, outside the pool. Turn it off where a
-    /// session cannot listen: behind PgBouncer in transaction or statement pooling mode (its
-    /// `LISTEN` succeeds but nothing is ever heard), or where one more connection per process is
-    /// too many. Writes notify either way, so processes that listen are still woken.
+    /// the pool's connection options (or [`PostgresStore::with_listen_options`]) at the first
+    /// wait, outside the pool. Behind a transaction pooler without a direct connection to listen
+    /// on, waits poll ([`PostgresStore::with_transaction_pooler`]). Turn it off where one more
+    /// connection per process is too many. Writes notify either way, so processes that listen
+    /// are still woken.
     pub fn with_notifications(mut self, enabled: bool) -> Self {
         self.notifications = enabled;
         self
@@ -132,17 +186,28 @@ impl PostgresStore {
     /// Connects a pool of up to 10 connections to `url` (`postgres://user:pass@host/db`) and
     /// returns a store in table `public.idem_records`. For other settings build the pool yourself
     /// and use [`PostgresStore::new`] or [`PostgresStore::with_table`].
+    ///
+    /// Two parameters of the URL are the store's, not the driver's:
+    /// `pooler=transaction` ([`PostgresStore::with_transaction_pooler`]; `pooler=session` only
+    /// drops the `extra_float_digits` startup parameter, which PgBouncer refuses by default) and `listen_url=postgres://…` ([`PostgresStore::with_listen_options`]).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = url.parse().map_err(|e| StoreError::Misconfigured {
-            message: format!("postgres connection string: {e}"),
-        })?;
+        let url = params::StoreParams::parse(url)?;
+        let options = if url.pooled {
+            url.options.extra_float_digits(None)
+        } else {
+            url.options
+        };
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
             .map_err(|e| classify("connect", e))?;
-        Ok(Self::new(pool))
+        let store = Self::new(pool).with_transaction_pooler(url.pooler);
+        Ok(match url.listen {
+            Some(listen) => store.with_listen_options(listen),
+            None => store,
+        })
     }
 
     /// The pool the store runs on.

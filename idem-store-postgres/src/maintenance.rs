@@ -3,6 +3,8 @@
 
 use idem_core::{ConfigWarning, Maintenance, StoreError, async_trait};
 
+use sqlx::Row;
+
 use crate::error::{classify, sqlstate};
 use crate::schema::trusted;
 use crate::{PostgresStore, SCHEMA_VERSION};
@@ -23,9 +25,11 @@ impl Maintenance for PostgresStore {
             "SELECT max(version) FROM {}",
             self.sql.migrations_table
         ));
-        let applied = match sqlx::query_scalar::<_, Option<i32>>(newest_applied)
+        let applied = match self
+            .statement(&newest_applied)
             .fetch_one(&self.pool)
             .await
+            .and_then(|row| row.try_get::<Option<i32>, _>(0))
         {
             Ok(applied) => applied.unwrap_or(0),
             // undefined_table, invalid_schema_name: never migrated.

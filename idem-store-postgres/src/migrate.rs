@@ -2,7 +2,7 @@
 //! lock.
 
 use idem_core::{StoreError, Timestamp};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Row, SqlStr};
 
 use crate::PostgresStore;
 use crate::error::classify;
@@ -36,9 +36,13 @@ impl PostgresStore {
         ));
         let mut conn = self.pool.acquire().await.map_err(|e| classify(op, e))?;
         let conn: &mut PgConnection = &mut conn;
-        let encoding: String = sqlx::query_scalar("SELECT current_setting('server_encoding')")
+        let encoding: String = self
+            .statement(&SqlStr::from_static(
+                "SELECT current_setting('server_encoding')",
+            ))
             .fetch_one(&mut *conn)
             .await
+            .and_then(|row| row.try_get(0))
             .map_err(|e| classify(op, e))?;
         if encoding != "UTF8" {
             return Err(StoreError::Misconfigured {
@@ -50,7 +54,7 @@ impl PostgresStore {
         let mut tx = sqlx::Connection::begin(&mut *conn)
             .await
             .map_err(|e| classify(op, e))?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        self.statement(&SqlStr::from_static("SELECT pg_advisory_xact_lock($1)"))
             .bind(advisory_key(&self.sql.qualified))
             .execute(&mut *tx)
             .await
@@ -58,9 +62,11 @@ impl PostgresStore {
         sqlx::Executor::execute(&mut *tx, trusted(bootstrap))
             .await
             .map_err(|e| classify(op, e))?;
-        let applied: Option<i32> = sqlx::query_scalar(trusted(newest_applied))
+        let applied: Option<i32> = self
+            .statement(&trusted(newest_applied))
             .fetch_one(&mut *tx)
             .await
+            .and_then(|row| row.try_get(0))
             .map_err(|e| classify(op, e))?;
         let applied = applied.unwrap_or(0);
         let newest = MIGRATIONS.last().map_or(0, |m| m.version);
@@ -77,7 +83,7 @@ impl PostgresStore {
             sqlx::Executor::execute(&mut *tx, trusted(ddl))
                 .await
                 .map_err(|e| classify(op, e))?;
-            sqlx::query(record_version.clone())
+            self.statement(&record_version)
                 .bind(m.version)
                 .bind(m.description)
                 .bind(ts(Timestamp::now()))

@@ -36,7 +36,8 @@ impl PostgresStore {
     {
         let Held { scope, key, token } = held;
         let state = machine::completed_state(outcome, policy);
-        let updated = sqlx::query(self.sql.complete.clone())
+        let updated = self
+            .statement(&self.sql.complete)
             .bind(scope.as_str())
             .bind(key.as_str())
             .bind(big(token.seq))
@@ -71,7 +72,8 @@ impl PostgresStore {
         scope: &Scope,
         key: &IdempotencyKey,
     ) -> Result<Option<(Record, Option<String>)>, sqlx::Error> {
-        let row = sqlx::query(self.sql.select_any.clone())
+        let row = self
+            .statement(&self.sql.select_any)
             .bind(scope.as_str())
             .bind(key.as_str())
             .fetch_optional(conn)
@@ -102,7 +104,7 @@ impl PostgresStore {
                 let Some(record) = &fresh.write else {
                     return Ok(Some(fresh.answer));
                 };
-                let inserted = bind_record(sqlx::query(self.sql.insert.clone()), record)
+                let inserted = bind_record(self.statement(&self.sql.insert), record)
                     .execute(&mut *conn)
                     .await?
                     .rows_affected();
@@ -129,7 +131,7 @@ impl PostgresStore {
         } else {
             &self.sql.replace
         };
-        let mut replace = bind_record(sqlx::query(sql.clone()), &write)
+        let mut replace = bind_record(self.statement(sql), &write)
             .bind(big(found.token.seq))
             .bind(found.token.id_hex())
             .bind(found.state.as_str())
@@ -155,7 +157,7 @@ impl PostgresStore {
     ) -> Result<bool, StoreError> {
         let payload = self.payload(scope, key);
         let updated = retry_conflicts(op, || {
-            sqlx::query(sql.clone())
+            self.statement(sql)
                 .bind(scope.as_str())
                 .bind(key.as_str())
                 .bind(big(token.seq))

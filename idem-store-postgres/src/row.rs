@@ -10,15 +10,14 @@
 use idem_core::store::columns::{RawRecord, timestamp_from_column};
 use idem_core::{Record, StoreError, Timestamp};
 use sqlx::Row;
-use sqlx::postgres::{PgArguments, PgRow};
-use sqlx::query::Query;
+use sqlx::postgres::PgRow;
 
 pub(crate) use idem_core::store::columns::{timestamp_to_column as ts, to_column as big};
 
-pub(crate) type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
+use crate::statement::Statement;
 
 /// Binds a whole record as `$1..$15`, in [`crate::schema::COLUMNS`] order.
-pub(crate) fn bind_record<'q>(q: PgQuery<'q>, r: &Record) -> PgQuery<'q> {
+pub(crate) fn bind_record<'q>(q: Statement<'q>, r: &Record) -> Statement<'q> {
     let r = RawRecord::from_record(r);
     // outcome_status is an INTEGER column; a status is a u16.
     let status = r

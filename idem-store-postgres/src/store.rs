@@ -98,7 +98,7 @@ impl KeyStore for PostgresStore {
         // One fenced UPDATE that keeps the later deadline and returns the one stored; run again
         // on a serialization failure or deadlock, as every write is.
         let row = retry_conflicts("extend", || {
-            sqlx::query(self.sql.extend.clone())
+            self.statement(&self.sql.extend)
                 .bind(scope.as_str())
                 .bind(key.as_str())
                 .bind(big(token.seq))
@@ -122,7 +122,8 @@ impl KeyStore for PostgresStore {
         key: &IdempotencyKey,
         now: Timestamp,
     ) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(self.sql.get.clone())
+        let row = self
+            .statement(&self.sql.get)
             .bind(scope.as_str())
             .bind(key.as_str())
             .bind(ts(now))
@@ -137,7 +138,8 @@ impl KeyStore for PostgresStore {
         older_than: Timestamp,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let rows = sqlx::query(self.sql.list_in_flight.clone())
+        let rows = self
+            .statement(&self.sql.list_in_flight)
             .bind(ts(older_than))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
@@ -188,7 +190,7 @@ impl KeyStore for PostgresStore {
                 per_state.join(" UNION ALL ")
             )
         };
-        let mut query = sqlx::query(trusted(sql)).bind(ts(now));
+        let mut query = self.statement(&trusted(sql)).bind(ts(now));
         if let Some(state) = filter.state {
             query = query.bind(state.as_str());
         }
@@ -210,7 +212,8 @@ impl KeyStore for PostgresStore {
         if limit == 0 {
             return Ok(0);
         }
-        let deleted = sqlx::query(self.sql.purge.clone())
+        let deleted = self
+            .statement(&self.sql.purge)
             .bind(ts(now))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .execute(&self.pool)
@@ -235,7 +238,7 @@ impl KeyStore for PostgresStore {
         machine::check_checkpoint_size(checkpoint, policy)?;
         let item = idem_core::store::columns::checkpoint_item(checkpoint);
         let updated = retry_conflicts("checkpoint", || {
-            sqlx::query(self.sql.checkpoint.clone())
+            self.statement(&self.sql.checkpoint)
                 .bind(scope.as_str())
                 .bind(key.as_str())
                 .bind(big(token.seq))

@@ -9,7 +9,9 @@
 //!   executor re-reads it anyway when the lease it saw ends.
 //! - Listener: one connection per store (shared by its clones, in a pool of its own so it takes
 //!   no slot of the store's pool), opened on the first wait, `LISTEN`ing on [`CHANNEL`]; one task
-//!   reads it and wakes the waiters by payload. It ends with the last clone of the store.
+//!   reads it and wakes the waiters by payload. It ends with the last clone of the store. It
+//!   connects on the pool's options, or on the direct connection given for it
+//!   (`listen_url`); behind a transaction pooler without one, waits poll.
 //! - A wait registers its payload while the listener is up (`LISTEN` acknowledged), then reads
 //!   the record: a change committed after that read is always delivered. If the connection
 //!   drops, every registered wait is woken (the executor reads again), the task reconnects and
@@ -25,7 +27,7 @@ use std::time::Duration;
 use idem_core::wait::{Timer, changed, poll_every, poll_for_change};
 use idem_core::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
 use sqlx::PgPool;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{OnceCell, oneshot};
 
 use crate::PostgresStore;
@@ -90,18 +92,19 @@ impl Hub {
         self.opened.load(Ordering::Relaxed)
     }
 
-    /// Starts the listener task on the first call; returns once it has tried to `LISTEN` once.
-    async fn start(self: &Arc<Self>, pool: &PgPool) {
+    /// Starts the listener task on the first call, connecting with `options`; returns once it
+    /// has tried to `LISTEN` once.
+    async fn start(self: &Arc<Self>, options: &PgConnectOptions) {
         self.started
             .get_or_init(|| async {
                 let (ready, first) = oneshot::channel();
                 let (stop, stopped) = oneshot::channel();
                 *self.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(stop);
-                // Its own pool of one connection, on the store's connection options.
+                // Its own pool of one connection.
                 let listen_pool = PgPoolOptions::new()
                     .max_connections(1)
                     .acquire_timeout(Duration::from_secs(5))
-                    .connect_lazy_with((*pool.connect_options()).clone());
+                    .connect_lazy_with(options.clone());
                 tokio::spawn(listen(Arc::downgrade(self), listen_pool, stopped, ready));
                 let _ = first.await;
             })
@@ -251,10 +254,14 @@ pub(crate) async fn wait_for_change(
     timer: &Timer,
 ) -> Result<(), StoreError> {
     let (scope, key) = (&seen.scope, &seen.key);
-    if !store.notifications {
-        return poll_for_change(store, seen, clock, timer).await;
-    }
-    store.hub.start(&store.pool).await;
+    // Behind a transaction pooler `LISTEN` succeeds but hears nothing (the session it ran in is
+    // handed to other clients): without a direct connection to listen on, waits poll.
+    let options = match (&store.listen, store.notifications, store.pooler) {
+        (Some(direct), true, _) => direct.clone(),
+        (None, true, false) => store.pool.connect_options(),
+        _ => return poll_for_change(store, seen, clock, timer).await,
+    };
+    store.hub.start(&options).await;
     let (mut registered, up) = store.hub.register(store.payload(scope, key));
     if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
         return Ok(());

@@ -141,6 +141,9 @@ async fn race_child() {
     let lock: i64 = var("IDEM_RACE_LOCK").parse().unwrap();
     let now = Timestamp::from_millis(var("IDEM_RACE_NOW").parse().unwrap());
     let store = common::store(&url, &var("IDEM_RACE_APP")).await;
+    // The test's own statements (the gate, the effects) on a direct connection: the store's may
+    // go through a transaction pooler, where a session lock does not hold.
+    let direct = common::pool(&url, &var("IDEM_RACE_APP"), 2).await;
 
     // Every connection is open before the gate, so the claims start together.
     let mut conns = Vec::new();
@@ -149,7 +152,7 @@ async fn race_child() {
     }
     sqlx::query("SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)")
         .bind(lock)
-        .execute(&mut *conns[0])
+        .execute(&direct)
         .await
         .unwrap();
     drop(conns);
@@ -158,6 +161,7 @@ async fn race_child() {
     let tasks: Vec<_> = (0..KEYS)
         .map(|i| {
             let (store, scope, child) = (store.clone(), scope.clone(), child.clone());
+            let direct = direct.clone();
             tokio::spawn(async move {
                 let key = key(i);
                 match store
@@ -172,7 +176,7 @@ async fn race_child() {
                         .bind(scope.as_str())
                         .bind(key.as_str())
                         .bind(format!("process-{child}"))
-                        .execute(store.pool())
+                        .execute(&direct)
                         .await
                         .unwrap();
                         let outcome = Outcome::definitive(201, &serde_json::json!({"by": child}))

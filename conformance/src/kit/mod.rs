@@ -81,6 +81,15 @@ pub fn postgres_url() -> Option<String> {
     )
 }
 
+/// `IDEM_TEST_PGBOUNCER_URL`, the test database through PgBouncer in transaction pooling mode
+/// ([`env_url`]).
+pub fn pgbouncer_url() -> Option<String> {
+    env_url(
+        "IDEM_TEST_PGBOUNCER_URL",
+        "e.g. postgres://postgres@127.0.0.1:56432/test; idem's scripts/services/pgbouncer.sh starts one",
+    )
+}
+
 /// `IDEM_TEST_REDIS_URL`, a standalone Redis, e.g. `redis://127.0.0.1:6379` ([`env_url`]).
 pub fn redis_url() -> Option<String> {
     env_url(
@@ -170,6 +179,12 @@ pub fn store_url(backend: &str, file: &str) -> Option<(String, Option<TempDir>)>
             Some((url, Some(dir)))
         }
         "postgres" => Some((postgres_url()?, None)),
+        // The same database through PgBouncer in transaction mode; waits poll (no `listen_url`).
+        "postgres-pooler" => {
+            let url = pgbouncer_url()?;
+            let sep = if url.contains('?') { '&' } else { '?' };
+            Some((format!("{url}{sep}pooler=transaction"), None))
+        }
         "redis" => Some((redis_url()?, None)),
         other => panic!("no test store for backend {other:?}"),
     }

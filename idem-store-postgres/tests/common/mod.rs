@@ -59,6 +59,63 @@ pub async fn pool(url: &str, application_name: &str, max: u32) -> PgPool {
 pub type Factory =
     Box<dyn Fn() -> Pin<Box<dyn Future<Output = PostgresStore> + Send>> + Send + Sync + 'static>;
 
+/// How the stores under test reach the database: `IDEM_TEST_POSTGRES_STORE_URL` when it is set
+/// (scripts/test sets it for a second run of the conformance, race and wait tests: the same
+/// database through PgBouncer in transaction mode, with the store's parameters `pooler` and
+/// `listen_url`), else `url`. The tests' own statements (effects, locks, `pg_stat_activity`) stay
+/// on `url`, a direct connection.
+struct StoreTarget {
+    url: String,
+    pooler: bool,
+    listen: Option<String>,
+}
+
+impl StoreTarget {
+    fn of(url: &str) -> Self {
+        let text = std::env::var("IDEM_TEST_POSTGRES_STORE_URL").unwrap_or_else(|_| url.to_owned());
+        let mut parsed = url::Url::parse(&text).expect("IDEM_TEST_POSTGRES_STORE_URL parses");
+        let (mut pooler, mut listen, mut rest) = (false, None, Vec::new());
+        for (name, value) in parsed.query_pairs() {
+            match &*name {
+                "pooler" => pooler = value == "transaction",
+                "listen_url" => listen = Some(value.into_owned()),
+                _ => rest.push((name.into_owned(), value.into_owned())),
+            }
+        }
+        parsed.set_query(None);
+        if !rest.is_empty() {
+            parsed.query_pairs_mut().extend_pairs(rest);
+        }
+        Self {
+            url: parsed.into(),
+            pooler,
+            listen,
+        }
+    }
+
+    /// A store on a new pool of up to `max` connections tagged `app`, in the test table.
+    async fn store(&self, app: &str, max: u32) -> PostgresStore {
+        let mut connect = options(&self.url, app);
+        if self.pooler {
+            // PgBouncer refuses this startup parameter by default (the store's README).
+            connect = connect.extra_float_digits(None);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(connect)
+            .await
+            .expect("connect to IDEM_TEST_POSTGRES_STORE_URL");
+        let store = PostgresStore::with_table(pool, SCHEMA, TABLE)
+            .expect("valid names")
+            .with_transaction_pooler(self.pooler);
+        match &self.listen {
+            Some(listen) => store.with_listen_options(options(listen, app)),
+            None => store,
+        }
+    }
+}
+
 /// The conformance suite's factory for the server at `url` (`None`: skipped, already explained):
 /// every call is a new handle with its own small pool (up to 4 connections, tagged `app`) on the
 /// shared test table, migrated once.
@@ -68,8 +125,7 @@ pub fn conformance_factory(url: Option<String>, app: &'static str) -> Option<Fac
     Some(Box::new(move || {
         let url = url.clone();
         Box::pin(async move {
-            let store = PostgresStore::with_table(pool(&url, app, 4).await, SCHEMA, TABLE)
-                .expect("valid names");
+            let store = StoreTarget::of(&url).store(app, 4).await;
             MIGRATED
                 .get_or_try_init(|| store.migrate())
                 .await
@@ -79,10 +135,10 @@ pub fn conformance_factory(url: Option<String>, app: &'static str) -> Option<Fac
     }))
 }
 
-/// A migrated store on a fresh pool of up to 4 connections, in the test schema.
+/// A migrated store on a fresh pool of up to 4 connections, in the test schema, on `url` or on
+/// `IDEM_TEST_POSTGRES_STORE_URL` when set (see `StoreTarget`).
 pub async fn store(url: &str, application_name: &str) -> PostgresStore {
-    let store = PostgresStore::with_table(pool(url, application_name, 4).await, SCHEMA, TABLE)
-        .expect("valid names");
+    let store = StoreTarget::of(url).store(application_name, 4).await;
     store.migrate().await.expect("migrate");
     store
 }

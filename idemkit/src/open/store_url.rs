@@ -174,10 +174,11 @@ impl fmt::Debug for StoreUrl {
     }
 }
 
-/// Whether a query parameter named `name` holds a secret.
+/// Whether a query parameter named `name` holds a secret (`listen_url`: a URL, with its own
+/// password).
 fn is_secret_param(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    ["pass", "pwd", "secret", "token", "auth"]
+    ["pass", "pwd", "secret", "token", "auth", "listen_url"]
         .iter()
         .any(|s| name.contains(s))
 }
@@ -347,6 +348,10 @@ mod tests {
                 "postgres://app@db/app?password=***&sslmode=require",
             ),
             ("redis://:hunter2@cache:6379/0", "redis://:***@cache:6379/0"),
+            (
+                "postgres://app@pooler:6432/app?pooler=transaction&listen_url=postgres%3A%2F%2Fapp%3Ahunter2%40db%2Fapp",
+                "postgres://app@pooler:6432/app?pooler=transaction&listen_url=***",
+            ),
             (
                 "rediss+cluster://u:hunter2@n1:7000?node=n2:7000",
                 "rediss+cluster://u:***@n1:7000?node=n2:7000",

@@ -1,0 +1,182 @@
+//! Behind PgBouncer in transaction pooling mode (`IDEM_TEST_PGBOUNCER_URL`, which
+//! scripts/services/pgbouncer.sh starts in front of the test database): what only this file can
+//! show. The whole conformance suite, the race and the wait tests run through the pooler too
+//! (scripts/test runs them again with `IDEM_TEST_POSTGRES_STORE_URL`).
+
+mod common;
+
+use std::time::Duration;
+
+use idem_core::machine::ClaimAnswer;
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, Maintenance, Outcome, Policy, Scope, StoreError,
+    SystemClock, Timer, Timestamp,
+};
+use idem_store_postgres::PostgresStore;
+use idem_store_postgres::sqlx::{self, AssertSqlSafe, PgPool};
+use serde_json::json;
+
+/// A guard against a hang, never a measure.
+const HANG: Duration = Duration::from_secs(20);
+
+fn pooler_url() -> Option<String> {
+    idem_conformance::kit::env_url(
+        "IDEM_TEST_PGBOUNCER_URL",
+        "scripts/services/pgbouncer.sh starts PgBouncer in transaction mode",
+    )
+}
+
+/// A pool of `max` connections to the pooler, without the startup parameter it refuses.
+async fn pooled(url: &str, app: &str, max: u32) -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max)
+        .connect_with(common::options(url, app).extra_float_digits(None))
+        .await
+        .expect("connect to IDEM_TEST_PGBOUNCER_URL")
+}
+
+fn ids(test: &str) -> (Scope, IdempotencyKey, Fingerprint) {
+    (
+        Scope::new(common::unique(test)).unwrap(),
+        IdempotencyKey::new("wf-1:step-1").unwrap(),
+        Fingerprint::of("create_ticket", &json!({"title": "t"})).unwrap(),
+    )
+}
+
+/// `migrate` (a transaction with a transaction-scoped advisory lock), the version and the
+/// configuration check through the pooler, on a table of its own, from the URL as a user gives
+/// it; then a claim and a completion that a second claim replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_check_and_claim_through_the_pooler_url() {
+    let (Some(direct), Some(pooler)) = (common::url(), pooler_url()) else {
+        return;
+    };
+    let table = common::unique("pooler").replace('-', "_");
+    let connected = PostgresStore::connect(&format!("{pooler}?pooler=transaction"))
+        .await
+        .unwrap();
+    let store =
+        PostgresStore::with_table(connected.pool().clone(), common::SCHEMA, &table).unwrap();
+    let store = store.with_transaction_pooler(true);
+    let m: &dyn Maintenance = &store;
+    assert_eq!(m.schema_version().await.unwrap(), 0);
+    m.migrate().await.unwrap();
+    m.migrate().await.unwrap();
+    assert_eq!(m.schema_version().await.unwrap(), m.latest_schema_version());
+    m.check_config().await.unwrap();
+
+    let (scope, key, fp) = ids("pooler-claim");
+    let p = Policy::default();
+    let now = Timestamp::now();
+    let ClaimAnswer::Claimed { token, .. } = store.claim(&scope, &key, &fp, &p, now).await.unwrap()
+    else {
+        panic!("expected a claim")
+    };
+    let body = json!({"ticket": "T-1", "quote": "it's \\ \"fine\" 🎫"});
+    let outcome = Outcome::definitive(201, &body).unwrap();
+    store
+        .complete(&scope, &key, token, &outcome, &p, now)
+        .await
+        .unwrap();
+    match store.claim(&scope, &key, &fp, &p, now).await.unwrap() {
+        ClaimAnswer::Replay(replayed) => assert_eq!(replayed.body(), outcome.body()),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+    let admin = common::pool(&direct, "idem-test-pooler-admin", 1).await;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP TABLE {schema}.\"{table}\"; DROP TABLE {schema}.\"{table}_migrations\"",
+        schema = common::SCHEMA
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+}
+
+/// Without `listen_url`, a wait behind the pooler polls the record (no `LISTEN`, which the pooler
+/// would leave deaf) and ends as soon as the holder completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_listen_url_a_waiter_behind_the_pooler_polls() {
+    let (Some(direct), Some(pooler)) = (common::url(), pooler_url()) else {
+        return;
+    };
+    let a = common::store(&direct, "idem-test-pooler-wait-a").await;
+    let b = PostgresStore::with_table(
+        pooled(&pooler, "idem-test-pooler-wait-b", 2).await,
+        common::SCHEMA,
+        common::TABLE,
+    )
+    .unwrap()
+    .with_transaction_pooler(true);
+    let (scope, key, fp) = ids("pooler-wait");
+    let p = Policy::default();
+    let now = Timestamp::now();
+    let ClaimAnswer::Claimed { token, .. } = a.claim(&scope, &key, &fp, &p, now).await.unwrap()
+    else {
+        panic!("expected a claim")
+    };
+    let seen = b.get(&scope, &key, now).await.unwrap().unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.wait_for_change(&seen, &SystemClock, &Timer::tokio())
+                .await
+                .unwrap()
+        })
+    };
+    let outcome = Outcome::definitive(201, &json!({"ticket": "T-1"})).unwrap();
+    a.complete(&scope, &key, token, &outcome, &p, now)
+        .await
+        .unwrap();
+    tokio::time::timeout(HANG, waiter).await.unwrap().unwrap();
+    assert_eq!(
+        b.listen_connections_opened(),
+        0,
+        "no LISTEN behind the pooler"
+    );
+    assert_eq!(b.wait_subscriptions(), 0);
+}
+
+/// A store that is not told it is behind a transaction pooler runs into another client's named
+/// statements on the pooler's server connections: its error says so and names the fix. (Two
+/// client connections take turns; PgBouncer hands an idle server connection to the next client,
+/// so the second finds the first's `sqlx_s_1`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unflagged_store_behind_the_pooler_says_the_url_points_at_a_pooler() {
+    let (Some(direct), Some(pooler)) = (common::url(), pooler_url()) else {
+        return;
+    };
+    common::store(&direct, "idem-test-pooler-unflagged").await; // migrated
+    let stores = [
+        PostgresStore::with_table(
+            pooled(&pooler, "idem-test-pooler-unflagged-1", 1).await,
+            common::SCHEMA,
+            common::TABLE,
+        )
+        .unwrap(),
+        PostgresStore::with_table(
+            pooled(&pooler, "idem-test-pooler-unflagged-2", 1).await,
+            common::SCHEMA,
+            common::TABLE,
+        )
+        .unwrap(),
+    ];
+    let (scope, key, _) = ids("pooler-unflagged");
+    let mut error = None;
+    for round in 0..200 {
+        if let Err(e) = stores[round % 2].get(&scope, &key, Timestamp::now()).await {
+            error = Some(e);
+            break;
+        }
+    }
+    let error = error.expect("an unflagged store behind a transaction pooler fails");
+    assert!(
+        matches!(error, StoreError::Misconfigured { .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("the URL points at a transaction pooler")
+            && message.contains("pooler=transaction"),
+        "{message}"
+    );
+}
