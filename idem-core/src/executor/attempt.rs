@@ -188,13 +188,13 @@ impl Recorded {
 
     fn wake_when_marked(&self, wake: Wake) {
         let mut slot = self.lock();
-        // Checked under the lock `mark` takes after setting the flag: the wake-up runs once
-        // the mark is set, whichever comes first.
-        if self.marked.load(Ordering::SeqCst) {
-            drop(slot);
+        *slot = Some(wake.clone());
+        // Read under the lock `mark` takes after setting the flag: the wake-up runs once the
+        // mark is set, whichever comes first.
+        let marked = self.marked.load(Ordering::SeqCst);
+        drop(slot);
+        if marked {
             wake();
-        } else {
-            *slot = Some(wake);
         }
     }
 
