@@ -10,6 +10,14 @@
 //!    run; measured
 //!    from the first request's answer to the retry's replay. 100 pairs, 10 at a time.
 //!
+//! SQLite and PostgreSQL also get a row where the holder completes in a transaction of its own
+//! (`complete_in`, then commit, then `Attempt::mark_recorded`, as `idem serve` does), woken by
+//! notification: its wake-up is measured from the call of the transaction's commit.
+//! 3. `idem serve` itself (its router on `127.0.0.1:0`, `--tool-latency-ms 300`), per backend
+//!    with tickets (SQLite, PostgreSQL): a retry sent 10 ms after the first request, from a
+//!    client of its own, both with `Prefer: wait=5`; measured from the first answer to the
+//!    other's. 100 pairs, 10 at a time.
+//!
 //! ```text
 //! IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p idem-cli --bench wake
@@ -19,11 +27,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_cli::serve::{Backend, ServeOptions, TENANT_HEADER, router};
 use idemkit::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idemkit::postgres::PostgresStore;
+use idemkit::sqlite::SqliteStore;
+use idemkit::sqlite::rusqlite::TransactionBehavior;
 use idemkit::store::ListFilter;
 use idemkit::{
-    Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, Record, Scope,
-    StoreError, SystemClock, Timestamp, Token, async_trait,
+    Attempt, ClaimKind, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome,
+    Policy, Record, Scope, StoreError, StoreUrl, SystemClock, Timestamp, Token, async_trait,
 };
 use serde_json::json;
 
@@ -35,6 +47,24 @@ const HOLD: Duration = Duration::from_millis(50);
 
 type Pair = (Arc<dyn KeyStore>, Arc<dyn KeyStore>);
 
+/// How the holder completes: the store's own `complete`, or `complete_in` on a transaction of its
+/// own on the holder's handle.
+#[derive(Clone)]
+enum Completion {
+    Store,
+    Sqlite(SqliteStore),
+    Postgres(PostgresStore),
+}
+
+impl Completion {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Store => "complete",
+            _ => "complete_in",
+        }
+    }
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -43,25 +73,43 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         let mut rows = Vec::new();
-        for (backend, notified, polled) in backends().await {
+        for (backend, notified, polled, transactional) in backends().await {
             let plain: Pair = (polled.0, Arc::new(Plain(polled.1)));
-            for (how, pair) in [("notification", notified), ("polling", plain)] {
-                let wake = wake_up(&pair).await;
-                let retry = retry_pairs(&pair).await;
-                rows.push((backend, how, wake, retry));
+            let mut runs = vec![
+                ("notification", notified.clone(), Completion::Store),
+                ("polling", plain, Completion::Store),
+            ];
+            if let Some(completion) = transactional {
+                runs.push(("notification", notified, completion));
             }
+            for (how, pair, completion) in runs {
+                let wake = wake_up(&pair, &completion).await;
+                let retry = retry_pairs(&pair, &completion).await;
+                rows.push((backend, how, completion.name(), wake, retry));
+            }
+        }
+        let mut served = Vec::new();
+        for (backend, url) in serve_urls() {
+            served.push((backend, serve_pairs(&url).await));
         }
         println!("{SAMPLES} samples each, {BATCH} keys at a time; waiter on a handle of its own");
         println!(
-            "{:<9} {:<13} | wake-up from complete: p50 / p99 | retry 10 ms into a 300 ms tool, gap to first answer: p50 / p99 / max",
-            "backend", "woken by"
+            "{:<9} {:<13} {:<11} | wake-up from the commit's call: p50 / p99 | retry 10 ms into a 300 ms tool, gap to first answer: p50 / p99 / max",
+            "backend", "woken by", "completion"
         );
-        for (backend, how, mut wake, mut retry) in rows {
+        for (backend, how, completion, mut wake, mut retry) in rows {
             let (w50, w99, _) = stats(&mut wake);
             let (r50, r99, rmax) = stats(&mut retry);
             println!(
-                "{backend:<9} {how:<13} | {w50:>9.2?} / {w99:>9.2?} | {r50:>9.2?} / {r99:>9.2?} / {rmax:>9.2?}"
+                "{backend:<9} {how:<13} {completion:<11} | {w50:>9.2?} / {w99:>9.2?} | {r50:>9.2?} / {r99:>9.2?} / {rmax:>9.2?}"
             );
+        }
+        println!(
+            "idem serve, 300 ms tool: a retry 10 ms after the first request (Prefer: wait=5), gap between the answers: p50 / p99 / max"
+        );
+        for (backend, mut gaps) in served {
+            let (g50, g99, gmax) = stats(&mut gaps);
+            println!("{backend:<9} | {g50:>9.2?} / {g99:>9.2?} / {gmax:>9.2?}");
         }
     });
 }
@@ -72,34 +120,46 @@ fn stats(v: &mut [Duration]) -> (Duration, Duration, Duration) {
     (at(50), at(99), v[v.len() - 1])
 }
 
-/// (name, the two handles for notification, two more for polling) per backend configured.
-async fn backends() -> Vec<(&'static str, Pair, Pair)> {
-    let mut out: Vec<(&'static str, Pair, Pair)> = Vec::new();
+/// What [`backends`] gives per backend: its name, the two handles for notification, two more
+/// for polling, and the transactional completion on the first notification handle, if any.
+type Configured = (&'static str, Pair, Pair, Option<Completion>);
+
+/// Every backend configured.
+async fn backends() -> Vec<Configured> {
+    let mut out: Vec<Configured> = Vec::new();
     let memory = MemoryStore::new();
     out.push((
         "memory",
         (Arc::new(memory.clone()), Arc::new(memory.clone())),
         (Arc::new(memory.clone()), Arc::new(memory)),
+        None,
     ));
     let dir = std::env::temp_dir().join(format!("idem-wake-bench-{}.db", std::process::id()));
     let sqlite = || {
-        use idemkit::sqlite::SqliteStore;
         let s = SqliteStore::open(&dir).unwrap();
         s.migrate().unwrap();
-        Arc::new(s) as Arc<dyn KeyStore>
+        s
     };
-    out.push(("sqlite", (sqlite(), sqlite()), (sqlite(), sqlite())));
+    let holder = sqlite();
+    out.push((
+        "sqlite",
+        (Arc::new(holder.clone()), Arc::new(sqlite())),
+        (Arc::new(sqlite()), Arc::new(sqlite())),
+        Some(Completion::Sqlite(holder)),
+    ));
     if let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") {
-        use idemkit::postgres::PostgresStore;
         let pg = || async {
             let s = PostgresStore::connect(&url).await.unwrap();
             s.migrate().await.unwrap();
-            Arc::new(s) as Arc<dyn KeyStore>
+            s
         };
+        let holder = pg().await;
+        let dyn_pg = |s: PostgresStore| Arc::new(s) as Arc<dyn KeyStore>;
         out.push((
             "postgres",
-            (pg().await, pg().await),
-            (pg().await, pg().await),
+            (dyn_pg(holder.clone()), dyn_pg(pg().await)),
+            (dyn_pg(pg().await), dyn_pg(pg().await)),
+            Some(Completion::Postgres(holder)),
         ));
     }
     if let Ok(url) = std::env::var("IDEM_TEST_REDIS_URL") {
@@ -113,7 +173,12 @@ async fn backends() -> Vec<(&'static str, Pair, Pair)> {
                 .unwrap();
             Arc::new(s) as Arc<dyn KeyStore>
         };
-        out.push(("redis", (r().await, r().await), (r().await, r().await)));
+        out.push((
+            "redis",
+            (r().await, r().await),
+            (r().await, r().await),
+            None,
+        ));
     }
     out
 }
@@ -141,8 +206,71 @@ fn ticket() -> Outcome {
     Outcome::definitive(201, &json!({"ticket_id": "T-1"})).unwrap()
 }
 
-/// From the call of `complete` on A to the replay of a request waiting on B.
-async fn wake_up((a, b): &Pair) -> Vec<Duration> {
+/// Completes the claim `token` of (scope, key) on A as `completion` says; returns when the
+/// completion's commit was called (`complete`'s call: its commit is inside it).
+async fn complete(
+    a: &Arc<dyn KeyStore>,
+    completion: &Completion,
+    (scope, key): (&Scope, &IdempotencyKey),
+    token: Token,
+) -> Instant {
+    let p = policy();
+    let claim = ClaimAnswer::Claimed {
+        token,
+        attempt: 1,
+        kind: ClaimKind::New,
+    };
+    let attempt = || {
+        Executor::from_arc(a.clone())
+            .with_policy(p)
+            .attempt_for(scope, key, &claim)
+            .unwrap()
+    };
+    match completion {
+        Completion::Store => {
+            let called = Instant::now();
+            let now = idemkit::Clock::now(&SystemClock);
+            a.complete(scope, key, token, &ticket(), &p, now)
+                .await
+                .unwrap();
+            called
+        }
+        Completion::Sqlite(store) => {
+            let (store, attempt) = (store.clone(), attempt());
+            let holder = store.clone();
+            holder
+                .with_connection(move |conn| {
+                    let tx = conn
+                        .transaction_with_behavior(TransactionBehavior::Immediate)
+                        .unwrap();
+                    let done = store.complete_in(&tx, &attempt, &ticket()).unwrap();
+                    assert_eq!(done, CompleteAnswer::Completed);
+                    let called = Instant::now();
+                    tx.commit().unwrap();
+                    attempt.mark_recorded();
+                    called
+                })
+                .await
+                .unwrap()
+        }
+        Completion::Postgres(store) => {
+            let attempt = attempt();
+            let mut tx = store.pool().begin().await.unwrap();
+            let done = store
+                .complete_in(&mut tx, &attempt, &ticket())
+                .await
+                .unwrap();
+            assert_eq!(done, CompleteAnswer::Completed);
+            let called = Instant::now();
+            tx.commit().await.unwrap();
+            attempt.mark_recorded();
+            called
+        }
+    }
+}
+
+/// From the call of the completion's commit on A to the replay of a request waiting on B.
+async fn wake_up((a, b): &Pair, completion: &Completion) -> Vec<Duration> {
     let p = policy();
     let waiting = Executor::from_arc(b.clone())
         .with_policy(p)
@@ -151,7 +279,7 @@ async fn wake_up((a, b): &Pair) -> Vec<Duration> {
     for batch in 0..SAMPLES / BATCH {
         let tasks: Vec<_> = (0..BATCH)
             .map(|i| {
-                let (a, waiting) = (a.clone(), waiting.clone());
+                let (a, waiting, completion) = (a.clone(), waiting.clone(), completion.clone());
                 tokio::spawn(async move {
                     let (scope, key, fp) = ids("wake", batch * BATCH + i);
                     let now = idemkit::Clock::now(&SystemClock);
@@ -171,11 +299,7 @@ async fn wake_up((a, b): &Pair) -> Vec<Duration> {
                         })
                     };
                     tokio::time::sleep(HOLD).await;
-                    let called = Instant::now();
-                    let now = idemkit::Clock::now(&SystemClock);
-                    a.complete(&scope, &key, token, &ticket(), &p, now)
-                        .await
-                        .unwrap();
+                    let called = complete(&a, &completion, (&scope, &key), token).await;
                     waiter.await.unwrap().saturating_duration_since(called)
                 })
             })
@@ -187,9 +311,42 @@ async fn wake_up((a, b): &Pair) -> Vec<Duration> {
     out
 }
 
+/// The first request's operation: the tool's 300 ms, then its answer, recorded by the executor
+/// or, with a transactional completion, in a transaction of the operation's own.
+async fn tool(attempt: Attempt, completion: Completion) -> Outcome {
+    tokio::time::sleep(TOOL).await;
+    match completion {
+        Completion::Store => {}
+        Completion::Sqlite(store) => {
+            store
+                .clone()
+                .with_connection(move |conn| {
+                    let tx = conn
+                        .transaction_with_behavior(TransactionBehavior::Immediate)
+                        .unwrap();
+                    store.complete_in(&tx, &attempt, &ticket()).unwrap();
+                    tx.commit().unwrap();
+                    attempt.mark_recorded();
+                })
+                .await
+                .unwrap();
+        }
+        Completion::Postgres(store) => {
+            let mut tx = store.pool().begin().await.unwrap();
+            store
+                .complete_in(&mut tx, &attempt, &ticket())
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            attempt.mark_recorded();
+        }
+    }
+    ticket()
+}
+
 /// A retry sent 10 ms after the first request of a 300 ms tool: from the first answer to the
 /// retry's replay.
-async fn retry_pairs((a, b): &Pair) -> Vec<Duration> {
+async fn retry_pairs((a, b): &Pair, completion: &Completion) -> Vec<Duration> {
     let first = Executor::from_arc(a.clone()).with_policy(policy());
     let retry = Executor::from_arc(b.clone())
         .with_policy(policy())
@@ -198,7 +355,7 @@ async fn retry_pairs((a, b): &Pair) -> Vec<Duration> {
     for batch in 0..SAMPLES / BATCH {
         let tasks: Vec<_> = (0..BATCH)
             .map(|i| {
-                let (first, retry) = (first.clone(), retry.clone());
+                let (first, retry, completion) = (first.clone(), retry.clone(), completion.clone());
                 tokio::spawn(async move {
                     let (scope, key, fp) = ids("retry", batch * BATCH + i);
                     let (started, running) = tokio::sync::oneshot::channel();
@@ -206,10 +363,9 @@ async fn retry_pairs((a, b): &Pair) -> Vec<Duration> {
                         let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
                         tokio::spawn(async move {
                             first
-                                .run(&scope, &key, &fp, |_| async {
+                                .run(&scope, &key, &fp, |attempt| async {
                                     let _ = started.send(());
-                                    tokio::time::sleep(TOOL).await;
-                                    ticket()
+                                    tool(attempt, completion).await
                                 })
                                 .await
                                 .unwrap();
@@ -227,6 +383,83 @@ async fn retry_pairs((a, b): &Pair) -> Vec<Duration> {
                     let answered = Instant::now();
                     assert!(again.is_replay());
                     answered.saturating_duration_since(holder.await.unwrap())
+                })
+            })
+            .collect();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+    }
+    out
+}
+
+/// The store URLs `idem serve` is measured on: a fresh SQLite file, and PostgreSQL if configured.
+fn serve_urls() -> Vec<(&'static str, String)> {
+    let file = std::env::temp_dir().join(format!("idem-wake-serve-{}.db", std::process::id()));
+    let mut out = vec![("sqlite", format!("sqlite://{}", file.display()))];
+    if let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") {
+        out.push(("postgres", url));
+    }
+    out
+}
+
+/// `idem serve` on `url` with a 300 ms tool: the first request, and 10 ms later a retry from a
+/// client of its own, both with `Prefer: wait=5`; the gap between their answers.
+async fn serve_pairs(url: &str) -> Vec<Duration> {
+    let backend = Backend::open(&url.parse::<StoreUrl>().unwrap())
+        .await
+        .unwrap();
+    let options = ServeOptions {
+        tool_latency: TOOL,
+        ..ServeOptions::default()
+    };
+    let app = router(backend, options);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!(
+        "http://{}/tools/create_ticket",
+        listener.local_addr().unwrap()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = || reqwest::Client::builder().build().unwrap();
+    let (first, retry) = (client(), client());
+    let run = format!("{:x}", std::process::id());
+    let mut out = Vec::with_capacity(SAMPLES);
+    for batch in 0..SAMPLES / BATCH {
+        let tasks: Vec<_> = (0..BATCH)
+            .map(|i| {
+                let (first, retry, base) = (first.clone(), retry.clone(), base.clone());
+                let (_, key, _) = ids(&format!("serve-{run}"), batch * BATCH + i);
+                tokio::spawn(async move {
+                    // Both ask to wait: on a busy machine the retry can come first.
+                    let send = |client: reqwest::Client| {
+                        let (base, key) = (base.clone(), key.clone());
+                        async move {
+                            let answer = client
+                                .post(base)
+                                .header("content-type", "application/json")
+                                .header(TENANT_HEADER, "bench")
+                                .header("idempotency-key", key.as_str())
+                                .header("prefer", "wait=5")
+                                .body(r#"{"title": "Printer on fire", "account_id": "A-7"}"#)
+                                .send()
+                                .await
+                                .unwrap();
+                            assert_eq!(answer.status(), 201);
+                            let replayed = answer.headers().contains_key("idempotency-replayed");
+                            answer.bytes().await.unwrap();
+                            (replayed, Instant::now())
+                        }
+                    };
+                    let first = tokio::spawn(send(first));
+                    tokio::time::sleep(RETRY_AFTER).await;
+                    let (again, again_at) = send(retry).await;
+                    let (first, first_at) = first.await.unwrap();
+                    assert!(first != again, "one execution and one replay");
+                    if again {
+                        again_at.saturating_duration_since(first_at)
+                    } else {
+                        first_at.saturating_duration_since(again_at)
+                    }
                 })
             })
             .collect();

@@ -14,16 +14,33 @@
 //! differs, else await the notification. Subscribing before the read is what makes a wake-up
 //! impossible to lose. The executor shares one call of `wait_for_change` among all the waiters of
 //! one (scope, key) in the process, so a store sees one subscription per key, not one per waiter.
+//!
+//! A store whose completion can join the caller's transaction (a `complete_in`,
+//! [contract §6](crate::contract#transactional-completion)) cannot see that transaction commit.
+//! It hands the wake-up it would send after its own commit to [`wake_when_recorded`], which runs
+//! it when the caller reports the commit with [`Attempt::mark_recorded`] (as it must anyway), and
+//! again when the executor's operation returns. A wake-up that comes early is harmless: the waiter
+//! reads the record again and, finding it still `processing`, waits again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures_channel::oneshot;
 
-use crate::{IdempotencyKey, Scope};
+use crate::{Attempt, IdempotencyKey, Scope};
 
 pub use crate::store::poll::{changed, poll_every, poll_for_change};
 pub use crate::timer::{Sleep, Timer};
+
+/// Leaves `wake` (what the store does after a commit of its own, e.g. [`LocalNotifier::notify`])
+/// to run when the transaction that completed `attempt`'s record commits, as the caller reports it
+/// with [`Attempt::mark_recorded`]: at once if it already has, else at that call, and once more
+/// when [`Executor::run`](crate::Executor::run)'s operation returns. For a store's transactional
+/// completion, after it wrote the completion on the caller's transaction. An attempt keeps one:
+/// a later call (the caller retried its transaction) replaces it.
+pub fn wake_when_recorded(attempt: &Attempt, wake: impl Fn() + Send + Sync + 'static) {
+    attempt.wake_when_recorded(Arc::new(wake));
+}
 
 type Subscribers = HashMap<(Scope, IdempotencyKey), HashMap<u64, oneshot::Sender<()>>>;
 

@@ -227,8 +227,10 @@ impl PostgresStore {
     /// [`Attempt::encode`] first if the executor has a codec.
     ///
     /// The answer describes the transaction's view: `Completed` is only durable once the caller
-    /// commits. Once it has committed, call [`Attempt::mark_recorded`], so the executor does not
-    /// complete the record again; if the transaction rolls back, the record stays `processing`
+    /// commits. The statement's `NOTIFY` is part of the transaction too: requests waiting on the
+    /// record, in this process and in others, wake when it commits, never if it rolls back. Once
+    /// it has committed, call [`Attempt::mark_recorded`], so the executor does not complete the
+    /// record again; if the transaction rolls back, the record stays `processing`
     /// with the same token and the executor records the operation's own outcome as usual. If the
     /// answer is [`CompleteAnswer::Fenced`], roll back: the effect must not happen either.
     ///

@@ -3,17 +3,25 @@
 //! named by `IDEM_TEST_POSTGRES_URL`.
 //!
 //! The store-level cases wait on a [`Timer`] that never fires: the waiting store's polls (its
-//! safety net included) never run, so a wait that ends was ended by a notification.
+//! safety net included) never run, so a wait that ends was ended by a notification. The cases of
+//! a completion in the caller's transaction ([contract §6](idem_core::contract#transactional-completion))
+//! wait through the executor on a timer whose every sleep lasts a minute, far past their hang
+//! guard, and which reports each poll pause it is asked for: a waiter asks for one only once it
+//! has read the record in flight, and the holder commits after that, never before. One waiter is
+//! in the holder's process, on the holder's own store; the other in a second process (this test
+//! binary again, `--exact <test>` with `IDEM_PG_WAIT_CHILD` set).
 
 mod common;
 
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
 use idem_core::{
-    Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Scope,
+    Attempt, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Scope,
     StalePolicy, SystemClock, Timer, Timestamp, Token,
 };
 use idem_store_postgres::PostgresStore;
@@ -406,4 +414,211 @@ async fn without_notifications_a_waiter_polls() {
         .unwrap();
     tokio::time::timeout(HANG, waiter).await.unwrap().unwrap();
     assert_eq!(b.listen_connections_opened(), 0, "no LISTEN connection");
+}
+
+/// How long a waiter of the transactional cases may wait; every sleep of [`minute_timer`] is
+/// longer than this, and so is [`HANG`].
+const WAIT: Duration = Duration::from_secs(10);
+const CHILD_ENV: &str = "IDEM_PG_WAIT_CHILD";
+
+/// A timer whose every sleep lasts at least a minute, which calls `polling` at each sleep shorter
+/// than the wait (a poll's pause: the other sleeps are the wait's bound and the holder's lease).
+fn minute_timer(polling: impl Fn() + Send + Sync + 'static) -> Timer {
+    Timer::new(move |d| {
+        if d < WAIT {
+            polling();
+        }
+        Box::pin(tokio::time::sleep(d.max(Duration::from_secs(60))))
+    })
+}
+
+/// The holder's operation: once the waiter reports it parked (`parked`), inserts the effect and
+/// completes the record in one transaction, commits, marks the attempt recorded, and returns
+/// only once the waiter has its answer (`answered`): still running, only the commit can have
+/// woken the waiter.
+async fn effect_in_transaction(
+    store: &PostgresStore,
+    attempt: Attempt,
+    parked: impl Future<Output = ()>,
+    answered: impl Future<Output = ()>,
+) -> Outcome {
+    tokio::time::timeout(HANG, parked)
+        .await
+        .expect("the waiter parks");
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO idem_test.effects (scope, key, executor) VALUES ($1, $2, 'holder')")
+        .bind(attempt.scope().as_str())
+        .bind(attempt.key().as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let answer = store
+        .complete_in(&mut tx, &attempt, &ticket())
+        .await
+        .unwrap();
+    assert_eq!(answer, CompleteAnswer::Completed);
+    tx.commit().await.unwrap();
+    attempt.mark_recorded();
+    tokio::time::timeout(HANG, answered)
+        .await
+        .expect("the waiter answered while the holder still ran");
+    ticket()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_in_the_callers_transaction_wakes_a_waiter_of_this_process_at_commit() {
+    let Some(url) = common::url() else { return };
+    let store = common::store(&url, "wait-commit-here").await;
+    common::effects_table(store.pool()).await;
+    let ids = ids("wait-commit-here");
+    let p = policy(StalePolicy::Reconcile);
+    let (polling, mut parked) = tokio::sync::mpsc::unbounded_channel();
+    let timer = minute_timer(move || {
+        let _ = polling.send(());
+    });
+    let (started, running) = tokio::sync::oneshot::channel();
+    let (answered, waiter_answered) = tokio::sync::oneshot::channel::<()>();
+    let holder = {
+        let (store, ids) = (store.clone(), ids.clone());
+        let exec = Executor::new(store.clone()).with_policy(p);
+        tokio::spawn(async move {
+            exec.run(&ids.0, &ids.1, &ids.2, |attempt| async move {
+                started.send(()).unwrap();
+                let parked = async move {
+                    parked.recv().await;
+                };
+                let answered = async move {
+                    let _ = waiter_answered.await;
+                };
+                effect_in_transaction(&store, attempt, parked, answered).await
+            })
+            .await
+        })
+    };
+    running.await.unwrap();
+    let waiting = Executor::new(store.clone())
+        .with_policy(p)
+        .with_timer(timer)
+        .waiting(WAIT);
+    let again = tokio::time::timeout(HANG, async {
+        let again = waiting
+            .run(&ids.0, &ids.1, &ids.2, |_| async {
+                unreachable!("the waiter replays")
+            })
+            .await;
+        answered.send(()).unwrap();
+        again
+    })
+    .await
+    .expect("the waiter was woken by the commit")
+    .unwrap();
+    let first = holder.await.unwrap().unwrap();
+    assert!(!first.is_replay());
+    assert!(again.is_replay(), "the waiter replays");
+    assert_eq!(again.outcome(), first.outcome());
+    let effects = common::effects(store.pool(), ids.0.as_str(), ids.1.as_str()).await;
+    assert_eq!(effects, 1, "one effect for two requests");
+}
+
+#[test]
+fn a_completion_in_the_callers_transaction_wakes_a_waiter_in_another_process_at_commit() {
+    const TEST: &str =
+        "a_completion_in_the_callers_transaction_wakes_a_waiter_in_another_process_at_commit";
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    if let Ok(scope) = std::env::var(CHILD_ENV) {
+        return runtime.block_on(waiting_child(scope));
+    }
+    let Some(url) = common::url() else { return };
+    runtime.block_on(async {
+        let store = common::store(&url, "wait-commit-there").await;
+        common::effects_table(store.pool()).await;
+        let ids = ids("wait-commit-there");
+        let p = policy(StalePolicy::Reconcile);
+        // The child's lines, read on a thread of their own: it parked; its answer, which the
+        // holder awaits (unit) and the test checks (the answer itself).
+        let (parked_tx, parked_rx) = tokio::sync::oneshot::channel::<()>();
+        let (answered_tx, answered_rx) = tokio::sync::oneshot::channel::<String>();
+        let (answer_tx, answer) = tokio::sync::oneshot::channel::<String>();
+        let parked = async move {
+            parked_rx.await.expect("the child parks");
+        };
+        let answered = async move {
+            let _ = answer_tx.send(answered_rx.await.expect("the child answers"));
+        };
+        let (started, running) = tokio::sync::oneshot::channel();
+        let holder = {
+            let (store, ids) = (store.clone(), ids.clone());
+            let exec = Executor::new(store.clone()).with_policy(p);
+            tokio::spawn(async move {
+                exec.run(&ids.0, &ids.1, &ids.2, |attempt| async move {
+                    started.send(()).unwrap();
+                    effect_in_transaction(&store, attempt, parked, answered).await
+                })
+                .await
+            })
+        };
+        running.await.unwrap();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, ids.0.as_str())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the test binary");
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            let (mut parked, mut answered) = (Some(parked_tx), Some(answered_tx));
+            for line in stdout.lines().map_while(Result::ok) {
+                // A marker can follow the harness's "test … ... " on the same line.
+                if line.contains("IDEM-PARKED") {
+                    parked.take().map(|t| t.send(()));
+                } else if let Some(at) = line.find("IDEM-ANSWER ") {
+                    let answer = line[at + "IDEM-ANSWER ".len()..].to_owned();
+                    answered.take().map(|t| t.send(answer));
+                }
+            }
+        });
+        let first = tokio::time::timeout(HANG, holder)
+            .await
+            .expect("the child was woken by the commit")
+            .unwrap()
+            .unwrap();
+        assert!(!first.is_replay());
+        let child_answer = answer.await.unwrap();
+        assert_eq!(child_answer, format!("replay {}", first.outcome().body()));
+        let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+            .await
+            .unwrap();
+        assert!(status.success(), "the waiting process failed");
+        let effects = common::effects(store.pool(), ids.0.as_str(), ids.1.as_str()).await;
+        assert_eq!(effects, 1, "one effect for two requests in two processes");
+    });
+}
+
+/// The second process: waits for the answer of the scope it is given, printing `IDEM-PARKED` at
+/// each poll pause and `IDEM-ANSWER replay <body>` (or what else it got) at the end.
+async fn waiting_child(scope: String) {
+    let url = common::url().expect("the parent had a URL");
+    let store = common::store(&url, "wait-commit-child").await;
+    let timer = minute_timer(|| println!("IDEM-PARKED"));
+    let key = IdempotencyKey::new("wf-1:step-1").unwrap();
+    let fp = Fingerprint::of("create_ticket", &json!({"title": "t"})).unwrap();
+    let again = Executor::new(store)
+        .with_policy(policy(StalePolicy::Reconcile))
+        .with_timer(timer)
+        .waiting(WAIT)
+        .run(&Scope::new(scope).unwrap(), &key, &fp, |_| async {
+            unreachable!("the waiter replays")
+        })
+        .await;
+    match again {
+        Ok(again) if again.is_replay() => {
+            println!("IDEM-ANSWER replay {}", again.outcome().body())
+        }
+        other => println!("IDEM-ANSWER {other:?}"),
+    }
 }

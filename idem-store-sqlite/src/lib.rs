@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::machine::{self, CompleteAnswer};
+use idem_core::wait::wake_when_recorded;
 use idem_core::{Attempt, Outcome, StoreError};
 use rusqlite::Connection;
 
@@ -111,7 +112,9 @@ impl SqliteStore {
     /// Pass the outcome through [`Attempt::encode`] first if the executor has a codec.
     ///
     /// Once the transaction has committed, call [`Attempt::mark_recorded`], so the executor does
-    /// not complete the record again; if it does not commit, don't (the executor then records the
+    /// not complete the record again; that call also wakes the requests of this process waiting
+    /// on the record, as [`KeyStore::complete`](idem_core::KeyStore::complete) does after its own
+    /// commit. If the transaction does not commit, don't (the executor then records the
     /// operation's own outcome as usual). If the answer is [`CompleteAnswer::Fenced`], nothing was
     /// written for the record: roll the transaction back, so the effect does not happen either.
     ///
@@ -136,6 +139,13 @@ impl SqliteStore {
             key: attempt.key(),
             token: attempt.token(),
         };
-        ops::complete_on(conn, &self.inner.sql, held, outcome, policy, now)
+        let answer = ops::complete_on(conn, &self.inner.sql, held, outcome, policy, now)?;
+        if answer != CompleteAnswer::Fenced {
+            // Written, not committed: the waiters wake when the caller reports the commit.
+            let notifier = self.inner.notifier.clone();
+            let (scope, key) = (attempt.scope().clone(), attempt.key().clone());
+            wake_when_recorded(attempt, move || notifier.notify(&scope, &key));
+        }
+        Ok(answer)
     }
 }

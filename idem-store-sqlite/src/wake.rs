@@ -1,7 +1,8 @@
 //! Waking the requests that wait on a record ([contract §5.2](idem_core::contract#waiting)): a
-//! write by this process wakes them at once (one in-process notifier per database file), and a
-//! poll of the record catches the writes of other processes and the completions committed in a
-//! caller's own transaction.
+//! write by this process wakes them at once (one in-process notifier per database file), a
+//! completion in a caller's own transaction when the caller reports its commit
+//! ([`Attempt::mark_recorded`](idem_core::Attempt::mark_recorded)), and a poll of the record
+//! catches the writes of other processes.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -2,8 +2,8 @@
 //! caller goes away before the operation starts.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::observe::{count_completion, timed};
@@ -26,7 +26,7 @@ pub struct Attempt {
     pub(super) token: Token,
     pub(super) number: u32,
     pub(super) kind: ClaimKind,
-    pub(super) recorded: Arc<AtomicBool>,
+    pub(super) recorded: Arc<Recorded>,
     pub(super) policy: Policy,
     pub(super) codec: Option<Arc<dyn OutcomeCodec>>,
     /// The steps earlier attempts saved, decoded ([`Attempt::checkpoints`]).
@@ -119,8 +119,18 @@ impl Attempt {
     /// transactional completion: e.g. `SqliteStore`'s or `PostgresStore`'s completion on the
     /// caller's transaction), so the executor must not complete it again. Call it only after that
     /// transaction committed. Clones of the attempt share the mark.
+    ///
+    /// It also wakes the requests of this process waiting on the record, when the store's
+    /// transactional completion left a wake-up for the commit
+    /// ([`wake_when_recorded`](crate::wait::wake_when_recorded)).
     pub fn mark_recorded(&self) {
-        self.recorded.store(true, Ordering::SeqCst);
+        self.recorded.mark();
+    }
+
+    /// Leaves `wake` for [`Attempt::mark_recorded`] (see
+    /// [`wake_when_recorded`](crate::wait::wake_when_recorded)).
+    pub(crate) fn wake_when_recorded(&self, wake: Wake) {
+        self.recorded.wake_when_marked(wake);
     }
 
     /// The executor's policy: the one a store's transactional completion (e.g.
@@ -148,6 +158,58 @@ impl Attempt {
     /// The stable key to pass to `provider`'s own idempotency contract; see [`downstream_key`].
     pub fn downstream_key(&self, provider: &str) -> String {
         downstream_key(&self.scope, &self.key, provider)
+    }
+}
+
+/// A store's wake-up of the waiters of a record, for when the caller reports its commit.
+pub(crate) type Wake = Arc<dyn Fn() + Send + Sync>;
+
+/// Whether the operation recorded its outcome itself ([`Attempt::mark_recorded`]), and the
+/// wake-up a store's transactional completion left for that moment. Shared by the attempt's
+/// clones and the executor.
+#[derive(Default)]
+pub(super) struct Recorded {
+    marked: AtomicBool,
+    wake: Mutex<Option<Wake>>,
+}
+
+impl Recorded {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Wake>> {
+        self.wake.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mark(&self) {
+        self.marked.store(true, Ordering::SeqCst);
+        let wake = self.lock().clone();
+        if let Some(wake) = wake {
+            wake();
+        }
+    }
+
+    fn wake_when_marked(&self, wake: Wake) {
+        let mut slot = self.lock();
+        *slot = Some(wake.clone());
+        // Read under the lock `mark` takes after setting the flag: the wake-up runs once the
+        // mark is set, whichever comes first.
+        let marked = self.marked.load(Ordering::SeqCst);
+        drop(slot);
+        if marked {
+            wake();
+        }
+    }
+
+    /// Whether the operation said it recorded its outcome. If it did, wakes the waiters once
+    /// more: the operation has returned, so its transaction has committed even if it said so
+    /// before the commit.
+    pub(super) fn settle(&self) -> bool {
+        let marked = self.marked.load(Ordering::SeqCst);
+        if marked {
+            let wake = self.lock().clone();
+            if let Some(wake) = wake {
+                wake();
+            }
+        }
+        marked
     }
 }
 

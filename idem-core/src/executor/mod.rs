@@ -6,7 +6,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use crate::codec::OutcomeCodec;
 use crate::machine::ClaimAnswer;
@@ -225,7 +224,7 @@ impl Executor {
             token,
             number: attempt,
             kind,
-            recorded: Arc::new(AtomicBool::new(false)),
+            recorded: Arc::default(),
             policy: self.policy,
             codec: self.codec.clone(),
             resumed: Arc::from(Vec::new()),

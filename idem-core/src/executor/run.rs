@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::Instrument;
 
@@ -173,7 +172,7 @@ impl Executor {
             token,
             number,
             kind,
-            recorded: Arc::new(AtomicBool::new(false)),
+            recorded: Arc::default(),
             policy: self.policy,
             codec: self.codec.clone(),
             resumed: resumed.into(),
@@ -184,7 +183,7 @@ impl Executor {
             guard.armed = false;
         }
         let (value, outcome) = to_answer(operation(attempt).await);
-        let recorded = recorded.load(Ordering::SeqCst);
+        let recorded = recorded.settle();
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(failed) => {
