@@ -127,7 +127,8 @@ pub fn tools(options: &ServeOptions) -> ToolListing {
         KeySource::Arguments(_) => {
             " A request without one is keyed by its title and account_id: within 3600 s the same \
              ticket is one ticket (the first answer is replayed), so a deliberate repeat must \
-             differ in one of them."
+             differ in one of them; one sent while the same ticket is being created waits for \
+             its answer."
         }
         KeySource::Unprotected => {
             " A request without one runs unprotected: a retry of it may create a second ticket."
@@ -186,6 +187,7 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
     let executor = Executor::from_arc(backend.store())
         .with_policy(policy)
         .with_max_wait(options.min_client_deadline())
+        .with_processing_window(options.processing_window())
         .with_clock(options.clock.clone());
     // The tenant `authenticate` put in the request: from the token, or the header as sent.
     let layer = IdempotencyLayer::new(executor, |parts| {

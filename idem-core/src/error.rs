@@ -18,7 +18,10 @@ pub enum Error {
     /// Another attempt holds the claim. Nothing ran. Try again after `retry_after`.
     #[error("the operation is in flight in another attempt; retry after {retry_after:?}")]
     InFlight {
-        /// How long to wait before asking again (never zero).
+        /// How long to wait before asking again (never zero): when the answer is likely ready,
+        /// what is left of the tool's processing window since the holder's claim, within the
+        /// holder's lease ([`Executor::with_processing_window`](crate::Executor::with_processing_window));
+        /// for a stale record, the policy's lease.
         retry_after: Duration,
         /// The holder's lease has elapsed; the record waits for reconciliation.
         stale: bool,

@@ -88,7 +88,9 @@ pub enum ClaimAnswer {
     Replay(Outcome),
     /// Another holder is processing the operation.
     InFlight {
-        /// How long to wait before asking again (never zero).
+        /// Under a running lease, the holder's remaining lease; for a stale record, the
+        /// policy's lease (never zero). The executor tells its caller its own retry hint,
+        /// from the tool's processing window ([contract §4](crate::contract#refusals)).
         retry_after: Duration,
         /// The holder's lease has elapsed and the record waits for reconciliation.
         stale: bool,

@@ -38,7 +38,13 @@ pub(crate) type FingerprintFn = dyn Fn(&Parts, &Value) -> Result<Value, Problem>
 /// [maximum wait](idem_core::Executor::with_max_wait) and the holder's remaining lease. The answer
 /// of a request that waited carries `Preference-Applied: wait=B`, B that bound without the lease
 /// (the replay, the tool's own answer if the record became claimable and it ran, or 409 if the
-/// bound passed).
+/// bound passed). A request without a key whose key the layer derived waits the same way
+/// without asking, up to the maximum wait ([contract §5.1](idem_core::contract#keyless); off
+/// with [`Executor::with_derived_key_wait`](idem_core::Executor::with_derived_key_wait)); a
+/// keyed request that did not ask is answered 409 at once. The 409's `Retry-After` is what is
+/// left of the tool's processing window
+/// ([`Executor::with_processing_window`](idem_core::Executor::with_processing_window); without
+/// one, of the lease), in whole seconds, at least 1.
 ///
 /// The claim, the inner service and the completion run in one spawned task per request: a client
 /// that disconnects (its deadline passed) cannot cancel a tool halfway; the outcome is recorded
@@ -130,7 +136,11 @@ impl IdempotencyLayer {
     /// - [`KeySource::Request`] is MCP's (HTTP has no request id): refused as `Refuse`.
     ///
     /// The answer to a request under a derived key carries `Idempotency-Key-Source: arguments`
-    /// (or `model_argument`), on the first execution and on every replay.
+    /// (or `model_argument`), on the first execution and on every replay. Such a request that
+    /// finds the same operation in flight is waited for (its client cannot send `Prefer: wait`),
+    /// up to the executor's maximum wait, and gets the replay; an executor built
+    /// [`with_derived_key_wait(false)`](idem_core::Executor::with_derived_key_wait) answers it
+    /// 409 at once instead.
     ///
     /// ```
     /// # use idem_core::{Executor, MemoryStore};

@@ -184,7 +184,12 @@ where
                 outcome
             })
             .await;
-        let waited = executor.waited().map(|_| executor.wait_bound());
+        // Said only to a request that asked (`Prefer: wait`); one under a derived key that
+        // asked for nothing was waited for without being told.
+        let waited = executor
+            .waited()
+            .map(|_| executor.wait_bound())
+            .filter(|bound| !bound.is_zero());
         Ran {
             result,
             failure,

@@ -9,6 +9,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
+use idem_conformance::kit::{FaultStore, Op};
 use idem_core::store::ListFilter;
 use idem_core::{
     Executor, KeyOrigin, KeySource, KeyStore, ManualClock, MemoryStore, Policy, Timestamp,
@@ -46,6 +47,8 @@ struct Server {
     sink: Arc<Sink>,
     clock: ManualClock,
     store: Arc<dyn KeyStore>,
+    /// The same store, counting the calls that reached it.
+    counted: FaultStore<MemoryStore>,
 }
 
 impl Server {
@@ -73,7 +76,17 @@ async fn serve(
     hold: Option<Arc<Semaphore>>,
     configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
 ) -> Server {
-    let store: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
+    serve_with(hold, |e| e, configure).await
+}
+
+/// [`serve`], its executor `set` up first.
+async fn serve_with(
+    hold: Option<Arc<Semaphore>>,
+    set: impl FnOnce(Executor) -> Executor,
+    configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
+) -> Server {
+    let counted = FaultStore::new(MemoryStore::new());
+    let store: Arc<dyn KeyStore> = Arc::new(counted.clone());
     let sink = Arc::new(Sink::default());
     let clock = ManualClock::starting_now();
     let executor = Executor::from_arc(store.clone())
@@ -84,7 +97,7 @@ async fn serve(
                 .unwrap(),
         )
         .with_clock(clock.clone());
-    let layer = IdempotencyLayer::new(executor, |parts| {
+    let layer = IdempotencyLayer::new(set(executor), |parts| {
         let tenant = parts
             .headers
             .get("x-tenant-id")
@@ -112,6 +125,7 @@ async fn serve(
         sink,
         clock,
         store,
+        counted,
     }
 }
 
@@ -208,34 +222,86 @@ async fn a_sent_key_wins_over_the_derived_one() {
     );
 }
 
-#[tokio::test]
-async fn six_identical_requests_at_once_one_ticket() {
-    let hold = Arc::new(Semaphore::new(0));
-    let s = Arc::new(serve(Some(hold.clone()), |l| l.key_source(KeySource::arguments())).await);
+/// Six identical requests without a key at once, the first held until the five others found
+/// it in flight: each answer's status, whether it is a replay, its `Retry-After`, and whether it
+/// says a preference was applied.
+async fn six_at_once(
+    s: Arc<Server>,
+    hold: Arc<Semaphore>,
+) -> Vec<(u16, bool, Option<String>, bool)> {
     let mut calls = tokio::task::JoinSet::new();
     for _ in 0..6 {
         let s = s.clone();
         calls.spawn(async move {
             let answer = s.post("t", None, &ticket("six")).await;
-            (answer.status().as_u16(), replayed(&answer))
+            let header = |name: &str| {
+                let value = answer.headers().get(name);
+                value.map(|v| v.to_str().unwrap().to_owned())
+            };
+            (
+                answer.status().as_u16(),
+                replayed(&answer),
+                header("retry-after"),
+                header("preference-applied").is_some(),
+            )
         });
     }
-    // The first holds its claim until the five others were answered.
-    let mut answers = Vec::new();
-    for _ in 0..5 {
-        answers.push(calls.join_next().await.unwrap().unwrap());
+    while s.counted.calls(Op::Claim) < 6 {
+        tokio::task::yield_now().await;
     }
     hold.add_permits(1);
-    answers.push(calls.join_next().await.unwrap().unwrap());
-    let executed = answers.iter().filter(|a| **a == (201, false)).count();
-    let in_flight = answers.iter().filter(|a| a.0 == 409).count();
-    assert_eq!((executed, in_flight), (1, 5), "{answers:?}");
+    calls.join_all().await
+}
+
+#[tokio::test]
+async fn six_identical_requests_at_once_six_answers_one_ticket() {
+    let hold = Arc::new(Semaphore::new(0));
+    let s = serve(Some(hold.clone()), |l| l.key_source(KeySource::arguments())).await;
+    let s = Arc::new(s);
+    // A client that sends no key cannot ask to wait, so the layer waits for it.
+    let answers = six_at_once(s.clone(), hold).await;
+    let executed = answers
+        .iter()
+        .filter(|a| (a.0, a.1) == (201, false))
+        .count();
+    let replays = answers.iter().filter(|a| (a.0, a.1) == (201, true)).count();
+    assert_eq!(
+        (executed, replays),
+        (1, 5),
+        "six answers, no 409: {answers:?}"
+    );
+    assert!(
+        answers.iter().all(|a| !a.3),
+        "nothing was asked, so no Preference-Applied: {answers:?}"
+    );
     assert_eq!(s.tickets(), 1);
     // Each of them retried now: the replay.
     for _ in 0..5 {
         assert!(replayed(&s.post("t", None, &ticket("six")).await));
     }
     assert_eq!(s.tickets(), 1);
+}
+
+#[tokio::test]
+async fn a_tool_that_turns_the_wait_off_answers_409_with_retry_after_from_its_window() {
+    let hold = Arc::new(Semaphore::new(0));
+    let s = serve_with(
+        Some(hold.clone()),
+        |e| {
+            e.with_derived_key_wait(false)
+                .with_processing_window(Duration::from_millis(20))
+        },
+        |l| l.key_source(KeySource::arguments()),
+    )
+    .await;
+    let answers = six_at_once(Arc::new(s), hold).await;
+    let in_flight: Vec<_> = answers.iter().filter(|a| a.0 == 409).collect();
+    assert_eq!(in_flight.len(), 5, "{answers:?}");
+    // A 20 ms tool under a 10 s lease: ask again in a second, not in ten.
+    assert!(
+        in_flight.iter().all(|a| a.2.as_deref() == Some("1")),
+        "{answers:?}"
+    );
 }
 
 #[tokio::test]

@@ -64,7 +64,8 @@ async fn serve(max_wait: Duration) -> Server {
                 .build()
                 .unwrap(),
         )
-        .with_max_wait(max_wait);
+        .with_max_wait(max_wait)
+        .with_processing_window(Duration::from_millis(20));
     let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".into()));
     let tool = Arc::new(Tool {
         tickets: Mutex::default(),
@@ -145,6 +146,8 @@ async fn without_prefer_wait_a_repeat_is_409_at_once() {
     let again = send(&server, None).await.unwrap();
     assert_eq!(again.status(), StatusCode::CONFLICT);
     assert!(again.headers().get("preference-applied").is_none());
+    // A 20 ms tool under a 10 s lease: when its window has passed, not when the lease ends.
+    assert_eq!(again.headers()["retry-after"], "1");
     server.tool.hold.add_permits(1);
     first.await.unwrap();
     assert_eq!(server.tickets(), 1);

@@ -69,7 +69,9 @@ use settings::PrincipalFn;
 /// 6. answers with the result marked `"io.idem/replayed": false` in its `_meta`; a repeat gets
 ///    the stored result marked `true`. Same key with other arguments: error
 ///    [`FINGERPRINT_MISMATCH`]; a repeat while the first runs: [`IN_FLIGHT`] with
-///    `data.retryAfterMs`; a store that is down: [`STORE_UNAVAILABLE`]; a store that failed
+///    `data.retryAfterMs` (what is left of the tool's processing window), unless it asked to wait
+///    (`_meta["io.idem/wait"]`) or its key was derived (it sent none, so its client cannot ask:
+///    it is waited for, `ToolSettings::derived_key_wait`), when it waits for the result; a store that is down: [`STORE_UNAVAILABLE`]; a store that failed
 ///    otherwise: an internal error (`-32603`) of type `store-error`.
 ///
 /// Other tools are passed through untouched.
@@ -237,7 +239,11 @@ impl IdempotentTools {
 
         // The request's own task runs the claim, the tool and the completion: the executor's
         // spawner would add a task hop to each and protect nothing more.
-        let mut executor = self.executor.without_spawner();
+        let mut executor = self
+            .executor
+            .without_spawner()
+            .with_processing_window(settings.processing_window)
+            .with_derived_key_wait(settings.derived_key_wait);
         if origin != KeyOrigin::Sent {
             // A derived key's record lives for the tool's window.
             let policy = executor
@@ -256,7 +262,8 @@ impl IdempotentTools {
                 }
             }
         }
-        // `_meta["io.idem/wait"]`: a repeat that finds its operation in flight waits for it.
+        // `_meta["io.idem/wait"]`: a repeat that finds its operation in flight waits for it. A
+        // call under a derived key that sends none is waited for by the executor all the same.
         if let Some(wait) = wait {
             executor = executor.waiting(wait);
         }

@@ -37,6 +37,8 @@ struct Server {
     db: PathBuf,
     log: PathBuf,
     key_source: &'static str,
+    /// More arguments for the server.
+    more: &'static [&'static str],
     http: Option<(Child, String)>,
     _dir: tempfile::TempDir,
 }
@@ -44,6 +46,15 @@ struct Server {
 impl Server {
     /// For HTTP, one process now; for stdio, one per client in `connect`.
     async fn start(transport: Transport, key_source: &'static str) -> Self {
+        Self::start_with(transport, key_source, &[]).await
+    }
+
+    /// [`Server::start`], the server given `more` arguments.
+    async fn start_with(
+        transport: Transport,
+        key_source: &'static str,
+        more: &'static [&'static str],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("tickets.sqlite3");
         let log = dir.path().join("server.log");
@@ -53,6 +64,7 @@ impl Server {
                 let mut child = Command::new(SERVER)
                     .args(["--http", "127.0.0.1:0", "--key-source", key_source, "--db"])
                     .arg(&db)
+                    .args(more)
                     .env("RUST_LOG", "warn,idem_core=info")
                     .stdout(Stdio::piped())
                     .stderr(std::fs::File::create(&log).unwrap())
@@ -74,6 +86,7 @@ impl Server {
             db,
             log,
             key_source,
+            more,
             http,
             _dir: dir,
         }
@@ -83,7 +96,7 @@ impl Server {
     async fn connect(&self, tenant: &str) -> Client {
         match &self.http {
             None => {
-                let (db, source) = (self.db.clone(), self.key_source);
+                let (db, source, more) = (self.db.clone(), self.key_source, self.more);
                 let log = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
@@ -94,6 +107,7 @@ impl Server {
                         cmd.arg("--db")
                             .arg(&db)
                             .args(["--key-source", source, "--principal", tenant])
+                            .args(more)
                             .env("RUST_LOG", "warn,idem_core=info");
                     }))
                     .stderr(log)
@@ -209,33 +223,40 @@ async fn arguments_repeats_replay_and_other_arguments_run(transport: Transport) 
     assert!(has("claimed") && has("replayed"), "{log}");
 }
 
-async fn arguments_six_concurrent_identical_calls_one_ticket(transport: Transport) {
-    let server = Server::start(transport, "arguments").await;
-    let client = server.connect("tenant-a").await;
+/// Six identical calls at once from one stock client (no `_meta`), to a tool that takes 300 ms
+/// (real latency, so that they overlap): each call's answer, in the order sent.
+async fn six_at_once(client: &Client) -> Vec<Result<CallToolResult, ServiceError>> {
     let calls: Vec<_> = (0..6)
         .map(|_| {
             let peer = client.peer().clone();
             tokio::spawn(async move { peer.call_tool(call(ticket("Six at once"))).await })
         })
         .collect();
-    let mut ids = Vec::new();
-    let mut in_flight = 0;
-    for answer in calls {
-        match answer.await.unwrap() {
-            Ok(result) => ids.push(ticket_id(&result)),
-            // Arrived while the first was running: told to retry (nothing ran).
-            Err(e) => {
-                assert_eq!(mcp_error(e).code, IN_FLIGHT);
-                in_flight += 1;
-            }
-        }
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
     }
-    assert_eq!(ids.len() + in_flight, 6);
+    answers
+}
+
+const SLOW: &[&str] = &["--latency-ms", "300"];
+
+async fn arguments_six_identical_calls_to_a_slow_tool_six_answers_one_ticket(transport: Transport) {
+    let server = Server::start_with(transport, "arguments", SLOW).await;
+    let client = server.connect("tenant-a").await;
+    // The five that find the first in flight are waited for: their client cannot ask to wait.
+    let results: Vec<CallToolResult> = six_at_once(&client)
+        .await
+        .into_iter()
+        .map(|answer| answer.unwrap_or_else(|e| panic!("every call answered, got {e}")))
+        .collect();
+    let mut ids: Vec<String> = results.iter().map(ticket_id).collect();
     ids.dedup();
+    assert_eq!(ids.len(), 1, "every call names the one ticket: {ids:?}");
     assert_eq!(
-        ids.len(),
+        results.iter().filter(|r| !is_replay(r)).count(),
         1,
-        "every answered call names the one ticket: {ids:?}"
+        "one ran, five replayed"
     );
     assert_eq!(server.tickets(), 1);
     // Each of them repeated now gets the replay of the one ticket.
@@ -244,6 +265,38 @@ async fn arguments_six_concurrent_identical_calls_one_ticket(transport: Transpor
         assert!(is_replay(&repeat));
         assert_eq!(ticket_id(&repeat), ids[0]);
     }
+    assert_eq!(server.tickets(), 1);
+}
+
+async fn arguments_without_the_wait_overlapping_calls_retry_within_the_window(
+    transport: Transport,
+) {
+    let server = Server::start_with(
+        transport,
+        "arguments",
+        &["--latency-ms", "300", "--no-derived-key-wait"],
+    )
+    .await;
+    let client = server.connect("tenant-a").await;
+    let mut in_flight = Vec::new();
+    for answer in six_at_once(&client).await {
+        if let Err(e) = answer {
+            let e = mcp_error(e);
+            assert_eq!(e.code, IN_FLIGHT);
+            in_flight.push(e.data.unwrap()["retryAfterMs"].as_u64().unwrap());
+        }
+    }
+    assert_eq!(
+        in_flight.len(),
+        5,
+        "told to retry (nothing ran): {in_flight:?}"
+    );
+    // The tool's window is 1.3 s (its latency and a second), its lease 1.8 s: what is left of
+    // the window, not of the lease.
+    assert!(
+        in_flight.iter().all(|ms| (1..=1_300).contains(ms)),
+        "{in_flight:?}"
+    );
     assert_eq!(server.tickets(), 1);
 }
 
@@ -286,7 +339,9 @@ async fn arguments_tool_listing_is_honest(transport: Transport) {
     let description = tool.description.as_deref().unwrap();
     assert!(
         description.contains("keyed by its arguments /title, /account_id")
-            && description.contains("within 3600 s"),
+            && description.contains("within 3600 s")
+            && description
+                .contains("A repeat without a key sent while the first call runs is waited for"),
         "{description}"
     );
     let meta = &tool.meta.as_ref().unwrap().0["io.idem/idempotency"];
@@ -442,6 +497,38 @@ async fn request_resend_replays_and_a_new_request_runs() {
     assert_eq!(server.tickets(), 2);
 }
 
+/// `--key-source request` over streamable HTTP: without sessions (`--stateless`, as MCP
+/// 2026-07-28 serves) request ids are the client's own, not unique on the server: a stock
+/// client's call is refused, nothing runs. With sessions (`Mcp-Session-Id`) it gets a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_keys_need_a_session_over_streamable_http() {
+    let stateless = Server::start_with(Transport::Http, "request", &["--stateless"]).await;
+    let client = stateless.connect("tenant-a").await;
+    let err = mcp_error(
+        client
+            .call_tool(call(ticket("No session")))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
+    assert_eq!(
+        err.data.unwrap()["type"],
+        "urn:idem:problem:key-required",
+        "{}",
+        err.message
+    );
+    assert_eq!(stateless.tickets(), 0, "nothing ran");
+
+    let with_sessions = Server::start(Transport::Http, "request").await;
+    let client = with_sessions.connect("tenant-a").await;
+    let result = client
+        .call_tool(call(ticket("With a session")))
+        .await
+        .unwrap();
+    assert_eq!(key_source(&result), Some("request"));
+    assert_eq!(with_sessions.tickets(), 1);
+}
+
 macro_rules! on_both_transports {
     ($($name:ident),* $(,)?) => {
         mod stdio {
@@ -465,7 +552,8 @@ macro_rules! on_both_transports {
 
 on_both_transports!(
     arguments_repeats_replay_and_other_arguments_run,
-    arguments_six_concurrent_identical_calls_one_ticket,
+    arguments_six_identical_calls_to_a_slow_tool_six_answers_one_ticket,
+    arguments_without_the_wait_overlapping_calls_retry_within_the_window,
     arguments_a_sent_key_wins_and_tenants_are_apart,
     arguments_tool_listing_is_honest,
     model_argument_reused_once_left_out_refused,

@@ -2,7 +2,8 @@
 //!
 //! The executor and its builder live here; [`Executor::run`] in `run`; [`Attempt`] (and the guard
 //! that gives an abandoned claim back) in `attempt`; the claim and record steps and the completion
-//! in `steps`; the counters in `observe`; waiting in `wait`; checkpoints in `checkpoints`.
+//! in `steps`; the counters in `observe`; waiting in `wait`, and what an in-flight answer says
+//! and who is waited for without asking in `in_flight`; checkpoints in `checkpoints`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use crate::{Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock
 
 mod attempt;
 mod checkpoints;
+mod in_flight;
 mod observe;
 mod run;
 mod spawn;
@@ -119,6 +121,8 @@ impl fmt::Debug for Executor {
             .field("codec", &self.codec)
             .field("wait", &self.waiting.requested)
             .field("max_wait", &self.max_wait())
+            .field("processing_window", &self.waiting.window)
+            .field("derived_key_wait", &!self.waiting.derived_key_wait_off)
             .finish()
     }
 }

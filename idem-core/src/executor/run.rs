@@ -102,6 +102,12 @@ impl Executor {
                 return Ok(Ran::Replayed(outcome));
             }
             ClaimAnswer::InFlight { retry_after, stale } => {
+                // Under a running lease: when the answer is likely ready, from the tool's
+                // window; a stale record waits for reconciliation, at the lease's pace.
+                let retry_after = match stale {
+                    false => self.retry_hint(retry_after),
+                    true => retry_after,
+                };
                 transition!(
                     INFO,
                     "in_flight",

@@ -37,6 +37,10 @@ pub(super) struct Waiting {
     pub(super) max: Option<Duration>,
     /// What waits sleep on; `None`: no waiting.
     pub(super) timer: Option<Timer>,
+    /// The tool's processing window, for the retry hint; `None`: the policy's lease.
+    pub(super) window: Option<Duration>,
+    /// A call under a derived key that asked for no wait is not waited for.
+    pub(super) derived_key_wait_off: bool,
     /// How long the calls of this [`Executor::waiting`] clone waited, last.
     waited: Arc<Mutex<Option<Duration>>>,
     /// The live round of each (scope, key) being waited on, shared by every clone of the executor.
@@ -77,7 +81,9 @@ impl Executor {
     /// (HTTP `Prefer: wait=N`, MCP `_meta["io.idem/wait"]`): a repeat that finds its
     /// operation in flight waits at most the least of `wait`, the [maximum
     /// wait](Executor::with_max_wait) and the holder's remaining lease, then replays, claims what
-    /// became claimable, or answers [`Error::InFlight`]. Zero (the default): no waiting.
+    /// became claimable, or answers [`Error::InFlight`]. Zero (the default): no waiting, except
+    /// for a call under a derived key, which waits up to the maximum wait
+    /// ([`with_derived_key_wait`](Executor::with_derived_key_wait)).
     pub fn waiting(&self, wait: Duration) -> Self {
         let mut this = self.clone();
         this.waiting.requested = wait;
@@ -129,7 +135,7 @@ impl Executor {
         fingerprint: &Fingerprint,
     ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>), Error> {
         let first = self.claim(scope, key, fingerprint).await?;
-        let bound = self.wait_bound();
+        let bound = self.wait_bound_for(key.origin());
         let timer = match (&first.0, &self.waiting.timer) {
             (ClaimAnswer::InFlight { stale: false, .. }, Some(timer))
                 if !bound.is_zero() && timer.usable() =>

@@ -4,6 +4,7 @@
 //! ```text
 //! idem-mcp-ticket-server [--db PATH] [--http ADDR] [--latency-ms N] [--principal NAME]
 //!                        [--key-source client|arguments|model-argument|request|unprotected]
+//!                        [--no-derived-key-wait] [--stateless]
 //! ```
 //!
 //! - Without `--http`: MCP over stdio (`params.idempotencyKey` lifted with `key::lift_lines`).
@@ -25,6 +26,10 @@
 //!   `account_id`; `model-argument`: the tool asks the model for an `idempotency_key` argument;
 //!   `request`: the key is the session and JSON-RPC request id (transport resends only);
 //!   `unprotected`: the call runs without protection. A derived key's window is one hour.
+//! - `--no-derived-key-wait`: a call under a derived key that finds the same call in flight is
+//!   told to retry (`-32091`) instead of being waited for (`ToolSettings::derived_key_wait`).
+//! - `--stateless`: streamable HTTP without sessions (no `Mcp-Session-Id`), as MCP 2026-07-28
+//!   serves every request; `--key-source request` then refuses calls without a key.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -187,6 +192,8 @@ struct Args {
     latency: Duration,
     principal: Option<String>,
     key_source: KeySource,
+    derived_key_wait: bool,
+    stateless: bool,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
@@ -196,6 +203,8 @@ fn parse_args() -> Result<Args, BoxError> {
         latency: Duration::ZERO,
         principal: None,
         key_source: KeySource::Refuse,
+        derived_key_wait: true,
+        stateless: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -205,6 +214,8 @@ fn parse_args() -> Result<Args, BoxError> {
             "--http" => args.http = Some(value()?),
             "--latency-ms" => args.latency = Duration::from_millis(value()?.parse()?),
             "--principal" => args.principal = Some(value()?),
+            "--no-derived-key-wait" => args.derived_key_wait = false,
+            "--stateless" => args.stateless = true,
             "--key-source" => {
                 args.key_source = match value()?.as_str() {
                     "client" => KeySource::Refuse,
@@ -217,7 +228,7 @@ fn parse_args() -> Result<Args, BoxError> {
             }
             "-h" | "--help" => {
                 println!(
-                    "idem-mcp-ticket-server [--db PATH] [--http ADDR] [--latency-ms N] [--principal NAME] [--key-source client|arguments|model-argument|request|unprotected]"
+                    "idem-mcp-ticket-server [--db PATH] [--http ADDR] [--latency-ms N] [--principal NAME] [--key-source client|arguments|model-argument|request|unprotected] [--no-derived-key-wait] [--stateless]"
                 );
                 std::process::exit(0);
             }
@@ -276,7 +287,8 @@ async fn main() -> Result<(), BoxError> {
             ToolSettings::window(contract.processing_window())
                 .tool_error(OutcomeClass::Definitive)
                 .destructive(false)
-                .key_source(args.key_source),
+                .key_source(args.key_source)
+                .derived_key_wait(args.derived_key_wait),
         );
     // Requests without a principal are refused unless we opt into one shared scope: always on
     // stdio (one client per process, nobody to share with), on HTTP only with `--principal`.
@@ -300,6 +312,7 @@ async fn main() -> Result<(), BoxError> {
         latency: args.latency,
     };
 
+    let config = StreamableHttpServerConfig::default().with_legacy_session_mode(!args.stateless);
     match args.http {
         None => {
             let transport = (lift_lines(tokio::io::stdin()), tokio::io::stdout());
@@ -307,11 +320,7 @@ async fn main() -> Result<(), BoxError> {
         }
         Some(addr) => {
             let service: StreamableHttpService<TicketServer, LocalSessionManager> =
-                StreamableHttpService::new(
-                    move || Ok(server.clone()),
-                    Arc::default(),
-                    StreamableHttpServerConfig::default(),
-                );
+                StreamableHttpService::new(move || Ok(server.clone()), Arc::default(), config);
             let app = axum::Router::new()
                 .route_service("/mcp", service)
                 .layer(axum::middleware::map_request(lift_http_request))

@@ -54,6 +54,17 @@ impl IdempotentTools {
         let deadline = contract.min_client_deadline().as_millis() as u64;
         let max_wait = self.executor.max_wait().as_millis() as u64;
         let without = without_key(settings);
+        let derived = matches!(
+            settings.key_source,
+            KeySource::Arguments(_) | KeySource::ModelArgument(_) | KeySource::Request
+        );
+        let waited = match derived && settings.derived_key_wait {
+            true => format!(
+                " A repeat without a key sent while the first call runs is waited for, up to \
+                 {max_wait} ms, and gets its result."
+            ),
+            false => String::new(),
+        };
         let note = format!(
             "Side-effecting. Send an idempotency key made from your durable workflow step \
              (params.idempotencyKey, or params._meta[\"{meta}\"]) and reuse it on every retry: \
@@ -61,7 +72,7 @@ impl IdempotentTools {
              Processing window: {window} ms; minimum client retry deadline: {deadline} ms — an \
              attempt shorter than that is cut off while the tool is still working. A retry sent \
              while the first call runs may wait for its result: params._meta[\"{wait}\"] \
-             (seconds), up to {max_wait} ms.",
+             (seconds), up to {max_wait} ms.{waited}",
             meta = key::META_KEY,
             wait = crate::wait::WAIT_META_KEY,
         );

@@ -16,8 +16,16 @@ pub struct ToolSettings {
     /// How long a derived key's record is kept, its window: the same call within it replays
     /// ([`KeySource::DEFAULT_WINDOW`], 1 hour). Must exceed the executor's lease.
     pub key_window: Duration,
-    /// The tool's published processing window (its p99), shown in its description.
+    /// The tool's published processing window (its p99), shown in its description; a call
+    /// that finds its operation in flight is told to retry when what is left of it has passed
+    /// (`retryAfterMs`), not when the whole lease has.
     pub processing_window: Duration,
+    /// Whether a call under a derived key (it sent none) that finds its operation in flight is
+    /// waited for, up to the executor's maximum wait, and answered with the result (on by
+    /// default): its client cannot ask to wait ([contract §5.1](idem_core::contract#keyless)).
+    /// `false`: it is told [`IN_FLIGHT`](crate::IN_FLIGHT) at once, as a keyed call that did
+    /// not ask to wait is.
+    pub derived_key_wait: bool,
     /// The class of a result with `isError: true` (default definitive: a business answer).
     pub tool_error: OutcomeClass,
     /// The `destructiveHint` annotation; `None` keeps what the tool declared.
@@ -30,6 +38,7 @@ impl Default for ToolSettings {
             key_source: KeySource::Refuse,
             key_window: KeySource::DEFAULT_WINDOW,
             processing_window: Duration::from_secs(30),
+            derived_key_wait: true,
             tool_error: OutcomeClass::Definitive,
             destructive: None,
         }
@@ -54,6 +63,12 @@ impl ToolSettings {
     /// Sets [`ToolSettings::key_window`].
     pub fn key_window(mut self, window: Duration) -> Self {
         self.key_window = window;
+        self
+    }
+
+    /// Sets [`ToolSettings::derived_key_wait`].
+    pub fn derived_key_wait(mut self, on: bool) -> Self {
+        self.derived_key_wait = on;
         self
     }
 
