@@ -2,7 +2,8 @@
 //!
 //! The executor and its builder live here; [`Executor::run`] in `run`; [`Attempt`] (and the guard
 //! that gives an abandoned claim back) in `attempt`; the claim and record steps and the completion
-//! in `steps`; the counters in `observe`; waiting in `wait`; checkpoints in `checkpoints`.
+//! in `steps`; the counters in `observe`; waiting in `wait`; checkpoints in `checkpoints`;
+//! renewing a running operation's lease in `heartbeat`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use crate::{Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock
 
 mod attempt;
 mod checkpoints;
+mod heartbeat;
 mod observe;
 mod run;
 mod spawn;
@@ -96,7 +98,9 @@ impl Execution {
 /// dropping the caller's future cannot lose them: a claim won after the caller went away (before
 /// the operation started) is released, and an outcome that is being recorded is recorded.
 /// Dropping the future while the operation runs leaves the record `processing` (the effect may
-/// have happened) for the lease and reconciliation. Without a spawner (outside a tokio runtime,
+/// have happened) for the lease and reconciliation, and stops the operation's heartbeat
+/// ([`Executor::with_heartbeat`]): work the operation spawned that outlives the call is no
+/// longer renewed, and must finish within [`Attempt::lease_until`] or renew it itself. Without a spawner (outside a tokio runtime,
 /// without the `tokio` feature, or after [`Executor::without_spawner`]), dropping the future
 /// while the claim is in the store may leave a `processing` record behind, which the lease and
 /// reconciliation then settle.
@@ -108,6 +112,7 @@ pub struct Executor {
     spawn: Spawn,
     codec: Option<Arc<dyn OutcomeCodec>>,
     waiting: wait::Waiting,
+    heartbeat: heartbeat::Heartbeat,
 }
 
 impl fmt::Debug for Executor {
@@ -120,6 +125,7 @@ impl fmt::Debug for Executor {
             .field("codec", &self.codec)
             .field("wait", &self.waiting.requested)
             .field("max_wait", &self.max_wait())
+            .field("heartbeat", &self.heartbeat)
             .finish()
     }
 }
@@ -139,6 +145,7 @@ impl Executor {
             spawn: Spawn::default_for_build(),
             codec: None,
             waiting: wait::Waiting::new(),
+            heartbeat: heartbeat::Heartbeat::default(),
         }
     }
 
@@ -229,6 +236,7 @@ impl Executor {
             policy: self.policy,
             codec: self.codec.clone(),
             resumed: Arc::from(Vec::new()),
+            lease: attempt::Lease::new(self.clock.now() + self.policy.lease()),
         })
     }
 }
