@@ -199,9 +199,9 @@
 //! Its own tests (`conformance/tests/broken/`) hold deliberately broken stores, one per class of
 //! defect: a claim that reads, awaits, then writes (for every record, or only for existing ones);
 //! no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
-//! `scope + ":" + key` addressing; a purge that miscounts; a wait that never wakes. Each fails the
-//! cases meant to catch it, through [`run_all`], [`run_matching`] and [`conformance_tests!`], and
-//! passes a basic case.
+//! `scope + ":" + key` addressing; a purge that miscounts; an extend that writes nothing; a wait
+//! that never wakes. Each fails the cases meant to catch it, through [`run_all`],
+//! [`run_matching`] and [`conformance_tests!`], and passes a basic case.
 //!
 //! # What is stable
 //!
