@@ -23,12 +23,15 @@ const STEP: Duration = Duration::from_secs(5);
 /// Steps that make twice the lease.
 const STEPS: u32 = 12;
 
+/// A sleep asked for: when it is due, and what ends it.
+type Sleeper = (Timestamp, oneshot::Sender<()>);
+
 /// A timer whose sleeps end when the case fires them, by the harness's clock.
 #[derive(Clone)]
 struct Beats {
     clock: ManualClock,
-    /// Each sleep asked for: when it is due, and what ends it.
-    asleep: Arc<Mutex<Vec<(Timestamp, oneshot::Sender<()>)>>>,
+    /// The sleeps not ended yet.
+    asleep: Arc<Mutex<Vec<Sleeper>>>,
     /// How many sleeps were asked for, ever.
     asked: watch::Sender<usize>,
 }
