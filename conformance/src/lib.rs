@@ -177,14 +177,14 @@
 //!   or store nothing; an expired record and a retry after a retryable failure run exactly once
 //!   more; a slow operation that outlived its lease, with nobody taking over, is recorded and
 //!   replays.
-//! - **`heartbeat_`** ([contract §2](idem_core::contract#extend) extend, [§7](idem_core::contract#traps),
-//!   through [`idem_core::Executor::with_heartbeat`]): a holder whose work is twice its lease,
-//!   renewed by the executor's heartbeat every third of it, is never taken over by a caller under
-//!   `Takeover` trying at every sixth, its attempt's deadline is the stored one, and its effect
-//!   lands once; without heartbeats it is taken over when the lease ends (two effects); a renewal
-//!   that comes after a takeover is fenced, and the holder learns it lost the claim. To fix a
-//!   failure: `extend` must move `lease_until` to `now + lease` for the holder of the current
-//!   token, durably, and answer that deadline.
+//! - **`heartbeat_`** ([contract §2](idem_core::contract#extend) extend,
+//!   [§7](idem_core::contract#traps), through [`idem_core::Executor::with_heartbeat`]): a holder
+//!   whose work is twice its lease, renewed by the executor's heartbeat every third of it, is
+//!   never taken over by a caller under `Takeover` trying at every sixth, its attempt's deadline
+//!   is the stored one, and its effect lands once; without heartbeats it is taken over when the
+//!   lease ends (two effects); a renewal that comes after a takeover is fenced, and the holder
+//!   learns it lost the claim. To fix a failure: `extend` must move `lease_until` to `now +
+//!   lease` for the holder of the current token, durably, and answer that deadline.
 //! - **`wait_`** ([contract §5.2](idem_core::contract#waiting), through
 //!   [`idem_core::Executor::waiting`] and
 //!   [`KeyStore::wait_for_change`](idem_core::KeyStore::wait_for_change)): a repeat that waits on

@@ -109,9 +109,9 @@ impl Sink {
 
 type Holder = tokio::task::JoinHandle<Result<Execution, Error>>;
 
-/// Starts the holder on its own handle: its work runs until `finish` is sent (or, if `stop_when_lost`,
-/// until it learns it lost the claim: then it returns without its effect), then creates a ticket.
-/// Returns once the work started and the heartbeat (if any) is asleep.
+/// Starts the holder on its own handle: its work runs until `finish` is sent (or, if
+/// `stop_when_lost`, until it learns it lost the claim: then it returns without its effect),
+/// then creates a ticket. Returns once the work started and the heartbeat (if any) is asleep.
 async fn hold(
     h: &Harness,
     beats: &Beats,

@@ -117,8 +117,9 @@ impl Attempt {
     /// (the later deadline wins). `Ok(false)` means the claim was lost: stop, and do not start
     /// any further effect. A lease of zero whole milliseconds is refused with
     /// [`StoreError::ZeroLease`] before the store is called. The executor renews the lease by
-    /// itself while the operation runs (see [`Executor::with_heartbeat`](super::Executor::with_heartbeat));
-    /// call this for work it does not renew.
+    /// itself while the operation runs
+    /// ([`Executor::with_heartbeat`](super::Executor::with_heartbeat)); call this for work it
+    /// does not renew (work that outlives the call).
     pub async fn extend(&self, lease: Duration) -> Result<bool, StoreError> {
         crate::machine::check_lease(lease)?;
         let now = self.clock.now();

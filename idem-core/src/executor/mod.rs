@@ -100,10 +100,10 @@ impl Execution {
 /// Dropping the future while the operation runs leaves the record `processing` (the effect may
 /// have happened) for the lease and reconciliation, and stops the operation's heartbeat
 /// ([`Executor::with_heartbeat`]): work the operation spawned that outlives the call is no
-/// longer renewed, and must finish within [`Attempt::lease_until`] or renew it itself. Without a spawner (outside a tokio runtime,
-/// without the `tokio` feature, or after [`Executor::without_spawner`]), dropping the future
-/// while the claim is in the store may leave a `processing` record behind, which the lease and
-/// reconciliation then settle.
+/// longer renewed, and must finish by [`Attempt::lease_until`] or renew the lease itself.
+/// Without a spawner (outside a tokio runtime, without the `tokio` feature, or after
+/// [`Executor::without_spawner`]), dropping the future while the claim is in the store may leave
+/// a `processing` record behind, which the lease and reconciliation then settle.
 #[derive(Clone)]
 pub struct Executor {
     store: Arc<dyn KeyStore>,
