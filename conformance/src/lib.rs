@@ -182,6 +182,14 @@
 //!   or store nothing; an expired record and a retry after a retryable failure run exactly once
 //!   more; a slow operation that outlived its lease, with nobody taking over, is recorded and
 //!   replays.
+//! - **`heartbeat_`** ([contract §2](idem_core::contract#extend) extend,
+//!   [§7](idem_core::contract#traps), through [`idem_core::Executor::with_heartbeat`]): a holder
+//!   whose work is twice its lease, renewed by the executor's heartbeat every third of it, is
+//!   never taken over by a caller under `Takeover` trying at every sixth, its attempt's deadline
+//!   is the stored one, and its effect lands once; without heartbeats it is taken over when the
+//!   lease ends (two effects); a renewal that comes after a takeover is fenced, and the holder
+//!   learns it lost the claim. To fix a failure: `extend` must move `lease_until` to `now +
+//!   lease` for the holder of the current token, durably, and answer that deadline.
 //! - **`wait_`** ([contract §5.2](idem_core::contract#waiting), through
 //!   [`idem_core::Executor::waiting`] and
 //!   [`KeyStore::wait_for_change`](idem_core::KeyStore::wait_for_change)): a repeat that waits on
@@ -195,10 +203,11 @@
 //!
 //! Its own tests (`conformance/tests/broken/`) hold deliberately broken stores, one per class of
 //! defect: a claim that reads, awaits, then writes (for every record, or only for existing ones);
-//! a rewrite whose compare-and-set misses the checkpoints, or compares only the token; no fencing; a lease that fences its own holder; expiry ignored; case-insensitive addressing;
-//! `scope + ":" + key` addressing; a purge that miscounts; a wait that never wakes. Each fails the
-//! cases meant to catch it, through [`run_all`], [`run_matching`] and [`conformance_tests!`], and
-//! passes a basic case.
+//! a rewrite whose compare-and-set misses the checkpoints, or compares only the token; no fencing;
+//! a lease that fences its own holder; expiry ignored; case-insensitive addressing;
+//! `scope + ":" + key` addressing; a purge that miscounts; an extend that writes nothing; a wait
+//! that never wakes. Each fails the cases meant to catch it, through [`run_all`],
+//! [`run_matching`] and [`conformance_tests!`], and passes a basic case.
 //!
 //! # What is stable
 //!

@@ -47,6 +47,7 @@ broken_suite! {
     spaces_dropped_address => SpacesDroppedAddress,
     purge_miscount => PurgeMiscount,
     extend_sets_the_lease => ExtendSetsTheLease,
+    extend_forgets => ExtendForgets,
     checkpoint_unfenced => CheckpointUnfenced,
     never_wakes => NeverWakes,
 }

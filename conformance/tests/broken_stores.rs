@@ -87,6 +87,11 @@ fn an_extend_that_sets_the_lease_fails_the_extend_cases() {
 }
 
 #[test]
+fn an_extend_that_writes_nothing_fails_the_heartbeat_case() {
+    check(Defect::ExtendForgets);
+}
+
+#[test]
 fn an_unfenced_checkpoint_fails_the_checkpoint_fencing_cases() {
     check(Defect::CheckpointUnfenced);
 }

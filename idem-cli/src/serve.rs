@@ -184,11 +184,16 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
         let every = policy.lease() / 2;
         tokio::spawn(async move { reconciler.run_periodically(every, tokio::time::sleep).await });
     }
-    let executor = Executor::from_arc(backend.store())
+    let mut executor = Executor::from_arc(backend.store())
         .with_policy(policy)
         .with_max_wait(options.min_client_deadline())
         .with_processing_window(options.processing_window())
         .with_clock(options.clock.clone());
+    if options.demo_faults {
+        // The demo's hung holder stands for one that crashed mid-flight, which renews nothing:
+        // its lease must run out as a crashed holder's would.
+        executor = executor.with_heartbeat(None);
+    }
     // The tenant `authenticate` put in the request: from the token, or the header as sent.
     let layer = IdempotencyLayer::new(executor, |parts| {
         parts

@@ -1,4 +1,4 @@
-//! [`Timer`], what a wait sleeps on (re-exported as [`crate::wait::Timer`]).
+//! [`Timer`], what waits and heartbeats sleep on (re-exported as [`crate::wait::Timer`]).
 
 use std::fmt;
 use std::future::Future;
@@ -9,7 +9,8 @@ use std::time::Duration;
 /// A future that sleeps, as a [`Timer`] returns it.
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
-/// What a wait sleeps on: a function from a duration to a future that resolves after it.
+/// What waits and heartbeats sleep on: a function from a duration to a future that resolves
+/// after it.
 ///
 /// idem-core runs on any executor, so it takes its timer from the caller, as it takes its
 /// spawner. With the `tokio` feature (on by default) [`Timer::tokio`] is the executor's default;
@@ -39,7 +40,8 @@ impl Timer {
     }
 
     /// `tokio::time::sleep`. Usable only inside a tokio runtime with its time driver enabled;
-    /// outside one, the executor does not wait (it answers `InFlight` at once).
+    /// outside one, the executor does not wait (it answers `InFlight` at once) and does not renew
+    /// leases.
     #[cfg(feature = "tokio")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub fn tokio() -> Self {

@@ -65,6 +65,8 @@ fn executor(store: impl KeyStore, stale: StalePolicy) -> Executor {
 }
 
 /// Starts the first attempt on `executor`; it runs until `finish` is sent, then creates a ticket.
+/// It does not renew its lease (heartbeats off): a holder that is stuck or frozen, whose lease
+/// runs out.
 async fn hold(
     executor: &Executor,
     sink: &Arc<Sink>,
@@ -74,7 +76,7 @@ async fn hold(
 ) {
     let (tx, rx) = oneshot::channel::<()>();
     let (started_tx, started) = oneshot::channel();
-    let (exec, sink) = (executor.clone(), sink.clone());
+    let (exec, sink) = (executor.clone().with_heartbeat(None), sink.clone());
     let task = tokio::spawn(async move {
         let (scope, key, fp) = ids();
         exec.run(&scope, &key, &fp, |_| async move {

@@ -20,6 +20,7 @@ mod concurrency;
 mod executor;
 mod expiry;
 mod fencing;
+mod heartbeat;
 mod outcome;
 mod scope;
 mod wait;
@@ -100,6 +101,9 @@ macro_rules! __case_list {
             executor::executor_retryable_failure_then_one_success,
             executor::executor_fenced_holder_cannot_overwrite,
             executor::executor_slow_holder_past_its_lease_is_recorded,
+            heartbeat::heartbeat_keeps_a_holder_twice_its_lease,
+            heartbeat::heartbeat_off_the_holder_is_taken_over,
+            heartbeat::heartbeat_late_renewal_tells_the_holder_it_lost,
             checkpoint::checkpoint_saved_in_order_byte_for_byte,
             checkpoint::checkpoint_stale_holder_is_fenced_after_takeover,
             checkpoint::checkpoint_fenced_like_complete,

@@ -61,6 +61,9 @@ pub enum Defect {
     PurgeMiscount,
     /// `extend` sets the lease to `now + lease` whatever it was, zero included (it may shorten it).
     ExtendSetsTheLease,
+    /// `extend` answers `Extended` with the new deadline but writes nothing (an `UPDATE` whose
+    /// row count is not checked and whose answer is computed, not read back).
+    ExtendForgets,
     /// `checkpoint` appends to any live record, whatever its token or state (an
     /// `UPDATE … SET checkpoints = … WHERE scope = ? AND key = ?` without the fencing condition).
     CheckpointUnfenced,
@@ -82,6 +85,7 @@ pub const ALL: &[Defect] = &[
     Defect::SpacesDroppedAddress,
     Defect::PurgeMiscount,
     Defect::ExtendSetsTheLease,
+    Defect::ExtendForgets,
     Defect::CheckpointUnfenced,
     Defect::NeverWakes,
 ];
@@ -333,6 +337,9 @@ impl KeyStore for Broken {
             return Ok(ExtendAnswer::Extended { lease_until });
         }
         let t = machine::extend(found.as_ref(), token, lease, now)?;
+        if self.defect == Defect::ExtendForgets {
+            return Ok(t.answer);
+        }
         if let Some(w) = t.write {
             self.write(scope, key, w);
         }
@@ -507,6 +514,7 @@ pub fn caught_by(defect: Defect) -> &'static [&'static str] {
             "fencing_extend_never_shortens",
             "fencing_extend_refuses_a_zero_lease",
         ],
+        Defect::ExtendForgets => &["heartbeat_keeps_a_holder_twice_its_lease"],
         Defect::CheckpointUnfenced => &[
             "checkpoint_stale_holder_is_fenced_after_takeover",
             "checkpoint_fenced_like_complete",

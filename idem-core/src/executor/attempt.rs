@@ -1,10 +1,14 @@
-//! [`Attempt`], the claim an operation runs under, and the guard that gives a claim back when the
-//! caller goes away before the operation starts.
+//! [`Attempt`], the claim an operation runs under (with what it knows of its lease), and the guard
+//! that gives a claim back when the caller goes away before the operation starts.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures_channel::oneshot;
+use futures_util::future::{FutureExt, Shared};
 
 use super::observe::{count_completion, timed};
 use super::spawn::Spawner;
@@ -31,6 +35,8 @@ pub struct Attempt {
     pub(super) codec: Option<Arc<dyn OutcomeCodec>>,
     /// The steps earlier attempts saved, decoded ([`Attempt::checkpoints`]).
     pub(super) resumed: Arc<[Checkpoint]>,
+    /// The lease deadline and whether the claim was lost, shared by every clone.
+    pub(super) lease: Arc<Lease>,
 }
 
 impl fmt::Debug for Attempt {
@@ -42,6 +48,8 @@ impl fmt::Debug for Attempt {
             .field("number", &self.number)
             .field("kind", &self.kind)
             .field("checkpoints", &self.resumed.len())
+            .field("lease_until", &self.lease_until())
+            .field("lost", &self.is_lost())
             .finish_non_exhaustive()
     }
 }
@@ -77,10 +85,41 @@ impl Attempt {
         self.clock.now()
     }
 
+    /// The lease deadline as this attempt last stored it: the claim's `now + lease`, moved by
+    /// every heartbeat and [`extend`](Attempt::extend) of the attempt and its clones. Past it,
+    /// and until the next renewal lands, a caller under
+    /// [`StalePolicy::Takeover`](crate::StalePolicy::Takeover) may take the claim over. Work
+    /// that outlives the call (spawned, detached) is not renewed by the executor's heartbeat:
+    /// it must finish before this, or renew it itself.
+    ///
+    /// An attempt made with [`Executor::attempt_for`](super::Executor::attempt_for) starts from
+    /// the time it was made, a little after the claim's.
+    pub fn lease_until(&self) -> Timestamp {
+        self.lease.until()
+    }
+
+    /// Whether the claim is known to be lost: a heartbeat, an [`extend`](Attempt::extend) or a
+    /// [`checkpoint`](Attempt::checkpoint) of this attempt (or a clone) was fenced, because a
+    /// newer attempt holds the claim. Check it before each effect and stop if it is `true`.
+    /// `false` is not a promise: the claim may have been taken over since the last renewal.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// Resolves once the claim is known to be lost ([`is_lost`](Attempt::is_lost)); pending for
+    /// as long as it is not. For long work that can stop midway: select on it, and start no
+    /// further effect once it resolves.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.lease.lost.clone().map(|_| ())
+    }
+
     /// Renews the lease to `now + lease` (a heartbeat for long work); it never shortens the lease
     /// (the later deadline wins). `Ok(false)` means the claim was lost: stop, and do not start
     /// any further effect. A lease of zero whole milliseconds is refused with
-    /// [`StoreError::ZeroLease`] before the store is called.
+    /// [`StoreError::ZeroLease`] before the store is called. The executor renews the lease by
+    /// itself while the operation runs
+    /// ([`Executor::with_heartbeat`](super::Executor::with_heartbeat)); call this for work it
+    /// does not renew (work that outlives the call).
     pub async fn extend(&self, lease: Duration) -> Result<bool, StoreError> {
         crate::machine::check_lease(lease)?;
         let now = self.clock.now();
@@ -93,6 +132,7 @@ impl Attempt {
         .await?;
         Ok(match answer {
             ExtendAnswer::Extended { lease_until } => {
+                self.lease.renewed(lease_until);
                 transition!(
                     DEBUG,
                     "extended",
@@ -102,6 +142,7 @@ impl Attempt {
                 true
             }
             ExtendAnswer::Fenced => {
+                self.lease.lose();
                 transition!(
                     WARN,
                     "fenced",
@@ -198,6 +239,11 @@ impl Recorded {
         }
     }
 
+    /// Whether the operation said it recorded its outcome ([`Attempt::mark_recorded`]).
+    pub(super) fn is_marked(&self) -> bool {
+        self.marked.load(Ordering::SeqCst)
+    }
+
     /// Whether the operation said it recorded its outcome. If it did, wakes the waiters once
     /// more: the operation has returned, so its transaction has committed even if it said so
     /// before the commit.
@@ -210,6 +256,51 @@ impl Recorded {
             }
         }
         marked
+    }
+}
+
+/// What an attempt knows of its lease: the deadline it last stored, and whether the claim was
+/// lost (a fenced answer: tokens never come back, so lost is for good).
+pub(super) struct Lease {
+    until: AtomicU64,
+    /// Taken and fired when the claim is lost; kept until then, so `lost` never resolves early.
+    lose: Mutex<Option<oneshot::Sender<()>>>,
+    lost: Shared<oneshot::Receiver<()>>,
+}
+
+impl Lease {
+    /// A lease that runs until `until`, not lost.
+    pub(super) fn new(until: Timestamp) -> Arc<Self> {
+        let (lose, lost) = oneshot::channel();
+        Arc::new(Self {
+            until: AtomicU64::new(until.as_millis()),
+            lose: Mutex::new(Some(lose)),
+            lost: lost.shared(),
+        })
+    }
+
+    fn until(&self) -> Timestamp {
+        Timestamp::from_millis(self.until.load(Ordering::SeqCst))
+    }
+
+    /// The store now keeps the lease until `until` (a deadline only moves later).
+    fn renewed(&self, until: Timestamp) {
+        self.until.fetch_max(until.as_millis(), Ordering::SeqCst);
+    }
+
+    /// The claim is lost: wakes every `lost` future.
+    pub(super) fn lose(&self) {
+        let sender = self.lose.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(sender) = sender {
+            let _ = sender.send(());
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lose
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
     }
 }
 

@@ -105,6 +105,7 @@ impl Attempt {
                 Ok(())
             }
             CheckpointAnswer::Fenced => {
+                self.lease.lose();
                 transition!(
                     WARN,
                     "fenced",

@@ -3,7 +3,8 @@
 //! The executor and its builder live here; [`Executor::run`] in `run`; [`Attempt`] (and the guard
 //! that gives an abandoned claim back) in `attempt`; the claim and record steps and the completion
 //! in `steps`; the counters in `observe`; waiting in `wait`, and what an in-flight answer says
-//! and who is waited for without asking in `in_flight`; checkpoints in `checkpoints`.
+//! and who is waited for without asking in `in_flight`; checkpoints in `checkpoints`; renewing a
+//! running operation's lease in `heartbeat`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use crate::{Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock
 
 mod attempt;
 mod checkpoints;
+mod heartbeat;
 mod in_flight;
 mod observe;
 mod run;
@@ -97,10 +99,12 @@ impl Execution {
 /// dropping the caller's future cannot lose them: a claim won after the caller went away (before
 /// the operation started) is released, and an outcome that is being recorded is recorded.
 /// Dropping the future while the operation runs leaves the record `processing` (the effect may
-/// have happened) for the lease and reconciliation. Without a spawner (outside a tokio runtime,
-/// without the `tokio` feature, or after [`Executor::without_spawner`]), dropping the future
-/// while the claim is in the store may leave a `processing` record behind, which the lease and
-/// reconciliation then settle.
+/// have happened) for the lease and reconciliation, and stops the operation's heartbeat
+/// ([`Executor::with_heartbeat`]): work the operation spawned that outlives the call is no
+/// longer renewed, and must finish by [`Attempt::lease_until`] or renew the lease itself.
+/// Without a spawner (outside a tokio runtime, without the `tokio` feature, or after
+/// [`Executor::without_spawner`]), dropping the future while the claim is in the store may leave
+/// a `processing` record behind, which the lease and reconciliation then settle.
 #[derive(Clone)]
 pub struct Executor {
     store: Arc<dyn KeyStore>,
@@ -109,6 +113,7 @@ pub struct Executor {
     spawn: Spawn,
     codec: Option<Arc<dyn OutcomeCodec>>,
     waiting: wait::Waiting,
+    heartbeat: heartbeat::Heartbeat,
 }
 
 impl fmt::Debug for Executor {
@@ -123,6 +128,7 @@ impl fmt::Debug for Executor {
             .field("max_wait", &self.max_wait())
             .field("processing_window", &self.waiting.window)
             .field("derived_key_wait", &!self.waiting.derived_key_wait_off)
+            .field("heartbeat", &self.heartbeat)
             .finish()
     }
 }
@@ -142,6 +148,7 @@ impl Executor {
             spawn: Spawn::default_for_build(),
             codec: None,
             waiting: wait::Waiting::new(),
+            heartbeat: heartbeat::Heartbeat::default(),
         }
     }
 
@@ -232,6 +239,7 @@ impl Executor {
             policy: self.policy,
             codec: self.codec.clone(),
             resumed: Arc::from(Vec::new()),
+            lease: attempt::Lease::new(self.clock.now() + self.policy.lease()),
         })
     }
 }

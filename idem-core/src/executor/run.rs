@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
+use super::attempt::Lease;
+use super::heartbeat::beside;
 use super::observe::{count_claim, count_completion};
 use super::{Attempt, Execution, Executor};
 use crate::codec::{CodecContext, decode_outcome};
@@ -73,7 +75,7 @@ impl Executor {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = O>,
     {
-        let (answer, guard) = self.claim_or_wait(scope, key, fingerprint).await?;
+        let (answer, guard, claimed_at) = self.claim_or_wait(scope, key, fingerprint).await?;
         let origin = key.origin().as_str();
         let (token, number, kind) = match answer {
             ClaimAnswer::Claimed {
@@ -182,13 +184,16 @@ impl Executor {
             policy: self.policy,
             codec: self.codec.clone(),
             resumed: resumed.into(),
+            lease: Lease::new(claimed_at + self.policy.lease()),
         };
         let recorded = attempt.recorded.clone();
-        // From here on the operation has started: a drop leaves the record `processing`.
+        let heartbeat = self.heartbeat_of(&attempt);
+        // From here on the operation has started: a drop leaves the record `processing` (and
+        // stops the heartbeat with the rest of this future).
         if let Some(mut guard) = guard {
             guard.armed = false;
         }
-        let (value, outcome) = to_answer(operation(attempt).await);
+        let (value, outcome) = to_answer(beside(operation(attempt), heartbeat).await);
         let recorded = recorded.settle();
         let outcome = match outcome {
             Ok(outcome) => outcome,

@@ -34,14 +34,15 @@ impl Executor {
         rx.await.ok()
     }
 
-    /// Claims (scope, key). With a spawner, a won claim comes with a guard that releases it if
+    /// Claims (scope, key) at the clock's `now`, which it answers too (a won lease runs until
+    /// `now + lease`). With a spawner, a won claim comes with a guard that releases it if
     /// dropped before the operation starts.
     pub(super) async fn claim(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
-    ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>), Error> {
+    ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>, Timestamp), Error> {
         let now = self.clock.now();
         let (store, clock, spawner) = (self.store.clone(), self.clock.clone(), self.spawn.here());
         let (scope, key, fingerprint, policy) =
@@ -66,7 +67,7 @@ impl Executor {
                 }),
                 _ => None,
             };
-            Ok((answer, guard))
+            Ok((answer, guard, now))
         });
         claimed.await.unwrap_or_else(|| {
             Err(Error::Store(StoreError::Unavailable {

@@ -14,7 +14,7 @@ use super::attempt::ReleaseOnDrop;
 use super::observe::timed;
 use crate::machine::ClaimAnswer;
 use crate::wait::Timer;
-use crate::{Clock, Error, Fingerprint, IdempotencyKey, KeyStore, RecordState, Scope};
+use crate::{Clock, Error, Fingerprint, IdempotencyKey, KeyStore, RecordState, Scope, Timestamp};
 
 /// How a shared round of waiting ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,8 +119,9 @@ impl Executor {
         self.waiting.max.unwrap_or(self.policy.lease())
     }
 
-    /// Waits sleep on `timer` (the default, with the `tokio` feature, is [`Timer::tokio`];
-    /// without a timer nothing waits).
+    /// Waits and heartbeats ([`Executor::with_heartbeat`]) sleep on `timer` (the default, with
+    /// the `tokio` feature, is [`Timer::tokio`]; without a timer nothing waits and nothing renews
+    /// a lease).
     pub fn with_timer(mut self, timer: Timer) -> Self {
         self.waiting.timer = Some(timer);
         self
@@ -133,7 +134,7 @@ impl Executor {
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
-    ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>), Error> {
+    ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>, Timestamp), Error> {
         let first = self.claim(scope, key, fingerprint).await?;
         let bound = self.wait_bound_for(key.origin());
         let timer = match (&first.0, &self.waiting.timer) {
