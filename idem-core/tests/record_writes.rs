@@ -1,0 +1,91 @@
+//! What the rules write, seen through a store ([contract §2](idem_core::contract#states)): the
+//! fields an operator and a waiter read back (`updated_at`, the last write, which `idem keys ls
+//! --older-than` selects on and a waiter wakes on). Each test names the rule it pins; they were
+//! written against the mutants `scripts/mutants` found no test for (docs/mutants.md).
+
+use std::time::Duration;
+
+use idem_core::machine::{ClaimAnswer, ClaimKind, ReleaseAnswer};
+use idem_core::store::ListFilter;
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Policy, RecordState, Scope, StalePolicy,
+    Timestamp, Token,
+};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn t(secs: u64) -> Timestamp {
+    Timestamp::from_millis(1_700_000_000_000 + secs * 1000)
+}
+
+struct World {
+    store: MemoryStore,
+    scope: Scope,
+    key: IdempotencyKey,
+    fp: Fingerprint,
+}
+
+fn world() -> World {
+    World {
+        store: MemoryStore::new(),
+        scope: Scope::new("records/test").unwrap(),
+        key: IdempotencyKey::new("k-1").unwrap(),
+        fp: Fingerprint::of_bytes(b"request"),
+    }
+}
+
+fn policy(stale: StalePolicy) -> Policy {
+    Policy::builder().lease(LEASE).stale(stale).build().unwrap()
+}
+
+impl World {
+    async fn claim(&self, policy: &Policy, now: Timestamp) -> ClaimAnswer {
+        self.store
+            .claim(&self.scope, &self.key, &self.fp, policy, now)
+            .await
+            .unwrap()
+    }
+
+    async fn claimed(&self, policy: &Policy, now: Timestamp) -> (Token, ClaimKind) {
+        match self.claim(policy, now).await {
+            ClaimAnswer::Claimed { token, kind, .. } => (token, kind),
+            other => panic!("expected a claim, got {other:?}"),
+        }
+    }
+
+    /// The keys an operator lists as last written at or before `before`.
+    async fn written_by(&self, before: Timestamp, now: Timestamp) -> usize {
+        let filter = ListFilter {
+            updated_before: Some(before),
+            ..ListFilter::default()
+        };
+        self.store.list(&filter, now, 10).await.unwrap().len()
+    }
+}
+
+/// A retry of a `failed_retryable` record and a takeover of a stale claim are writes: the record
+/// says when, and an operator listing what was last written before them no longer finds it.
+#[tokio::test]
+async fn a_retry_and_a_takeover_are_the_records_last_write() {
+    for (stale, kind) in [
+        (StalePolicy::Reconcile, ClaimKind::Retry),
+        (StalePolicy::Takeover, ClaimKind::TakenOver),
+    ] {
+        let w = world();
+        let p = policy(stale);
+        let (token, _) = w.claimed(&p, t(0)).await;
+        if kind == ClaimKind::Retry {
+            let released = w.store.release(&w.scope, &w.key, token, t(1)).await;
+            assert_eq!(released.unwrap(), ReleaseAnswer::Released);
+        }
+        let again = t(100); // after the first lease ended
+        assert_eq!(w.claimed(&p, again).await.1, kind);
+
+        let record = w.store.get(&w.scope, &w.key, again).await.unwrap().unwrap();
+        assert_eq!(record.state, RecordState::Processing);
+        assert_eq!(record.updated_at, again, "{kind:?}");
+        assert_eq!(record.created_at, t(0));
+        assert_eq!(w.written_by(t(50), again).await, 0, "{kind:?}");
+        assert_eq!(w.written_by(again, again).await, 1, "{kind:?}");
+    }
+}
