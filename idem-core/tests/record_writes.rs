@@ -89,3 +89,42 @@ async fn a_retry_and_a_takeover_are_the_records_last_write() {
         assert_eq!(w.written_by(again, again).await, 1, "{kind:?}");
     }
 }
+
+/// A retry or a takeover starts a fresh ttl: a claim made just before the record would have
+/// expired is not lost to that expiry, and a caller arriving after it finds the operation in
+/// flight, not a key free to claim again (which would run the operation twice).
+#[tokio::test]
+async fn a_retry_and_a_takeover_start_a_fresh_ttl() {
+    const TTL: Duration = Duration::from_secs(3600);
+    for (stale, kind) in [
+        (StalePolicy::Reconcile, ClaimKind::Retry),
+        (StalePolicy::Takeover, ClaimKind::TakenOver),
+    ] {
+        let w = world();
+        let p = policy(stale).to_builder().ttl(TTL).build().unwrap();
+        let (token, _) = w.claimed(&p, t(0)).await;
+        if kind == ClaimKind::Retry {
+            let released = w.store.release(&w.scope, &w.key, token, t(1)).await;
+            assert_eq!(released.unwrap(), ReleaseAnswer::Released);
+        }
+        let late = t(TTL.as_secs() - 10);
+        let (holder, won) = w.claimed(&p, late).await;
+        assert_eq!(won, kind);
+
+        let after_first_ttl = t(TTL.as_secs() + 5);
+        let record = w
+            .store
+            .get(&w.scope, &w.key, after_first_ttl)
+            .await
+            .unwrap();
+        let record = record.expect("the claim made before the first ttl ended is still there");
+        assert_eq!((record.token, record.expires_at), (holder, late + TTL));
+        assert!(
+            matches!(
+                w.claim(&p, after_first_ttl).await,
+                ClaimAnswer::InFlight { stale: false, .. }
+            ),
+            "{kind:?}"
+        );
+    }
+}
