@@ -5,11 +5,13 @@
 
 use std::time::Duration;
 
-use idem_core::machine::{ClaimAnswer, ClaimKind, ReleaseAnswer};
+use idem_core::machine::{
+    CheckpointAnswer, ClaimAnswer, ClaimKind, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
 use idem_core::store::ListFilter;
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Policy, RecordState, Scope, StalePolicy,
-    Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, RecordState,
+    Scope, StalePolicy, Timestamp, Token,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -126,5 +128,58 @@ async fn a_retry_and_a_takeover_start_a_fresh_ttl() {
             ),
             "{kind:?}"
         );
+    }
+}
+
+/// Every write of the holder is the record's last write: a checkpoint, an extend, a release and a
+/// completion (definitive, or retryable and kept as `failed_retryable`) each set `updated_at`, and
+/// an operator listing what was last written before it no longer finds the key.
+#[tokio::test]
+async fn every_write_of_the_holder_is_the_records_last_write() {
+    let p = policy(StalePolicy::Reconcile);
+    let ok = Outcome::definitive(201, &serde_json::json!({"id": 1})).unwrap();
+    let down = Outcome::retryable(503, &serde_json::json!({"error": "down"})).unwrap();
+    for write in [
+        "checkpoint",
+        "extend",
+        "release",
+        "complete",
+        "complete retryable",
+    ] {
+        let w = world();
+        let (token, _) = w.claimed(&p, t(0)).await;
+        let at = t(10);
+        let (s, k) = (&w.scope, &w.key);
+        match write {
+            "checkpoint" => {
+                let cp = Checkpoint::new("step-1", "{\"n\": 1}", at).unwrap();
+                let saved = w.store.checkpoint(s, k, token, &cp, &p).await.unwrap();
+                assert_eq!(saved, CheckpointAnswer::Saved);
+            }
+            "extend" => {
+                let extended = w.store.extend(s, k, token, LEASE, at).await.unwrap();
+                assert!(matches!(extended, ExtendAnswer::Extended { .. }));
+            }
+            "release" => {
+                let released = w.store.release(s, k, token, at).await.unwrap();
+                assert_eq!(released, ReleaseAnswer::Released);
+            }
+            "complete" => {
+                let done = w.store.complete(s, k, token, &ok, &p, at).await.unwrap();
+                assert_eq!(done, CompleteAnswer::Completed);
+            }
+            _ => {
+                let done = w.store.complete(s, k, token, &down, &p, at).await.unwrap();
+                assert_eq!(done, CompleteAnswer::MarkedRetryable);
+            }
+        }
+        let record = w.store.get(s, k, at).await.unwrap().unwrap();
+        assert_eq!(
+            (record.created_at, record.updated_at),
+            (t(0), at),
+            "{write}"
+        );
+        assert_eq!(w.written_by(t(5), at).await, 0, "{write}");
+        assert_eq!(w.written_by(at, at).await, 1, "{write}");
     }
 }
