@@ -11,7 +11,7 @@ use idem_core::machine::{
 use idem_core::store::ListFilter;
 use idem_core::{
     Checkpoint, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, RecordState,
-    Scope, StalePolicy, Timestamp, Token,
+    Scope, StalePolicy, StoreError, Timestamp, Token,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -182,4 +182,37 @@ async fn every_write_of_the_holder_is_the_records_last_write() {
         assert_eq!(w.written_by(t(5), at).await, 0, "{write}");
         assert_eq!(w.written_by(at, at).await, 1, "{write}");
     }
+}
+
+/// The checkpoint size limit is inclusive ([contract §6.1](idem_core::contract#checkpoints)): a
+/// checkpoint of exactly `max_checkpoint_bytes` is saved, one byte more is refused and leaves
+/// the record as it was.
+#[tokio::test]
+async fn a_checkpoint_of_exactly_the_limit_is_saved_one_byte_more_is_refused() {
+    let w = world();
+    let p = policy(StalePolicy::Reconcile)
+        .to_builder()
+        .max_checkpoint_bytes(16)
+        .build()
+        .unwrap();
+    let (token, _) = w.claimed(&p, t(0)).await;
+    let (s, k) = (&w.scope, &w.key);
+
+    let at_limit = Checkpoint::new("step-1", "\"12345678\"", t(1)).unwrap();
+    assert_eq!(at_limit.size(), 16);
+    let saved = w.store.checkpoint(s, k, token, &at_limit, &p).await;
+    assert_eq!(saved.unwrap(), CheckpointAnswer::Saved);
+
+    let over = Checkpoint::new("step-2", "\"123456789\"", t(2)).unwrap();
+    assert_eq!(over.size(), 17);
+    let refused = w.store.checkpoint(s, k, token, &over, &p).await;
+    assert!(
+        matches!(refused, Err(StoreError::CheckpointTooLarge(ref e)) if e.size == 17 && e.limit == 16),
+        "{refused:?}"
+    );
+
+    let record = w.store.get(s, k, t(3)).await.unwrap().unwrap();
+    let names: Vec<&str> = record.checkpoints.iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["step-1"]);
+    assert_eq!(record.updated_at, t(1));
 }
