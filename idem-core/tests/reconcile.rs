@@ -371,3 +371,47 @@ fn a_duty_cycle_outside_zero_to_one_is_refused() {
     let pace = PurgePace::new(0).duty(1.0).unwrap();
     assert_eq!((pace.batch_size(), pace.duty_cycle()), (1, 1.0));
 }
+
+/// `run_periodically` runs a pass, then sleeps `interval` (through the sleep it is given), then
+/// runs the next: a claim that goes stale between two passes is settled by the second, and a
+/// pass that finds nothing still sleeps and goes on.
+#[tokio::test]
+async fn run_periodically_settles_each_pass_and_sleeps_the_interval_between() {
+    let w = world();
+    let (happened, _) = w.crashed_holder("k-periodic-1", true).await;
+    w.clock.advance(Duration::from_secs(31));
+
+    let (slept_tx, mut slept) = tokio::sync::mpsc::unbounded_channel();
+    let wake = Arc::new(tokio::sync::Semaphore::new(0));
+    let reconciler = w.reconciler();
+    let gate = wake.clone();
+    let task = tokio::spawn(async move {
+        reconciler
+            .run_periodically(Duration::from_secs(60), move |interval| {
+                slept_tx.send(interval).unwrap();
+                let gate = gate.clone();
+                async move { gate.acquire().await.unwrap().forget() }
+            })
+            .await
+    });
+
+    // The first pass ran before the first sleep.
+    assert_eq!(slept.recv().await, Some(Duration::from_secs(60)));
+    assert_eq!(w.record(&happened).await.state, RecordState::Completed);
+
+    // A claim that goes stale while the reconciler sleeps is settled by the next pass.
+    let (not_happened, _) = w.crashed_holder("k-periodic-2", false).await;
+    w.clock.advance(Duration::from_secs(31));
+    wake.add_permits(1);
+    assert_eq!(slept.recv().await, Some(Duration::from_secs(60)));
+    assert_eq!(
+        w.record(&not_happened).await.state,
+        RecordState::FailedRetryable
+    );
+
+    // A pass with nothing to settle sleeps again.
+    wake.add_permits(1);
+    assert_eq!(slept.recv().await, Some(Duration::from_secs(60)));
+    assert_eq!(w.effects(), 1);
+    task.abort();
+}
