@@ -137,35 +137,41 @@ async fn without_a_listen_url_a_waiter_behind_the_pooler_polls() {
 }
 
 /// A store that is not told it is behind a transaction pooler runs into another client's named
-/// statements on the pooler's server connections: its error says so and names the fix. (Two
-/// client connections take turns; PgBouncer hands an idle server connection to the next client,
-/// so the second finds the first's `sqlx_s_1`.)
+/// statements on the pooler's server connections: its error says so and names the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unflagged_store_behind_the_pooler_says_the_url_points_at_a_pooler() {
     let (Some(direct), Some(pooler)) = (common::url(), pooler_url()) else {
         return;
     };
     common::store(&direct, "idem-test-pooler-unflagged").await; // migrated
-    let stores = [
-        PostgresStore::with_table(
-            pooled(&pooler, "idem-test-pooler-unflagged-1", 1).await,
+    let mut stores = Vec::new();
+    for i in 0..4 {
+        let name = format!("idem-test-pooler-unflagged-{i}");
+        let store = PostgresStore::with_table(
+            pooled(&pooler, &name, 1).await,
             common::SCHEMA,
             common::TABLE,
         )
-        .unwrap(),
-        PostgresStore::with_table(
-            pooled(&pooler, "idem-test-pooler-unflagged-2", 1).await,
-            common::SCHEMA,
-            common::TABLE,
-        )
-        .unwrap(),
-    ];
+        .unwrap();
+        stores.push(std::sync::Arc::new(store));
+    }
     let (scope, key, _) = ids("pooler-unflagged");
+    // Four clients at once: the pooler hands its server connections to whichever client asks,
+    // so a client meets server connections where its `sqlx_s_1` is missing or is another's.
     let mut error = None;
-    for round in 0..200 {
-        if let Err(e) = stores[round % 2].get(&scope, &key, Timestamp::now()).await {
-            error = Some(e);
-            break;
+    'rounds: for _ in 0..200 {
+        let gets: Vec<_> = stores
+            .iter()
+            .map(|store| {
+                let (store, scope, key) = (store.clone(), scope.clone(), key.clone());
+                tokio::spawn(async move { store.get(&scope, &key, Timestamp::now()).await })
+            })
+            .collect();
+        for get in gets {
+            if let Err(e) = get.await.unwrap() {
+                error = Some(e);
+                break 'rounds;
+            }
         }
     }
     let error = error.expect("an unflagged store behind a transaction pooler fails");
