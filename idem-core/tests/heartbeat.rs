@@ -5,10 +5,12 @@
 //! moves only when every task is idle: no real sleeping). Effects are counted at a sink. The same
 //! scenarios run on every store in the conformance suite (`heartbeat_` cases).
 
+mod common;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::Sink;
 use futures_util::future::{Either, select};
 use idem_core::metrics as names;
 use idem_core::{
@@ -43,20 +45,6 @@ impl TokioClock {
 impl Clock for TokioClock {
     fn now(&self) -> Timestamp {
         Timestamp::from_millis(1_700_000_000_000) + self.start.elapsed() + self.ahead
-    }
-}
-
-/// Where the effect lands: tickets created.
-#[derive(Debug, Default)]
-struct Sink(AtomicUsize);
-
-impl Sink {
-    fn create_ticket(&self) -> Outcome {
-        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
-        Outcome::definitive(201, &json!({"ticket_id": format!("T-{n}")})).unwrap()
-    }
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
     }
 }
 

@@ -4,40 +4,17 @@
 //! to wait), a wait for the answer without asking. On the executor over `MemoryStore`; time is
 //! tokio's paused clock, which the record's clock reads too. Effects are counted at a sink.
 
+mod common;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::{Sink, TokioClock};
 use idem_core::{
-    Clock, Error, Execution, Executor, Fingerprint, IdempotencyKey, MemoryStore, Outcome, Policy,
-    Scope, Timestamp,
+    Error, Execution, Executor, Fingerprint, IdempotencyKey, MemoryStore, Policy, Scope,
 };
 use serde_json::json;
 use tokio::sync::oneshot;
-
-/// tokio's clock as a wall clock: moves with paused time.
-#[derive(Debug, Clone)]
-struct TokioClock(tokio::time::Instant);
-
-impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_millis(1_700_000_000_000) + self.0.elapsed()
-    }
-}
-
-/// Where the effect lands: tickets created.
-#[derive(Debug, Default)]
-struct Sink(AtomicUsize);
-
-impl Sink {
-    fn create_ticket(&self) -> Outcome {
-        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
-        Outcome::definitive(201, &json!({"ticket_id": format!("T-{n}")})).unwrap()
-    }
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 const LEASE: Duration = Duration::from_secs(30);
 const WINDOW: Duration = Duration::from_millis(20);

@@ -3,10 +3,13 @@
 //! (polling). Time is tokio's paused clock, which moves only when every task is idle; the record's
 //! clock reads it too, so leases end in the same time as the waits. Effects are counted at a sink.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::{Sink, TokioClock};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idem_core::metrics as names;
 use idem_core::store::ListFilter;
@@ -17,30 +20,6 @@ use idem_core::{
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde_json::json;
 use tokio::sync::oneshot;
-
-/// tokio's clock as a wall clock: moves with paused time.
-#[derive(Debug, Clone)]
-struct TokioClock(tokio::time::Instant);
-
-impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_millis(1_700_000_000_000) + self.0.elapsed()
-    }
-}
-
-/// Where the effect lands: tickets created.
-#[derive(Debug, Default)]
-struct Sink(AtomicUsize);
-
-impl Sink {
-    fn create_ticket(&self) -> Outcome {
-        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
-        Outcome::definitive(201, &json!({"ticket_id": format!("T-{n}")})).unwrap()
-    }
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 fn policy(stale: StalePolicy) -> Policy {
     Policy::builder()
