@@ -156,19 +156,34 @@ async fn an_unflagged_store_behind_the_pooler_says_the_url_points_at_a_pooler() 
         stores.push(std::sync::Arc::new(store));
     }
     let (scope, key, _) = ids("pooler-unflagged");
-    // Four clients at once: the pooler hands its server connections to whichever client asks,
-    // so a client meets server connections where its `sqlx_s_1` is missing or is another's.
+    // sqlx names a connection's statements `sqlx_s_1`, `sqlx_s_2`, … in the order it first runs
+    // them: the even clients run `get` (three parameters) first, the odd ones `list_in_flight`
+    // (two), so the same name means another statement on the server connections the two kinds
+    // prepared on. Four clients at once: the pooler hands its server connections to whichever
+    // client asks, so a client meets a name that is missing, already there, or another
+    // statement (every one of which fails), not only server connections of its own kind.
     let mut error = None;
     'rounds: for _ in 0..200 {
-        let gets: Vec<_> = stores
+        let calls: Vec<_> = stores
             .iter()
-            .map(|store| {
+            .enumerate()
+            .map(|(i, store)| {
                 let (store, scope, key) = (store.clone(), scope.clone(), key.clone());
-                tokio::spawn(async move { store.get(&scope, &key, Timestamp::now()).await })
+                tokio::spawn(async move {
+                    let now = Timestamp::now();
+                    if i % 2 == 0 {
+                        store.get(&scope, &key, now).await?;
+                        store.list_in_flight(now, 1).await?;
+                    } else {
+                        store.list_in_flight(now, 1).await?;
+                        store.get(&scope, &key, now).await?;
+                    }
+                    Ok::<_, StoreError>(())
+                })
             })
             .collect();
-        for get in gets {
-            if let Err(e) = get.await.unwrap() {
+        for call in calls {
+            if let Err(e) = call.await.unwrap() {
                 error = Some(e);
                 break 'rounds;
             }
