@@ -446,9 +446,12 @@ async fn effect_in_transaction(
         .await
         .expect("the waiter parks");
     let mut tx = store.pool().begin().await.unwrap();
+    // Unnamed, as a caller's own statements must be behind a transaction pooler (the store's
+    // README): a named one would outlive the transaction on the client connection.
     sqlx::query("INSERT INTO idem_test.effects (scope, key, executor) VALUES ($1, $2, 'holder')")
         .bind(attempt.scope().as_str())
         .bind(attempt.key().as_str())
+        .persistent(false)
         .execute(&mut *tx)
         .await
         .unwrap();
@@ -469,7 +472,9 @@ async fn effect_in_transaction(
 async fn a_completion_in_the_callers_transaction_wakes_a_waiter_of_this_process_at_commit() {
     let Some(url) = common::url() else { return };
     let store = common::store(&url, "wait-commit-here").await;
-    common::effects_table(store.pool()).await;
+    // The test's own statements on a direct connection: the store's may go through a pooler.
+    let direct = common::pool(&url, "wait-commit-here", 2).await;
+    common::effects_table(&direct).await;
     let ids = ids("wait-commit-here");
     let p = policy(StalePolicy::Reconcile);
     let (polling, mut parked) = tokio::sync::mpsc::unbounded_channel();
@@ -516,7 +521,7 @@ async fn a_completion_in_the_callers_transaction_wakes_a_waiter_of_this_process_
     assert!(!first.is_replay());
     assert!(again.is_replay(), "the waiter replays");
     assert_eq!(again.outcome(), first.outcome());
-    let effects = common::effects(store.pool(), ids.0.as_str(), ids.1.as_str()).await;
+    let effects = common::effects(&direct, ids.0.as_str(), ids.1.as_str()).await;
     assert_eq!(effects, 1, "one effect for two requests");
 }
 
@@ -535,7 +540,9 @@ fn a_completion_in_the_callers_transaction_wakes_a_waiter_in_another_process_at_
     let Some(url) = common::url() else { return };
     runtime.block_on(async {
         let store = common::store(&url, "wait-commit-there").await;
-        common::effects_table(store.pool()).await;
+        // The test's own statements on a direct connection: the store's may go through a pooler.
+        let direct = common::pool(&url, "wait-commit-there", 2).await;
+        common::effects_table(&direct).await;
         let ids = ids("wait-commit-there");
         let p = policy(StalePolicy::Reconcile);
         // The child's lines, read on a thread of their own: it parked; its answer, which the
@@ -594,7 +601,7 @@ fn a_completion_in_the_callers_transaction_wakes_a_waiter_in_another_process_at_
             .await
             .unwrap();
         assert!(status.success(), "the waiting process failed");
-        let effects = common::effects(store.pool(), ids.0.as_str(), ids.1.as_str()).await;
+        let effects = common::effects(&direct, ids.0.as_str(), ids.1.as_str()).await;
         assert_eq!(effects, 1, "one effect for two requests in two processes");
     });
 }
