@@ -1,15 +1,15 @@
 //! What `NOTIFY` costs first executions (claim + complete of distinct keys). A completion
-//! notifies its waiters in its own statement (`pg_notify`), and PostgreSQL serialises the commits
-//! of notifying transactions on one database-wide lock, held through the commit's WAL flush.
-//! Three ways to complete, interleaved batch by batch on one pool and one table, at 1, 8 and 32
-//! concurrent callers:
+//! notifies the waiters of a record one of them marked (`waited`) in its own statement
+//! (`pg_notify`), and PostgreSQL serialises the commits of notifying transactions on one
+//! database-wide lock, held through the commit's WAL flush. Three ways to complete, interleaved
+//! batch by batch on one pool and one table, at 1, 8 and 32 concurrent callers:
 //!
-//! - `no NOTIFY`: the store's completion statement without its `pg_notify` (the floor: what the
-//!   store would cost if nobody could be woken);
-//! - `NOTIFY, not listening`: the store as shipped with `with_notifications(false)` (writes still
-//!   notify, so other processes are woken; this store opens no `LISTEN` session);
-//! - `NOTIFY, listening`: the store with `with_notifications(true)` (the default) and its
-//!   `LISTEN` session open, so every notification is also delivered to a listener.
+//! - `no NOTIFY`: the completion statement without its `pg_notify` (the floor);
+//! - `nobody waits`: the store as shipped, its `LISTEN` session open, on records nobody waited
+//!   on (what most first executions are): the completion calls no `pg_notify`;
+//! - `every record waited`: the same store, each record marked as a waiter marks it (one more
+//!   `UPDATE` per operation, as a waiter's first wait makes) before the completion, which then
+//!   notifies, delivered to the store's listener.
 //!
 //! Printed per variant: completions per second (median over batches) and latency of one claim +
 //! complete (p50, p99 over every operation of every batch), with ratios to the floor.
@@ -43,21 +43,22 @@ const CALLERS: [usize; 3] = [1, 8, 32];
 enum Variant {
     Plain,
     Quiet,
-    Listening,
+    Marked,
 }
 
 const VARIANTS: [(Variant, &str); 3] = [
     (Variant::Plain, "no NOTIFY"),
-    (Variant::Quiet, "NOTIFY, not listening"),
-    (Variant::Listening, "NOTIFY, listening"),
+    (Variant::Quiet, "nobody waits"),
+    (Variant::Marked, "every record waited"),
 ];
 
 #[derive(Clone)]
 struct Bench {
-    listening: PostgresStore,
-    quiet: PostgresStore,
+    store: PostgresStore,
     /// The store's completion statement without `pg_notify`.
     plain_complete: String,
+    /// What a waiter's first wait writes.
+    mark: String,
     run: String,
     fingerprint: Fingerprint,
     outcome: Outcome,
@@ -68,10 +69,7 @@ impl Bench {
     /// One first execution: claim a fresh key, then complete it as `variant` does.
     async fn one(&self, variant: Variant, round: usize, i: usize) -> Duration {
         let began = Instant::now();
-        let store = match variant {
-            Variant::Listening => &self.listening,
-            Variant::Plain | Variant::Quiet => &self.quiet,
-        };
+        let store = &self.store;
         let scope = Scope::new(format!("bench-{}-{variant:?}-{round}", self.run)).unwrap();
         let key = IdempotencyKey::new(format!("k-{i}")).unwrap();
         let now = Timestamp::now();
@@ -82,6 +80,14 @@ impl Bench {
         else {
             panic!("fresh key not claimed")
         };
+        if variant == Variant::Marked {
+            sqlx::query(AssertSqlSafe(self.mark.clone()))
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
         if variant == Variant::Plain {
             let updated = sqlx::query(AssertSqlSafe(self.plain_complete.clone()))
                 .bind(scope.as_str())
@@ -207,8 +213,10 @@ async fn main() {
     store.migrate().await.expect("migrate");
     let table = store.qualified_table().to_owned();
     let bench = Bench {
-        listening: store.clone().with_notifications(true),
-        quiet: store.with_notifications(false),
+        store: store.with_notifications(true),
+        mark: format!(
+            "UPDATE {table} SET waited = true WHERE scope = $1 AND key = $2 AND NOT waited"
+        ),
         plain_complete: format!(
             "UPDATE {table} SET state = $6, outcome_status = $7, outcome_body = $8, \
              outcome_class = $9, updated_at = $5, expires_at = $10, \
@@ -226,7 +234,7 @@ async fn main() {
         .unwrap(),
         policy: Policy::default(),
     };
-    listen(&bench.listening, &bench).await;
+    listen(&bench.store, &bench).await;
 
     // Warm-up: prepared statements on every connection.
     for (variant, _) in VARIANTS {
@@ -282,7 +290,7 @@ async fn main() {
         "DELETE FROM {table} WHERE scope LIKE $1"
     )))
     .bind(format!("bench-{}-%", bench.run))
-    .execute(bench.quiet.pool())
+    .execute(bench.store.pool())
     .await
     .unwrap();
 }

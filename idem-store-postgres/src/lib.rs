@@ -50,8 +50,9 @@ use schema::{MIGRATIONS, Statements};
 ///   business write and the record commit together.
 /// - Time always comes from the caller's `now`; the server's clock is never consulted.
 /// - A request waiting for an in-flight answer is woken by `LISTEN/NOTIFY`: completion, release
-///   and takeover notify in their own statement (so at commit), and the store listens on one
-///   connection of its own, opened at the first wait. See [`PostgresStore::with_notifications`].
+///   and takeover notify in their own statement (so at commit), only for a record a waiter
+///   marked, and the store listens on one connection of its own, opened at the first wait. See
+///   [`PostgresStore::with_notifications`].
 /// - Behind a transaction pooler (PgBouncer `pool_mode = transaction`), told so with
 ///   [`PostgresStore::with_transaction_pooler`] or `pooler=transaction` in the URL, no statement
 ///   is prepared: each is one simple-protocol query.
@@ -163,8 +164,10 @@ impl PostgresStore {
     /// the pool's connection options (or [`PostgresStore::with_listen_options`]) at the first
     /// wait, outside the pool. Behind a transaction pooler without a direct connection to listen
     /// on, waits poll ([`PostgresStore::with_transaction_pooler`]). Turn it off where one more
-    /// connection per process is too many. Writes notify either way, so processes that listen
-    /// are still woken.
+    /// connection per process is too many. A listening wait marks the record it waits on, and
+    /// every write of a marked record notifies, whichever process makes it; writes of records
+    /// nobody waited on do not notify at all (PostgreSQL commits notifying transactions one at a
+    /// time).
     pub fn with_notifications(mut self, enabled: bool) -> Self {
         self.notifications = enabled;
         self

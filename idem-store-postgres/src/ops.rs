@@ -145,6 +145,22 @@ impl PostgresStore {
         Ok((replaced == 1).then_some(decided.answer))
     }
 
+    /// Marks (scope, key) as waited on, so that its next writes notify ([`crate::wake`]).
+    pub(crate) async fn mark_waited(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
+        retry_conflicts("mark waited", || {
+            self.statement(&self.sql.mark_waited)
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .execute(&self.pool)
+        })
+        .await?;
+        Ok(())
+    }
+
     /// A fenced update that notifies the record's waiters (`$6`, the wake-up payload).
     pub(crate) async fn fenced_update(
         &self,

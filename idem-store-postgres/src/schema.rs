@@ -79,6 +79,17 @@ DROP INDEX IF EXISTS {schema}.{name}_updated_idx;
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS checkpoints TEXT;
 "#,
     },
+    Migration {
+        version: 5,
+        description: "waited flag: writes notify only records a waiter marked",
+        // Set by a waiter (`mark_waited`) before it reads the record; a write that ends or
+        // replaces a `processing` record calls `pg_notify` only where it is set, so a deployment
+        // where nobody waits takes no part in PostgreSQL's serialised commit of notifying
+        // transactions. Adding a NOT NULL column with a constant default rewrites no row.
+        sql: r#"
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS waited BOOLEAN NOT NULL DEFAULT false;
+"#,
+    },
 ];
 
 /// The SQL of one store, built once from its (checked) schema and table names.
@@ -95,6 +106,7 @@ pub(crate) struct Statements {
     pub(crate) complete: SqlStr,
     pub(crate) checkpoint: SqlStr,
     pub(crate) release: SqlStr,
+    pub(crate) mark_waited: SqlStr,
     pub(crate) extend: SqlStr,
     pub(crate) get: SqlStr,
     pub(crate) list_in_flight: SqlStr,
@@ -103,10 +115,14 @@ pub(crate) struct Statements {
 
 /// `update` (an `UPDATE` without `RETURNING`) as one statement that also notifies
 /// [`wake::CHANNEL`](crate::wake::CHANNEL) with the payload bound at `$payload` for each row it
-/// updated; its rows affected are still the rows updated (`SELECT n`).
+/// updated that a waiter marked (`waited`, which no write but `mark_waited` sets, so the value
+/// returned is the one the row had); its rows affected are still the rows updated (`SELECT n`).
+/// `pg_notify` is not called for an unmarked row: its transaction then commits without the
+/// database-wide lock that notifying commits take one after the other.
 fn notifying(update: &str, payload: usize) -> String {
     format!(
-        "WITH done AS ({update} RETURNING 1) SELECT pg_notify('{}', ${payload}) FROM done",
+        "WITH done AS ({update} RETURNING waited) \
+         SELECT CASE WHEN waited THEN pg_notify('{}', ${payload}) END FROM done",
         crate::wake::CHANNEL
     )
 }
@@ -177,6 +193,12 @@ impl Statements {
             ),
             6,
         );
+        // A waiter marks the record before it reads it (`crate::wake`). A write of the record
+        // already made (or in a transaction not yet committed) holds its row lock: the mark
+        // waits for that commit, and the read after it sees the write. A write after the mark
+        // sees it (the row lock orders the two) and notifies. Once marked, the mark is a read.
+        let mark_waited =
+            format!("UPDATE {t} SET waited = true WHERE scope = $1 AND key = $2 AND NOT waited");
         // machine::extend: the later lease deadline wins (never shortened), and
         // machine::extended_expiry, with the sum done in numeric and capped at BIGINT's top
         // (timestamps saturate rather than overflow). Every right-hand side reads the row as it
@@ -213,6 +235,7 @@ impl Statements {
             complete: trusted(complete),
             checkpoint: trusted(checkpoint),
             release: trusted(release),
+            mark_waited: trusted(mark_waited),
             extend: trusted(extend),
             get: trusted(get),
             list_in_flight: trusted(list_in_flight),

@@ -3,8 +3,11 @@
 //!
 //! - Writers: completion, release, and a claim that replaces a `processing` record (takeover,
 //!   expiry) call `pg_notify(CHANNEL, payload)` in their own statement, so the notification is
-//!   delivered when that write commits, and never if it rolls back. `payload` is a 64-bit hash of
-//!   (table, scope, key) in hex: a collision only wakes a waiter for nothing, which is allowed.
+//!   delivered when that write commits, and never if it rolls back; and only for a record a
+//!   waiter marked (its `waited` column): PostgreSQL commits notifying transactions one at a
+//!   time under a database-wide lock, which a deployment where nobody waits does not pay.
+//!   `payload` is a 64-bit hash of (table, scope, key) in hex: a collision only wakes a waiter
+//!   for nothing, which is allowed. A mark stays (a later attempt's writes notify too).
 //!   An extension and a checkpoint do not notify: the record stays `processing`, and the
 //!   executor re-reads it anyway when the lease it saw ends.
 //! - Listener: one connection per store (shared by its clones, in a pool of its own so it takes
@@ -12,8 +15,11 @@
 //!   reads it and wakes the waiters by payload. It ends with the last clone of the store. It
 //!   connects on the pool's options, or on the direct connection given for it
 //!   (`listen_url`); behind a transaction pooler without one, waits poll.
-//! - A wait registers its payload while the listener is up (`LISTEN` acknowledged), then reads
-//!   the record: a change committed after that read is always delivered. If the connection
+//! - A wait registers its payload while the listener is up (`LISTEN` acknowledged), marks the
+//!   record (`UPDATE … SET waited = true`, committed; it waits for a write of the record not yet
+//!   committed, such as a `complete_in` in the caller's transaction, and so returns at its
+//!   commit), then reads the record: a change committed after that read was made by a write that
+//!   saw the mark, and is always delivered. A wait that polls marks nothing. If the connection
 //!   drops, every registered wait is woken (the executor reads again), the task reconnects and
 //!   `LISTEN`s again, and waits that start meanwhile poll `get` as the portable wait does. A poll
 //!   every [`SAFETY_POLL`] races each notified wait too, for a listener that stops hearing
@@ -263,6 +269,9 @@ pub(crate) async fn wait_for_change(
     };
     store.hub.start(&options).await;
     let (mut registered, up) = store.hub.register(store.payload(scope, key));
+    if up {
+        store.mark_waited(scope, key).await?;
+    }
     if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
         return Ok(());
     }

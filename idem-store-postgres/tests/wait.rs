@@ -629,3 +629,111 @@ async fn waiting_child(scope: String) {
         other => println!("IDEM-ANSWER {other:?}"),
     }
 }
+
+/// The notification payload of (scope, key) in the test table: FNV-1a 64 of the quoted table
+/// name, scope and key, each followed by 0x1f, in 16 hex digits (`wake::payload`, stable across
+/// versions: every process of a deployment must compute it alike).
+fn payload(scope: &Scope, key: &IdempotencyKey) -> String {
+    let table = format!("\"{}\".\"{}\"", common::SCHEMA, common::TABLE);
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in [table.as_str(), scope.as_str(), key.as_str()] {
+        for &b in part.as_bytes().iter().chain(&[0x1f]) {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+/// Reads `listener` until `until` arrives; returns every payload before it.
+async fn notified_before(listener: &mut sqlx::postgres::PgListener, until: &str) -> Vec<String> {
+    let mut before = Vec::new();
+    loop {
+        let n = tokio::time::timeout(HANG, listener.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no notification {until}"))
+            .unwrap();
+        if n.payload() == until {
+            return before;
+        }
+        before.push(n.payload().to_owned());
+    }
+}
+
+#[tokio::test]
+async fn only_the_writes_of_a_record_a_waiter_marked_notify() {
+    let Some((a, b)) = two("wait-marked").await else {
+        return;
+    };
+    let url = common::url().unwrap();
+    let direct = common::pool(&url, "wait-marked", 2).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&direct)
+        .await
+        .unwrap();
+    listener.listen("idem_changes").await.unwrap();
+    use idem_core::Clock;
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let p = policy(StalePolicy::Takeover);
+
+    // Nobody waits: a completion, a release and a takeover write their records and notify
+    // nobody (notifications arrive in commit order: one sent would come before the sentinel).
+    let (done, released, taken) = (ids("quiet-done"), ids("quiet-released"), ids("quiet-taken"));
+    let token = claim(&a, &done, &p, clock.now()).await;
+    let answer = a
+        .complete(&done.0, &done.1, token, &ticket(), &p, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(answer, CompleteAnswer::Completed);
+    let token = claim(&a, &released, &p, clock.now()).await;
+    let answer = a
+        .release(&released.0, &released.1, token, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(answer, ReleaseAnswer::Released);
+    claim(&a, &taken, &p, clock.now()).await;
+    clock.advance(Duration::from_secs(31));
+    claim(&b, &taken, &p, clock.now()).await;
+    let sentinel = done.0.as_str().to_owned();
+    sqlx::query("SELECT pg_notify('idem_changes', $1)")
+        .bind(&sentinel)
+        .execute(&direct)
+        .await
+        .unwrap();
+    let quiet = [&done, &released, &taken].map(|ids| payload(&ids.0, &ids.1));
+    let before = notified_before(&mut listener, &sentinel).await;
+    for (ids, payload) in quiet.iter().enumerate() {
+        assert!(
+            !before.contains(payload),
+            "write {ids} of a record nobody waited on notified"
+        );
+    }
+
+    // A waiter marks the record: its completion notifies, and the waiter wakes.
+    let loud = ids("loud");
+    let token = claim(&a, &loud, &p, clock.now()).await;
+    let waiter = wait_on(&b, &loud, &clock).await;
+    let marked = async {
+        loop {
+            let marked: bool = sqlx::query_scalar(
+                "SELECT waited FROM idem_test.idem_records WHERE scope = $1 AND key = $2",
+            )
+            .bind(loud.0.as_str())
+            .bind(loud.1.as_str())
+            .fetch_one(&direct)
+            .await
+            .unwrap();
+            if marked {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(HANG, marked)
+        .await
+        .expect("the waiter marks the record");
+    a.complete(&loud.0, &loud.1, token, &ticket(), &p, clock.now())
+        .await
+        .unwrap();
+    notified_before(&mut listener, &payload(&loud.0, &loud.1)).await;
+    woken(waiter, "completion of a marked record").await;
+}
