@@ -74,6 +74,7 @@ impl SqliteStoreBuilder {
             idle: Mutex::new(vec![first]),
             permits: Arc::new(Semaphore::new(self.max_connections)),
             writer: file_write_lock(canonical.clone()),
+            batch: Default::default(),
             notifier: crate::wake::file_notifier(canonical),
         };
         Ok(SqliteStore {

@@ -24,6 +24,8 @@ pub(crate) struct Inner {
     pub(crate) idle: Mutex<Vec<Connection>>,
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) writer: WriteLock,
+    /// Writes waiting to share a transaction (`batch`).
+    pub(crate) batch: crate::batch::Queue,
     /// Wakes this process's waiters on a record after each write (`wake`).
     pub(crate) notifier: idem_core::wait::LocalNotifier,
 }

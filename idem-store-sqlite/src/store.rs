@@ -66,17 +66,17 @@ impl KeyStore for SqliteStore {
             Ok(answer) => return Ok(answer),
             Err(queued) => queued,
         };
-        self.run_write(move |inner, conn, turn| {
-            let req = ClaimRequest::new(&scope, &key, &fingerprint);
-            let answer = inner.write_tx(conn, turn, |tx| {
+        let (notify_scope, notify_key) = (scope.clone(), key.clone());
+        let answer = self
+            .run_batched(move |inner, tx| {
+                let req = ClaimRequest::new(&scope, &key, &fingerprint);
                 inner.apply(tx, &scope, &key, |found| {
                     Ok(machine::claim(found, req, now, &policy))
                 })
-            })?;
-            claimed(inner, &scope, &key, &answer);
-            Ok(answer)
-        })
-        .await
+            })
+            .await?;
+        claimed(&self.inner, &notify_scope, &notify_key, &answer);
+        Ok(answer)
     }
 
     async fn complete(
@@ -89,20 +89,20 @@ impl KeyStore for SqliteStore {
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
         machine::check_outcome_size(outcome, policy)?;
-        let (scope, key, outcome, policy) = (scope.clone(), key.clone(), outcome.clone(), *policy);
-        self.run_write(move |inner, conn, turn| {
-            let answer = inner.write_tx(conn, turn, |tx| {
+        let (owned_scope, owned_key, outcome, policy) =
+            (scope.clone(), key.clone(), outcome.clone(), *policy);
+        let answer = self
+            .run_batched(move |inner, tx| {
                 let held = ops::Held {
-                    scope: &scope,
-                    key: &key,
+                    scope: &owned_scope,
+                    key: &owned_key,
                     token,
                 };
                 ops::complete_on(tx, &inner.sql, held, &outcome, &policy, now)
-            })?;
-            inner.notifier.notify(&scope, &key);
-            Ok(answer)
-        })
-        .await
+            })
+            .await?;
+        self.inner.notifier.notify(scope, key);
+        Ok(answer)
     }
 
     async fn release(
@@ -112,17 +112,16 @@ impl KeyStore for SqliteStore {
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        let (scope, key) = (scope.clone(), key.clone());
-        self.run_write(move |inner, conn, turn| {
-            let answer = inner.write_tx(conn, turn, |tx| {
-                inner.apply(tx, &scope, &key, |found| {
+        let (owned_scope, owned_key) = (scope.clone(), key.clone());
+        let answer = self
+            .run_batched(move |inner, tx| {
+                inner.apply(tx, &owned_scope, &owned_key, |found| {
                     Ok(machine::release(found, token, now))
                 })
-            })?;
-            inner.notifier.notify(&scope, &key);
-            Ok(answer)
-        })
-        .await
+            })
+            .await?;
+        self.inner.notifier.notify(scope, key);
+        Ok(answer)
     }
 
     async fn extend(
@@ -136,11 +135,9 @@ impl KeyStore for SqliteStore {
         // Refused before any transaction is opened.
         machine::check_lease(lease)?;
         let (scope, key) = (scope.clone(), key.clone());
-        self.run_write(move |inner, conn, turn| {
-            inner.write_tx(conn, turn, |tx| {
-                inner.apply(tx, &scope, &key, |found| {
-                    Ok(machine::extend(found, token, lease, now)?)
-                })
+        self.run_batched(move |inner, tx| {
+            inner.apply(tx, &scope, &key, |found| {
+                Ok(machine::extend(found, token, lease, now)?)
             })
         })
         .await
@@ -215,15 +212,13 @@ impl KeyStore for SqliteStore {
     ) -> Result<CheckpointAnswer, StoreError> {
         machine::check_checkpoint_size(checkpoint, policy)?;
         let (scope, key, checkpoint) = (scope.clone(), key.clone(), checkpoint.clone());
-        self.run_write(move |inner, conn, turn| {
-            inner.write_tx(conn, turn, |tx| {
-                let held = ops::Held {
-                    scope: &scope,
-                    key: &key,
-                    token,
-                };
-                ops::checkpoint(tx, &inner.sql, held, &checkpoint)
-            })
+        self.run_batched(move |inner, tx| {
+            let held = ops::Held {
+                scope: &scope,
+                key: &key,
+                token,
+            };
+            ops::checkpoint(tx, &inner.sql, held, &checkpoint)
         })
         .await
     }
