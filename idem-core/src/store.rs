@@ -102,10 +102,12 @@ use crate::{
     Timestamp, Token,
 };
 
+mod cache;
 pub mod columns;
 pub(crate) mod error;
 pub(crate) mod poll;
 
+pub use cache::ReplayCache;
 pub use error::{BoxError, StoreError};
 
 /// What [`KeyStore::list`] selects; each field that is set narrows the selection.
