@@ -13,7 +13,7 @@
 //! SQLite and PostgreSQL also get a row where the holder completes in a transaction of its own
 //! (`complete_in`, then commit, then `Attempt::mark_recorded`, as `idem serve` does), woken by
 //! notification: its wake-up is measured from the call of the transaction's commit.
-//! 3. `idem serve` itself (its router on `127.0.0.1:0`, `--tool-latency-ms 300`), per backend
+//! 3. `idem serve` itself (the binary on `127.0.0.1:0`, `--tool-latency-ms 300`), per backend
 //!    with tickets (SQLite, PostgreSQL): a retry sent 10 ms after the first request, from a
 //!    client of its own, both with `Prefer: wait=5`; measured from the first answer to the
 //!    other's. 100 pairs, 10 at a time.
@@ -27,7 +27,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_cli::serve::{Backend, ServeOptions, TENANT_HEADER, router};
 use idemkit::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idemkit::postgres::PostgresStore;
 use idemkit::sqlite::SqliteStore;
@@ -35,7 +34,7 @@ use idemkit::sqlite::rusqlite::TransactionBehavior;
 use idemkit::store::ListFilter;
 use idemkit::{
     Attempt, ClaimKind, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome,
-    Policy, Record, Scope, StoreError, StoreUrl, SystemClock, Timestamp, Token, async_trait,
+    Policy, Record, Scope, StoreError, SystemClock, Timestamp, Token, async_trait,
 };
 use serde_json::json;
 
@@ -403,23 +402,43 @@ fn serve_urls() -> Vec<(&'static str, String)> {
     out
 }
 
-/// `idem serve` on `url` with a 300 ms tool: the first request, and 10 ms later a retry from a
-/// client of its own, both with `Prefer: wait=5`; the gap between their answers.
+/// A running `idem serve` child process, killed on drop.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `idem serve` on `url` with a 300 ms tool, the binary itself: the first request, and 10 ms
+/// later a retry from a client of its own, both with `Prefer: wait=5`; the gap between their
+/// answers.
 async fn serve_pairs(url: &str) -> Vec<Duration> {
-    let backend = Backend::open(&url.parse::<StoreUrl>().unwrap())
-        .await
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--store", url])
+        .args(["--tool-latency-ms", &TOOL.as_millis().to_string()])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    let options = ServeOptions {
-        tool_latency: TOOL,
-        ..ServeOptions::default()
-    };
-    let app = router(backend, options);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!(
-        "http://{}/tools/create_ticket",
-        listener.local_addr().unwrap()
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let stderr = child.stderr.take().unwrap();
+    let _served = Served(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("idem: serving POST ") {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_owned());
+            }
+        }
+    });
+    let base = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("idem serve prints its address");
     let client = || reqwest::Client::builder().build().unwrap();
     let (first, retry) = (client(), client());
     let run = format!("{:x}", std::process::id());
@@ -437,7 +456,7 @@ async fn serve_pairs(url: &str) -> Vec<Duration> {
                             let answer = client
                                 .post(base)
                                 .header("content-type", "application/json")
-                                .header(TENANT_HEADER, "bench")
+                                .header("x-tenant-id", "bench")
                                 .header("idempotency-key", key.as_str())
                                 .header("prefer", "wait=5")
                                 .body(r#"{"title": "Printer on fire", "account_id": "A-7"}"#)

@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::exit::EXIT_CODES;
 use clap::{Parser, Subcommand};
-use idem_cli::exit::EXIT_CODES;
 use idem_core::{IdempotencyKey, Scope};
 
 /// The store when neither `--store` nor `IDEM_STORE` names one.
@@ -70,7 +70,7 @@ pub(crate) enum Command {
         /// What a request without an Idempotency-Key gets: `client` (refused, 400: the client
         /// must send a key), `arguments` (a key derived from title and account_id: the same
         /// ticket within an hour is one ticket) or `unprotected` (runs every time).
-        #[arg(long, value_name = "SOURCE", default_value = "client", value_parser = idem_cli::serve::parse_key_source)]
+        #[arg(long, value_name = "SOURCE", default_value = "client", value_parser = crate::serve::parse_key_source)]
         key_source: idem_core::KeySource,
     },
     /// Simulated agents retry a real tool under injected faults; effects counted at the sink.

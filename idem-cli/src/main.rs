@@ -1,4 +1,7 @@
 //! `idem`: the reference tool server, the demo, and operator commands on any store URL.
+//!
+//! A binary only: its modules are private, its promises are its commands (`idem --help`). The
+//! tests that need its insides are unit tests (`src/tests/`); the others drive the binary.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -6,17 +9,28 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_cli::bench;
-use idem_cli::demo::{self, DemoOptions};
-use idem_cli::exit::Failure;
-use idem_cli::ops;
-use idem_cli::serve::{Backend, ServeOptions, router};
 use idemkit::StoreUrl;
 use serde_json::json;
 
+mod bench;
 mod cli;
+mod crash_between;
+mod demo;
+mod demo_report;
+mod demo_stock;
+mod exit;
+mod ops;
+mod serve;
+mod steps;
+mod tokens;
+
+#[cfg(test)]
+mod tests;
 
 use cli::{Cli, Command, DEFAULT_STORE, KeysCommand};
+use demo::DemoOptions;
+use exit::Failure;
+use serve::{Backend, ServeOptions, router};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -73,7 +87,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             operations,
             crash_between_effects: true,
             ..
-        } => idem_cli::crash_between::run_cli(store, operations).await,
+        } => crash_between::run_cli(store, operations).await,
         Command::Demo {
             operations,
             concurrency,
@@ -92,7 +106,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 wait: !no_wait,
             };
             match callers.as_str() {
-                "stock" => idem_cli::demo_stock::run_cli(store, options).await,
+                "stock" => demo_stock::run_cli(store, options).await,
                 _ => demo::run_cli(store, options, without_idem).await,
             }
         }
@@ -305,14 +319,14 @@ async fn serve(
 ) -> Result<(), Failure> {
     // Before anything records a metric, so nothing is lost.
     if let Some(metrics) = metrics {
-        let handle = idem_cli::serve::install_metrics()
+        let handle = serve::install_metrics()
             .map_err(|e| Failure::other(format!("cannot install the metrics exporter: {e}")))?;
         let listener = tokio::net::TcpListener::bind(metrics)
             .await
             .map_err(|e| Failure::other(format!("cannot listen on {metrics}: {e}")))?;
         let at = listener.local_addr().map_err(Failure::other)?;
         eprintln!("idem: serving metrics at GET http://{at}/metrics");
-        let app = idem_cli::serve::metrics_router(handle);
+        let app = serve::metrics_router(handle);
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "the metrics listener failed");
@@ -321,7 +335,7 @@ async fn serve(
     }
     let tokens = match tokens {
         Some(path) => {
-            let tokens = idem_cli::tokens::Tokens::load(&path).map_err(Failure::usage)?;
+            let tokens = tokens::Tokens::load(&path).map_err(Failure::usage)?;
             tracing::info!(
                 tokens = tokens.len(),
                 file = %path.display(),

@@ -32,7 +32,7 @@ mod metrics;
 mod tickets;
 
 pub use metrics::{install_metrics, metrics_router};
-pub use tickets::{Backend, Created, NewTicket, Tickets};
+pub use tickets::{Backend, Tickets};
 
 use auth::{Tenant, authenticate};
 use handlers::{create_ticket, create_ticket_unprotected};

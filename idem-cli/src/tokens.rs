@@ -136,11 +136,6 @@ impl Tokens {
         self.entries.len()
     }
 
-    /// Whether there are none (never, for a parsed file).
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// The tenant of `token`, comparing against every token in constant time (digests of fixed
     /// length, every entry compared, no early exit).
     pub fn tenant_of(&self, token: &str) -> Option<&str> {

@@ -1,15 +1,13 @@
 //! Callers that send no `Idempotency-Key` ([contract §5.1](idem_core::contract#keyless)): the
 //! real `idem serve --key-source arguments` binary on a SQLite file, its tickets counted in the
 //! file, its metrics scraped, its records read back with `idem keys`; and
-//! `idem demo --callers stock`.
+//! `idem demo --callers stock` (its report per key source: the unit tests in src/tests/demo.rs).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
-use idem_cli::demo::DemoOptions;
-use idem_cli::demo_stock;
 use idem_conformance::kit;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
@@ -267,52 +265,6 @@ async fn serve_refuses_keyless_calls_by_default_and_unprotected_repeats() {
         s.tickets("acme"),
         2,
         "unprotected: the repeat is a second ticket"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn stock_callers_cause_no_double_effect_with_derived_keys() {
-    let (store, _dir) = kit::store_url("sqlite", "stock.db").unwrap();
-    let options = DemoOptions {
-        store: store.parse().unwrap(),
-        operations: 12,
-        concurrency: 6,
-        tool_latency: std::time::Duration::from_millis(40),
-        progress: false,
-        wait: true,
-    };
-    let arguments = demo_stock::run(&options, idem_core::KeySource::arguments())
-        .await
-        .unwrap();
-    assert_eq!(arguments.double_effects, 0, "{arguments:?}");
-    assert_eq!(
-        arguments.tickets, 12,
-        "one ticket per operation: {arguments:?}"
-    );
-    assert_eq!(arguments.unanswered, 0, "{arguments:?}");
-    assert!(
-        arguments.replays > 0,
-        "the repeats were replayed: {arguments:?}"
-    );
-    let refused = demo_stock::run(&options, idem_core::KeySource::Refuse)
-        .await
-        .unwrap();
-    assert_eq!(
-        (refused.tickets, refused.refused > 0),
-        (0, true),
-        "{refused:?}"
-    );
-    let unprotected = demo_stock::run(&options, idem_core::KeySource::Unprotected)
-        .await
-        .unwrap();
-    assert!(unprotected.double_effects > 0, "{unprotected:?}");
-    println!(
-        "{}",
-        demo_stock::table(&[
-            ("arguments", arguments),
-            ("refuse", refused),
-            ("unprotected", unprotected)
-        ])
     );
 }
 

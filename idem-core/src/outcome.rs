@@ -81,14 +81,56 @@ impl Outcome {
         })
     }
 
-    /// A [`OutcomeClass::Definitive`] outcome.
+    /// A [`OutcomeClass::Definitive`] outcome whose body is `body` serialised as JSON (an `Err`
+    /// when it does not serialise, such as a map with non-string keys);
+    /// [`Outcome::definitive_json`] takes a JSON value and cannot fail.
     pub fn definitive(status: u16, body: &impl Serialize) -> Result<Self, serde_json::Error> {
         Self::new(status, body, OutcomeClass::Definitive)
     }
 
-    /// A [`OutcomeClass::Retryable`] outcome.
+    /// A [`OutcomeClass::Retryable`] outcome whose body is `body` serialised as JSON;
+    /// [`Outcome::retryable_json`] takes a JSON value and cannot fail.
     pub fn retryable(status: u16, body: &impl Serialize) -> Result<Self, serde_json::Error> {
         Self::new(status, body, OutcomeClass::Retryable)
+    }
+
+    /// A [`OutcomeClass::Definitive`] outcome whose body is a JSON value (`json!({…})`, a
+    /// string, a number…). Unlike [`Outcome::definitive`] it cannot fail: a
+    /// [`serde_json::Value`] always serialises, so an operation returns it as it is, with no
+    /// `unwrap`. For your own types, serialise them yourself or use
+    /// [`Executor::run_typed`](crate::Executor::run_typed).
+    ///
+    /// ```
+    /// use idem_core::{Outcome, OutcomeClass};
+    /// use serde_json::json;
+    /// let o = Outcome::definitive_json(201, json!({"ticket_id": "T-1"}));
+    /// assert_eq!((o.status(), o.class()), (201, OutcomeClass::Definitive));
+    /// assert_eq!(o, Outcome::definitive(201, &json!({"ticket_id": "T-1"})).unwrap());
+    /// ```
+    pub fn definitive_json(status: u16, body: impl Into<serde_json::Value>) -> Self {
+        Self::from_value(status, body.into(), OutcomeClass::Definitive)
+    }
+
+    /// A [`OutcomeClass::Retryable`] outcome whose body is a JSON value; infallible, as
+    /// [`Outcome::definitive_json`].
+    ///
+    /// ```
+    /// use idem_core::{Outcome, OutcomeClass};
+    /// let o = Outcome::retryable_json(503, "the helpdesk is down");
+    /// assert_eq!((o.body(), o.class()), (r#""the helpdesk is down""#, OutcomeClass::Retryable));
+    /// ```
+    pub fn retryable_json(status: u16, body: impl Into<serde_json::Value>) -> Self {
+        Self::from_value(status, body.into(), OutcomeClass::Retryable)
+    }
+
+    fn from_value(status: u16, body: serde_json::Value, class: OutcomeClass) -> Self {
+        Self {
+            status,
+            // A `Value`'s map keys are strings and its numbers finite: writing it into a
+            // `String` cannot fail (the text `serde_json::to_string` would give).
+            body: body.to_string(),
+            class,
+        }
     }
 
     /// An outcome whose body is JSON text kept exactly as given; refused if it is not JSON that

@@ -99,7 +99,7 @@ async fn demo(path: &Path) -> Result<(), BoxError> {
 async fn start(
     path: PathBuf,
     sent: Arc<AtomicUsize>,
-) -> Result<(String, JoinHandle<()>), BoxError> {
+) -> Result<(String, JoinHandle<std::io::Result<()>>), BoxError> {
     let store = SqliteStore::open(path)?;
     store.migrate()?; // creates the records table once; a no-op on the second start
     let executor = Executor::new(store);
@@ -111,7 +111,7 @@ async fn start(
         .with_state(sent);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/tools/send_email", listener.local_addr()?);
-    let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
     Ok((url, server))
 }
 

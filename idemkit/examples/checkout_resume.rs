@@ -30,6 +30,8 @@ use idemkit::{
 };
 use serde_json::json;
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The lease of a checkout: a holder silent for longer may be taken over.
 const LEASE: Duration = Duration::from_secs(30);
 /// Set in the child process: the store URL, the order, the sink tables' suffix, one line each.
@@ -47,57 +49,52 @@ pub enum Sink {
 }
 
 impl Sink {
-    async fn create(&self) {
+    async fn create(&self) -> Result<(), BoxError> {
         match self {
-            Sink::Sqlite(path) => Connection::open(path)
-                .unwrap()
-                .execute_batch(
-                    "CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY, order_id TEXT);
-                     CREATE TABLE IF NOT EXISTS emails (order_id TEXT)",
-                )
-                .unwrap(),
+            Sink::Sqlite(path) => Connection::open(path)?.execute_batch(
+                "CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY, order_id TEXT);
+                 CREATE TABLE IF NOT EXISTS emails (order_id TEXT)",
+            )?,
             Sink::Postgres(pool, s) => {
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "CREATE TABLE IF NOT EXISTS payments_{s} (id BIGSERIAL PRIMARY KEY, order_id TEXT);
                      CREATE TABLE IF NOT EXISTS emails_{s} (order_id TEXT)"
                 )))
                 .execute(pool)
-                .await
-                .unwrap();
+                .await?;
             }
         }
+        Ok(())
     }
 
     /// Charges the order: one payment row; its id.
-    async fn pay(&self, order: &str) -> i64 {
-        match self {
+    async fn pay(&self, order: &str) -> Result<i64, BoxError> {
+        Ok(match self {
             Sink::Sqlite(path) => {
-                let conn = Connection::open(path).unwrap();
+                let conn = Connection::open(path)?;
                 conn.execute(
                     "INSERT INTO payments (order_id) VALUES (?1)",
                     params![order],
-                )
-                .unwrap();
+                )?;
                 conn.last_insert_rowid()
             }
-            Sink::Postgres(pool, s) => sqlx::query_scalar(AssertSqlSafe(format!(
-                "INSERT INTO payments_{s} (order_id) VALUES ($1) RETURNING id"
-            )))
-            .bind(order)
-            .fetch_one(pool)
-            .await
-            .unwrap(),
-        }
+            Sink::Postgres(pool, s) => {
+                sqlx::query_scalar(AssertSqlSafe(format!(
+                    "INSERT INTO payments_{s} (order_id) VALUES ($1) RETURNING id"
+                )))
+                .bind(order)
+                .fetch_one(pool)
+                .await?
+            }
+        })
     }
 
     /// Sends the receipt: one email row.
-    async fn email(&self, order: &str) {
+    async fn email(&self, order: &str) -> Result<(), BoxError> {
         match self {
             Sink::Sqlite(path) => {
-                Connection::open(path)
-                    .unwrap()
-                    .execute("INSERT INTO emails (order_id) VALUES (?1)", params![order])
-                    .unwrap();
+                Connection::open(path)?
+                    .execute("INSERT INTO emails (order_id) VALUES (?1)", params![order])?;
             }
             Sink::Postgres(pool, s) => {
                 sqlx::query(AssertSqlSafe(format!(
@@ -105,96 +102,103 @@ impl Sink {
                 )))
                 .bind(order)
                 .execute(pool)
-                .await
-                .unwrap();
+                .await?;
             }
         }
+        Ok(())
     }
 
     /// Payments and emails of `order`.
-    pub async fn count(&self, order: &str) -> (i64, i64) {
+    pub async fn count(&self, order: &str) -> Result<(i64, i64), BoxError> {
         let mut counts = [0; 2];
         for (n, table) in counts.iter_mut().zip(["payments", "emails"]) {
             *n = match self {
-                Sink::Sqlite(path) => Connection::open(path)
-                    .unwrap()
-                    .query_row(
-                        &format!("SELECT count(*) FROM {table} WHERE order_id = ?1"),
-                        params![order],
-                        |r| r.get(0),
-                    )
-                    .unwrap(),
-                Sink::Postgres(pool, s) => sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT count(*) FROM {table}_{s} WHERE order_id = $1"
-                )))
-                .bind(order)
-                .fetch_one(pool)
-                .await
-                .unwrap(),
+                Sink::Sqlite(path) => Connection::open(path)?.query_row(
+                    &format!("SELECT count(*) FROM {table} WHERE order_id = ?1"),
+                    params![order],
+                    |r| r.get(0),
+                )?,
+                Sink::Postgres(pool, s) => {
+                    sqlx::query_scalar(AssertSqlSafe(format!(
+                        "SELECT count(*) FROM {table}_{s} WHERE order_id = $1"
+                    )))
+                    .bind(order)
+                    .fetch_one(pool)
+                    .await?
+                }
             };
         }
-        (counts[0], counts[1])
+        Ok((counts[0], counts[1]))
     }
 }
 
 /// The tool: pay (unless a checkpoint says it was done), save the step, email. With
-/// `stop_after_paying`, it announces the payment and waits to be killed instead of emailing.
+/// `stop_after_paying`, it announces the payment and waits to be killed instead of emailing. A
+/// step that fails answers a retryable outcome: the next attempt runs again, from the checkpoint.
 async fn checkout(attempt: Attempt, sink: Sink, order: String, stop_after_paying: bool) -> Outcome {
-    let payment: i64 = match attempt.checkpoint_value("charged").expect("a payment id") {
-        Some(payment) => payment, // an earlier attempt paid: never pay twice
-        None => {
-            let payment = sink.pay(&order).await;
-            attempt
-                .checkpoint("charged", &payment)
-                .await
-                .expect("the checkpoint is saved");
+    let failed = |e: &dyn std::fmt::Display| Outcome::retryable_json(503, e.to_string());
+    let payment: i64 = match attempt.checkpoint_value("charged") {
+        Ok(Some(payment)) => payment, // an earlier attempt paid: never pay twice
+        Ok(None) => {
+            let payment = match sink.pay(&order).await {
+                Ok(payment) => payment,
+                Err(e) => return failed(&e),
+            };
+            // Fenced like the completion: an error means a newer attempt holds the claim; stop.
+            if let Err(e) = attempt.checkpoint("charged", &payment).await {
+                return failed(&e);
+            }
             payment
         }
+        Err(e) => return failed(&e), // not the payment id an earlier attempt saved
     };
     if stop_after_paying {
         println!("{PAID}");
-        std::io::stdout().flush().unwrap();
+        if let Err(e) = std::io::stdout().flush() {
+            return failed(&e);
+        }
         // Killed here, between the two effects.
         std::future::pending::<()>().await;
     }
-    sink.email(&order).await;
-    Outcome::definitive(200, &json!({"order": order, "payment": payment})).unwrap()
+    match sink.email(&order).await {
+        Ok(()) => Outcome::definitive_json(200, json!({"order": order, "payment": payment})),
+        Err(e) => failed(&e),
+    }
 }
 
 /// A migrated store and its sink, from a store URL (`sqlite://<path>` or `postgres://…`), and the
 /// sink tables' suffix.
-async fn open(url: &str, suffix: &str) -> (Arc<dyn KeyStore>, Sink) {
+async fn open(url: &str, suffix: &str) -> Result<(Arc<dyn KeyStore>, Sink), BoxError> {
     let (store, sink): (Arc<dyn KeyStore>, Sink) = match url.strip_prefix("sqlite://") {
         Some(path) => {
-            let store = SqliteStore::open(path).unwrap();
-            store.migrate().unwrap();
+            let store = SqliteStore::open(path)?;
+            store.migrate()?;
             (Arc::new(store), Sink::Sqlite(PathBuf::from(path)))
         }
         None => {
-            let store = PostgresStore::connect(url).await.unwrap();
-            store.migrate().await.unwrap();
+            let store = PostgresStore::connect(url).await?;
+            store.migrate().await?;
             let pool = store.pool().clone();
             (Arc::new(store), Sink::Postgres(pool, suffix.to_owned()))
         }
     };
-    sink.create().await;
-    (store, sink)
+    sink.create().await?;
+    Ok((store, sink))
 }
 
-fn names(order: &str) -> (Scope, IdempotencyKey, Fingerprint) {
-    (
-        Scope::new("shop/checkout").unwrap(),
-        IdempotencyKey::new(format!("checkout:{order}")).unwrap(),
-        Fingerprint::of("checkout", &json!({ "order": order })).unwrap(),
-    )
+fn names(order: &str) -> Result<(Scope, IdempotencyKey, Fingerprint), BoxError> {
+    Ok((
+        Scope::new("shop/checkout")?,
+        IdempotencyKey::new(format!("checkout:{order}"))?,
+        Fingerprint::of("checkout", &json!({ "order": order }))?,
+    ))
 }
 
-fn policy() -> Policy {
-    Policy::builder()
+fn policy() -> Result<Policy, BoxError> {
+    Ok(Policy::builder()
         .lease(LEASE)
         .stale(StalePolicy::Takeover)
-        .build()
-        .unwrap()
+        .build()?)
 }
 
 /// Whether this process is the child that pays and is killed.
@@ -203,65 +207,70 @@ pub fn is_child() -> bool {
 }
 
 /// The child: claims the order, pays, saves the checkpoint, announces it and waits to be killed.
+/// It exits non-zero, saying why, if it cannot get that far.
 pub fn child_main() {
-    let spec = std::env::var(CHILD_ENV).unwrap();
-    let mut lines = spec.lines();
-    let (url, order, suffix) = (
-        lines.next().unwrap(),
-        lines.next().unwrap(),
-        lines.next().unwrap(),
-    );
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let (store, sink) = open(url, suffix).await;
-        let executor = Executor::from_arc(store).with_policy(policy());
-        let (scope, key, fp) = names(order);
+    if let Err(e) = child() {
+        eprintln!("checkout_resume child: {e}");
+        std::process::exit(1);
+    }
+    unreachable!("the child is killed before it finishes");
+}
+
+fn child() -> Result<(), BoxError> {
+    let spec = std::env::var(CHILD_ENV)?;
+    let lines: Vec<&str> = spec.lines().collect();
+    let [url, order, suffix] = lines[..] else {
+        return Err(format!("{CHILD_ENV}: three lines, not {spec:?}").into());
+    };
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let (store, sink) = open(url, suffix).await?;
+        let executor = Executor::from_arc(store).with_policy(policy()?);
+        let (scope, key, fp) = names(order)?;
         let order = order.to_owned();
-        let _ = executor
+        executor
             .run(&scope, &key, &fp, |attempt| {
                 checkout(attempt, sink, order, true)
             })
-            .await;
-        unreachable!("the child is killed before it finishes");
-    });
+            .await?;
+        Err("the checkout finished: it should have been killed first".into())
+    })
 }
 
 /// Runs a checkout in a child process (this executable again, with `child_args` before the
 /// child's environment), kills the child between the payment and the email, and resumes the
 /// checkout here by a takeover. Returns (payments, emails) of the order at the sinks.
-pub async fn kill_and_resume(url: &str, child_args: &[&str]) -> (i64, i64) {
+pub async fn kill_and_resume(url: &str, child_args: &[&str]) -> Result<(i64, i64), BoxError> {
     let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos();
     let suffix = format!("{}_{nanos}", std::process::id());
     let order = format!("order-{suffix}");
-    let (store, sink) = open(url, &suffix).await;
+    let (store, sink) = open(url, &suffix).await?;
 
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let mut child = Command::new(std::env::current_exe()?)
         .args(child_args)
         .env(CHILD_ENV, format!("{url}\n{order}\n{suffix}"))
         .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+        .spawn()?;
+    let mut out = BufReader::new(child.stdout.take().ok_or("the child's stdout")?);
     let mut line = String::new();
     while !line.contains(PAID) {
         line.clear();
         assert!(
-            out.read_line(&mut line).unwrap() > 0,
+            out.read_line(&mut line)? > 0,
             "the child died before paying"
         );
     }
-    child.kill().unwrap(); // SIGKILL: no destructor, no release, the claim stays `processing`
-    child.wait().unwrap();
-    assert_eq!(sink.count(&order).await, (1, 0), "paid once, no email yet");
+    child.kill()?; // SIGKILL: no destructor, no release, the claim stays `processing`
+    child.wait()?;
+    assert_eq!(sink.count(&order).await?, (1, 0), "paid once, no email yet");
 
     // Later: past the dead holder's lease (injected time), the retry takes the claim over.
     let clock = ManualClock::new(Timestamp::now() + LEASE + Duration::from_secs(1));
     let executor = Executor::from_arc(store)
-        .with_policy(policy())
+        .with_policy(policy()?)
         .with_clock(clock);
-    let (scope, key, fp) = names(&order);
+    let (scope, key, fp) = names(&order)?;
     let resumed = executor
         .run(&scope, &key, &fp, |attempt| {
             assert_eq!(
@@ -271,28 +280,26 @@ pub async fn kill_and_resume(url: &str, child_args: &[&str]) -> (i64, i64) {
             );
             checkout(attempt, sink.clone(), order.clone(), false)
         })
-        .await
-        .unwrap();
+        .await?;
     assert!(!resumed.is_replay());
     // And any further retry replays.
     let again = executor
         .run(&scope, &key, &fp, |_| async { unreachable!("replayed") })
-        .await
-        .unwrap();
+        .await?;
     assert!(again.is_replay());
     sink.count(&order).await
 }
 
-fn main() {
+fn main() -> Result<(), BoxError> {
     if is_child() {
-        return child_main();
+        child_main();
     }
-    tokio::runtime::Runtime::new().unwrap().block_on(run());
+    tokio::runtime::Runtime::new()?.block_on(run())
 }
 
-async fn run() {
+async fn run() -> Result<(), BoxError> {
     let dir = std::env::temp_dir().join(format!("idem-checkout-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&dir)?;
     let sqlite = format!("sqlite://{}", dir.join("checkout.db").display());
     let mut backends = vec![("sqlite", sqlite)];
     match std::env::var("IDEM_TEST_POSTGRES_URL") {
@@ -300,7 +307,7 @@ async fn run() {
         Err(_) => println!("postgres: skipped (IDEM_TEST_POSTGRES_URL is not set)"),
     }
     for (name, url) in backends {
-        let (payments, emails) = kill_and_resume(&url, &[]).await;
+        let (payments, emails) = kill_and_resume(&url, &[]).await?;
         println!(
             "{name}: holder killed between the payment and the email, resumed by a takeover: \
              {payments} payment, {emails} email"
@@ -308,4 +315,5 @@ async fn run() {
         assert_eq!((payments, emails), (1, 1));
     }
     std::fs::remove_dir_all(&dir).ok();
+    Ok(())
 }

@@ -74,8 +74,7 @@ async fn main() -> Result<(), BoxError> {
                 executor
                     .run(&scope, &key, &fingerprint, |_attempt| async move {
                         let n = runs[k].fetch_add(1, Ordering::SeqCst) + 1; // the charge
-                        Outcome::definitive(201, &json!({"charge_id": format!("ch_{k}_{n}")}))
-                            .unwrap()
+                        Outcome::definitive_json(201, json!({"charge_id": format!("ch_{k}_{n}")}))
                     })
                     .await
             }));

@@ -44,6 +44,8 @@ use idemkit::{
 };
 use serde_json::json;
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The lease: shorter than an order's work (three steps of 10–30 ms each).
 const LEASE: Duration = Duration::from_millis(50);
 /// Set in a worker process: the store URL, the run, the worker's number, the orders, the log.
@@ -55,20 +57,19 @@ const STEPS: [(&str, Option<&str>); 3] = [
     ("email", None),
 ];
 
-fn policy() -> Policy {
-    Policy::builder()
+fn policy() -> Result<Policy, BoxError> {
+    Ok(Policy::builder()
         .lease(LEASE)
         .stale(StalePolicy::Takeover)
-        .build()
-        .unwrap()
+        .build()?)
 }
 
-fn names(run: &str, order: usize) -> (Scope, IdempotencyKey, Fingerprint) {
-    (
-        Scope::new(format!("chaos/{run}")).unwrap(),
-        IdempotencyKey::new(format!("order-{order}")).unwrap(),
-        Fingerprint::of("order", &json!({ "order": order })).unwrap(),
-    )
+fn names(run: &str, order: usize) -> Result<(Scope, IdempotencyKey, Fingerprint), BoxError> {
+    Ok((
+        Scope::new(format!("chaos/{run}"))?,
+        IdempotencyKey::new(format!("order-{order}"))?,
+        Fingerprint::of("order", &json!({ "order": order }))?,
+    ))
 }
 
 /// The log the workers append to, one line per `write`.
@@ -76,19 +77,21 @@ fn names(run: &str, order: usize) -> (Scope, IdempotencyKey, Fingerprint) {
 struct Log(Arc<std::fs::File>);
 
 impl Log {
-    fn open(path: &Path) -> Self {
+    fn open(path: &Path) -> std::io::Result<Self> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(path)
-            .unwrap();
-        Self(Arc::new(file))
+            .open(path)?;
+        Ok(Self(Arc::new(file)))
     }
 
+    /// Appends `line`; a worker that cannot exits non-zero (the run counts a crash and starts it
+    /// again) rather than leave a gap the check would misread.
     fn line(&self, line: fmt::Arguments<'_>) {
-        (&*self.0)
-            .write_all(format!("{line}\n").as_bytes())
-            .unwrap();
+        if let Err(e) = (&*self.0).write_all(format!("{line}\n").as_bytes()) {
+            eprintln!("takeover_chaos worker: cannot write the log: {e}");
+            std::process::exit(2);
+        }
     }
 }
 
@@ -102,8 +105,7 @@ async fn work() {
 fn rand_below(n: u64) -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
+        .map_or(0, |d| d.subsec_nanos());
     u64::from(nanos / 1000) % n
 }
 
@@ -133,7 +135,7 @@ async fn order_tool(attempt: Attempt, log: Log, order: usize) -> Outcome {
             }
         }
     }
-    Outcome::definitive(200, &json!({ "order": order })).unwrap()
+    Outcome::definitive_json(200, json!({ "order": order }))
 }
 
 /// Whether this process is a worker.
@@ -141,17 +143,27 @@ pub fn is_worker() -> bool {
     std::env::var_os(WORKER_ENV).is_some()
 }
 
-/// A worker: runs every order in turn until each is done (executed here or replayed).
+/// A worker: runs every order in turn until each is done (executed here or replayed). It exits
+/// non-zero, saying why, if it cannot start.
 pub fn worker_main() {
-    let spec = std::env::var(WORKER_ENV).unwrap();
+    if let Err(e) = worker() {
+        eprintln!("takeover_chaos worker: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn worker() -> Result<(), BoxError> {
+    let spec = std::env::var(WORKER_ENV)?;
     let v: Vec<&str> = spec.lines().collect();
-    let (url, run, orders, log) = (v[0], v[1], v[3].parse().unwrap(), Path::new(v[4]));
-    let log = Log::open(log);
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let store = OpenOptions::new().open(url).await.unwrap().into_store();
-        let executor = Executor::from_arc(store).with_policy(policy());
+    let [url, run, _worker, orders, log] = v[..] else {
+        return Err(format!("{WORKER_ENV}: five lines, not {spec:?}").into());
+    };
+    let (orders, log): (usize, _) = (orders.parse()?, Log::open(Path::new(log))?);
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let store = OpenOptions::new().open(url).await?.into_store();
+        let executor = Executor::from_arc(store).with_policy(policy()?);
         for order in 0..orders {
-            let (scope, key, fp) = names(run, order);
+            let (scope, key, fp) = names(run, order)?;
             loop {
                 let number = Arc::new(std::sync::atomic::AtomicU32::new(0));
                 let answer = executor
@@ -175,7 +187,8 @@ pub fn worker_main() {
                 tokio::time::sleep(Duration::from_millis(2 + rand_below(5))).await;
             }
         }
-    });
+        Ok(())
+    })
 }
 
 /// What a run did, from its log.
@@ -287,27 +300,26 @@ fn check(log: &str, orders: usize, kills: usize) -> Figures {
 /// Runs `orders` orders on the store at `url` (its schema is made first) with two workers
 /// (this executable again, `worker_args` before the worker's environment), one of them killed
 /// every 0.2–0.8 s until both have finished; the figures of the run, from its log.
-pub async fn chaos(url: &str, worker_args: &[&str], orders: usize) -> Figures {
-    OpenOptions::new().migrate(true).open(url).await.unwrap();
+pub async fn chaos(url: &str, worker_args: &[&str], orders: usize) -> Result<Figures, BoxError> {
+    OpenOptions::new().migrate(true).open(url).await?;
     let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos();
     let run = format!("{}-{nanos}", std::process::id());
     let dir = std::env::temp_dir().join(format!("idem-chaos-{run}"));
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&dir)?;
     let log = dir.join("events.log");
-    let spawn = |worker: usize| -> Child {
-        Command::new(std::env::current_exe().unwrap())
+    let exe = std::env::current_exe()?;
+    let spawn = |worker: usize| -> std::io::Result<Child> {
+        Command::new(&exe)
             .args(worker_args)
             .env(
                 WORKER_ENV,
                 format!("{url}\n{run}\n{worker}\n{orders}\n{}", log.display()),
             )
             .spawn()
-            .unwrap()
     };
-    let mut workers: Vec<Option<Child>> = (0..2).map(|w| Some(spawn(w))).collect();
+    let mut workers: Vec<Option<Child>> = vec![Some(spawn(0)?), Some(spawn(1)?)];
     let (mut kills, mut crashes) = (0, 0);
     // Past this, nobody is killed any more: the workers finish on their own.
     let deadline = Instant::now() + Duration::from_millis(200 * orders as u64 + 10_000);
@@ -316,14 +328,14 @@ pub async fn chaos(url: &str, worker_args: &[&str], orders: usize) -> Figures {
         tokio::time::sleep(Duration::from_millis(pause)).await;
         for (w, slot) in workers.iter_mut().enumerate() {
             if let Some(child) = slot
-                && let Some(status) = child.try_wait().unwrap()
+                && let Some(status) = child.try_wait()?
             {
                 *slot = None;
                 if !status.success() {
                     // A store error the worker did not survive: counted, and started again.
                     crashes += 1;
                     assert!(crashes < 20, "the workers keep failing: {status}");
-                    *slot = Some(spawn(w));
+                    *slot = Some(spawn(w)?);
                 }
             }
         }
@@ -333,30 +345,31 @@ pub async fn chaos(url: &str, worker_args: &[&str], orders: usize) -> Figures {
         }
         if Instant::now() < deadline {
             let w = live[rand_below(live.len() as u64) as usize];
-            let mut child = workers[w].take().unwrap();
-            child.kill().unwrap(); // SIGKILL: no release, the claim stays `processing`
-            child.wait().unwrap();
-            kills += 1;
-            workers[w] = Some(spawn(w));
+            if let Some(mut child) = workers[w].take() {
+                child.kill()?; // SIGKILL: no release, the claim stays `processing`
+                child.wait()?;
+                kills += 1;
+            }
+            workers[w] = Some(spawn(w)?);
         }
     }
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = std::fs::read_to_string(&log)?;
     std::fs::remove_dir_all(&dir).ok();
     let mut figures = check(&text, orders, kills);
     figures.crashes = crashes;
     // Finished means completed in the store (a worker killed after completing an order may not
     // have logged it).
-    let store = OpenOptions::new().open(url).await.unwrap().into_store();
+    let store = OpenOptions::new().open(url).await?.into_store();
     figures.unfinished = 0;
     for order in 0..orders {
-        let (scope, key, _) = names(&run, order);
+        let (scope, key, _) = names(&run, order)?;
         let now = idemkit::Timestamp::now();
-        let record = store.get(&scope, &key, now).await.unwrap();
+        let record = store.get(&scope, &key, now).await?;
         if record.is_none_or(|r| r.state != idemkit::RecordState::Completed) {
             figures.unfinished += 1;
         }
     }
-    figures
+    Ok(figures)
 }
 
 /// The store URLs to run on: SQLite in `dir`, and the servers whose variables are set.
@@ -375,19 +388,23 @@ pub fn backends(dir: &Path) -> Vec<(&'static str, String)> {
     backends
 }
 
-fn main() {
+fn main() -> Result<(), BoxError> {
     if is_worker() {
-        return worker_main();
+        worker_main();
+        return Ok(());
     }
-    let orders = std::env::args()
-        .nth(1)
-        .map_or(30, |n| n.parse().expect("a number of orders"));
+    let orders = match std::env::args().nth(1) {
+        Some(n) => n
+            .parse()
+            .map_err(|e| format!("{n:?} is not a number of orders: {e}"))?,
+        None => 30,
+    };
     let dir = std::env::temp_dir().join(format!("idem-chaos-db-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+    std::fs::create_dir_all(&dir)?;
+    let runtime = tokio::runtime::Runtime::new()?;
     let mut failed = false;
     for (name, url) in backends(&dir) {
-        let figures = runtime.block_on(chaos(&url, &[], orders));
+        let figures = runtime.block_on(chaos(&url, &[], orders))?;
         println!("{name}: {figures}");
         for lost in &figures.lost {
             println!("  lost: {lost}");
@@ -396,4 +413,5 @@ fn main() {
     }
     std::fs::remove_dir_all(&dir).ok();
     assert!(!failed, "a checkpoint was lost or an order never finished");
+    Ok(())
 }

@@ -23,7 +23,8 @@ fn sqlite_holder_killed_between_effects_resumes_from_its_checkpoint() {
         .block_on(example::kill_and_resume(
             &url,
             &child_args("sqlite_holder_killed_between_effects_resumes_from_its_checkpoint"),
-        ));
+        ))
+        .unwrap();
     assert_eq!(counts, (1, 1), "one payment, one email");
 }
 
@@ -45,6 +46,7 @@ fn postgres_holder_killed_between_effects_resumes_from_its_checkpoint() {
         .block_on(example::kill_and_resume(
             &url,
             &child_args("postgres_holder_killed_between_effects_resumes_from_its_checkpoint"),
-        ));
+        ))
+        .unwrap();
     assert_eq!(counts, (1, 1), "one payment, one email");
 }

@@ -25,7 +25,8 @@ fn run(backend: &str, test: &'static str) {
     };
     let figures = tokio::runtime::Runtime::new()
         .unwrap()
-        .block_on(example::chaos(&url, &worker_args(test), ORDERS));
+        .block_on(example::chaos(&url, &worker_args(test), ORDERS))
+        .unwrap();
     eprintln!("{backend}: {figures}");
     assert!(
         figures.lost.is_empty(),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_cli::serve::{Backend, ServeOptions, router};
+use crate::serve::{Backend, ServeOptions, router};
 use idem_conformance::kit::{self, TempDir, unique};
 use idem_core::ManualClock;
 use idemkit::StoreUrl;
