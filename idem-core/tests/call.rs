@@ -119,7 +119,7 @@ async fn a_sent_key_waits_only_when_asked_and_is_told_the_bound() {
     let exec = executor(&store).with_max_wait(Duration::from_secs(5));
     let (finish, first) = hold(&exec, call(sent()), &sink).await;
 
-    let unasked = exec
+    let unasked: idem_core::Answer<usize> = exec
         .call(call(sent()), |_| async {
             unreachable!("in flight: never runs")
         })
