@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::IdempotencyKey;
-use idem_http::client::{ClientError, RetryPolicy, ToolClient};
+use idem_http::client::{ClientError, DeadlineExceeded, RetryPolicy, ToolClient};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -126,7 +126,7 @@ impl Counters {
                     self.executed.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Err(ClientError::DeadlineExceeded { attempts, .. }) => {
+            Err(ClientError::DeadlineExceeded(DeadlineExceeded { attempts, .. })) => {
                 self.attempts
                     .fetch_add(*attempts as usize, Ordering::Relaxed);
                 self.unanswered.fetch_add(1, Ordering::Relaxed);

@@ -119,12 +119,6 @@ impl Refusal {
         }
     }
 
-    /// Whether the operation ran for this call: a refusal always comes before it, so
-    /// [`Ran::No`].
-    pub fn ran(&self) -> Ran {
-        Ran::No
-    }
-
     /// Whether the same request with the same key may succeed later: in flight, or the store
     /// unavailable. Every other refusal needs a changed request (or a fixed store).
     pub fn retry_later(&self) -> bool {
@@ -145,17 +139,6 @@ impl Refusal {
         self.retry_after()
             .map(|d| d.as_secs_f64().ceil().max(1.0) as u64)
     }
-}
-
-/// Whether an operation ran, as far as one call knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ran {
-    /// It did not run for this call (a refusal; a retry with the same key is safe).
-    No,
-    /// It may have run: the effect may have happened, its answer is not known.
-    Maybe,
-    /// It ran and answered.
-    Yes,
 }
 
 /// What the caller of a transport gets for an executor [`Error`]: the operation's own answer
@@ -210,14 +193,6 @@ impl<'a> ErrorAnswer<'a> {
         }
         answer
     }
-
-    /// Whether the operation ran: [`Ran::Yes`] for an answer, [`Ran::No`] for a refusal.
-    pub fn ran(&self) -> Ran {
-        match self {
-            Self::Answer(_) => Ran::Yes,
-            Self::Refuse(refusal) => refusal.ran(),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -248,7 +223,6 @@ mod tests {
         for (refusal, name) in all {
             assert_eq!(refusal.name(), name);
             assert_eq!(refusal.type_uri(), format!("urn:idem:problem:{name}"));
-            assert_eq!(refusal.ran(), Ran::No);
         }
     }
 
@@ -271,6 +245,6 @@ mod tests {
         let ran = Error::Fenced {
             outcome: Box::new(Outcome::definitive(200, &1).unwrap()),
         };
-        assert_eq!(ErrorAnswer::of(&ran).ran(), Ran::Yes);
+        assert!(matches!(ErrorAnswer::of(&ran), ErrorAnswer::Answer(_)));
     }
 }

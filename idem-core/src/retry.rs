@@ -48,6 +48,17 @@ pub struct ShortAttempt {
     pub min_client_deadline: Duration,
 }
 
+/// The overall deadline passed before an answer: the operation may still complete, and a later
+/// call with the same key gets its answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no answer within the overall deadline after {attempts} attempts (last: {last})")]
+pub struct DeadlineExceeded {
+    /// Attempts made.
+    pub attempts: u32,
+    /// What the last attempt got.
+    pub last: String,
+}
+
 impl RetryPolicy {
     /// Refuses an attempt timeout below the tool's published minimum (when it is known), unless
     /// `allow_short_attempts`.

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use crate::executor::{Ran, Unserializable};
+use crate::executor::{Reply, Unserializable};
 use crate::{Attempt, Error, Executor, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope};
 
 /// How an operation's error is recorded by [`Executor::run_typed`]: its class and status.
@@ -206,27 +206,44 @@ impl Executor {
     {
         let span = Self::span(scope, key, fingerprint);
         let ran = self
-            .run_in_span(scope, key, fingerprint, operation, |result| {
-                let outcome = Outcome::from_result(&result).map_err(|source| {
-                    let (status, class) = status_and_class(&result);
-                    Unserializable {
-                        status,
-                        class,
-                        source,
-                    }
-                });
-                (result, outcome)
-            })
+            .run_in_span(
+                scope,
+                key,
+                fingerprint,
+                operation,
+                |result| {
+                    let outcome = Outcome::from_result(&result).map_err(|source| {
+                        let (status, class) = status_and_class(&result);
+                        Unserializable {
+                            status,
+                            class,
+                            source,
+                        }
+                    });
+                    (result, outcome)
+                },
+                &mut None,
+            )
             .instrument(span)
             .await?;
         match ran {
-            Ran::Executed { value, attempt, .. } => Ok(TypedExecution::Executed {
+            Reply::Executed {
+                value,
+                attempt,
+                unrecorded: None,
+                ..
+            } => Ok(TypedExecution::Executed {
                 result: value,
                 attempt,
             }),
-            Ran::Replayed(outcome) => Ok(TypedExecution::Replayed {
+            Reply::Replayed { outcome } => Ok(TypedExecution::Replayed {
                 result: read_back(outcome)?,
             }),
+            Reply::Executed {
+                unrecorded: Some(error),
+                ..
+            }
+            | Reply::Refused { error, .. } => Err(error),
         }
     }
 }

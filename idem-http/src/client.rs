@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::{IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED, key_header};
 
-pub use idem_core::retry::RetryPolicy;
+pub use idem_core::retry::{DeadlineExceeded, RetryPolicy, ShortAttempt};
 
 /// Why a call produced no answer.
 #[derive(Debug, thiserror::Error)]
@@ -19,24 +19,11 @@ pub use idem_core::retry::RetryPolicy;
 pub enum ClientError {
     /// The per-attempt deadline is below the tool's published minimum (processing window plus
     /// store write): every attempt would be cut off while the tool works.
-    #[error(
-        "attempt timeout {attempt_timeout:?} is below the tool's minimum client deadline {min_client_deadline:?}; raise it (or opt out with allow_short_attempts)"
-    )]
-    DeadlineBelowMinimum {
-        /// The configured per-attempt deadline.
-        attempt_timeout: Duration,
-        /// The tool's published minimum.
-        min_client_deadline: Duration,
-    },
-    /// The overall deadline passed before an answer; the operation may still complete, and a
-    /// later call with the same key gets its answer.
-    #[error("no answer within the overall deadline after {attempts} attempts (last: {last})")]
-    DeadlineExceeded {
-        /// Attempts made.
-        attempts: u32,
-        /// What the last attempt got.
-        last: String,
-    },
+    #[error(transparent)]
+    DeadlineBelowMinimum(#[from] ShortAttempt),
+    /// The overall deadline passed before an answer.
+    #[error(transparent)]
+    DeadlineExceeded(#[from] DeadlineExceeded),
     /// The server refused the request in a way a retry cannot fix (400, 401, 413, 422…).
     #[error("the tool refused the request: {status} {body}")]
     Refused {
@@ -193,12 +180,7 @@ impl ToolClient {
         policy: RetryPolicy,
         min_client_deadline: Option<Duration>,
     ) -> Result<Self, ClientError> {
-        policy.check_minimum(min_client_deadline).map_err(|short| {
-            ClientError::DeadlineBelowMinimum {
-                attempt_timeout: short.attempt_timeout,
-                min_client_deadline: short.min_client_deadline,
-            }
-        })?;
+        policy.check_minimum(min_client_deadline)?;
         Ok(Self {
             http: http_client()?,
             url: url.into(),
@@ -303,10 +285,8 @@ impl ToolClient {
         loop {
             let now = Instant::now();
             if now >= deadline {
-                return Err(ClientError::DeadlineExceeded {
-                    attempts,
-                    last: "deadline reached".into(),
-                });
+                let last = "deadline reached".into();
+                return Err(DeadlineExceeded { attempts, last }.into());
             }
             attempts += 1;
             let timeout = self.policy.attempt_timeout.min(deadline - now);
@@ -373,7 +353,7 @@ impl ToolClient {
             };
             let wait = backoff.next_wait(retry_after);
             if Instant::now() + wait >= deadline {
-                return Err(ClientError::DeadlineExceeded { attempts, last });
+                return Err(DeadlineExceeded { attempts, last }.into());
             }
             tokio::time::sleep(wait).await;
         }
@@ -397,7 +377,7 @@ mod tests {
         };
         let err =
             ToolClient::new("http://x", short, Some(Duration::from_millis(1500))).unwrap_err();
-        assert!(matches!(err, ClientError::DeadlineBelowMinimum { .. }));
+        assert!(matches!(err, ClientError::DeadlineBelowMinimum(_)));
         assert!(err.to_string().contains("minimum client deadline"));
         let opted = RetryPolicy {
             allow_short_attempts: true,

@@ -84,10 +84,10 @@ impl fmt::Debug for IdempotencyLayer {
 impl IdempotencyLayer {
     /// A layer running tools through `executor`, with `principal` naming who sent a request
     /// (a tenant or user id taken from the authenticated request parts; an `Err` refuses the
-    /// request). Each request runs in a task of its own (claim, tool and completion together), so
-    /// claims and completions survive dropped callers with or without a spawner on `executor`;
-    /// the layer does not use the spawner (it would add a task hop per claim and completion and
-    /// protect nothing more).
+    /// request). Each request runs in a task of its own (claim, tool and completion together,
+    /// [`Executor::call`]: on `executor`'s own spawner if it has one, else on the tokio
+    /// runtime), so claims and completions survive dropped callers with or without a spawner on
+    /// `executor`, without a task hop each.
     pub fn new(
         executor: Executor,
         principal: impl Fn(&Parts) -> Result<String, Problem> + Send + Sync + 'static,

@@ -1,16 +1,16 @@
 //! Everything before the executor: the checks that can refuse a request (key, principal, body,
-//! fingerprint) and the policy of a request under a derived key.
+//! fingerprint).
 
 use bytes::Bytes;
+use http::header;
 use http::request::Parts;
-use http::{Response, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{Fingerprint, IdempotencyKey, KeyOrigin, Policy, Scope};
+use idem_core::{Fingerprint, IdempotencyKey, Scope};
 
 use crate::answer::BoxError;
 use crate::layer::IdempotencyLayer;
-use crate::{Problem, ProblemResponse, read_key};
+use crate::{Problem, read_key};
 
 /// A request that passed every check: what the executor runs it under, and the body the tool
 /// gets.
@@ -88,31 +88,6 @@ where
         fingerprint,
         body,
     })
-}
-
-/// The policy of a request under a key from `origin`, if not the executor's: a derived key's
-/// record lives for the key window. A window that does not fit the lease is a misconfiguration:
-/// 500, nothing runs.
-pub(crate) fn policy_for<B: From<Bytes>>(
-    layer: &IdempotencyLayer,
-    origin: KeyOrigin,
-) -> Result<Option<Policy>, Response<B>> {
-    if origin == KeyOrigin::Sent {
-        return Ok(None);
-    }
-    let policy = layer
-        .executor
-        .policy()
-        .to_builder()
-        .ttl(layer.keyless.window)
-        .build();
-    match policy {
-        Ok(policy) => Ok(Some(policy)),
-        Err(e) => {
-            tracing::error!(error = %e, "the key window does not fit the executor's lease; nothing ran");
-            Err(Problem::StoreError.to_response())
-        }
-    }
 }
 
 /// The operation's name in the fingerprint: `METHOD /path`, then `?` and the

@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use idem_core::{Executor, IdempotencyKey, MemoryStore, Policy};
 use idem_http::IdempotencyLayer;
-use idem_http::client::{ClientError, RetryPolicy, ToolClient};
+use idem_http::client::{ClientError, DeadlineExceeded, RetryPolicy, ShortAttempt, ToolClient};
 use serde_json::{Value, json};
 
 /// What the server saw: the key of every request, and the tickets created.
@@ -185,10 +185,10 @@ async fn the_deadline_rule_reads_the_published_minimum() {
     };
     let err = discover_create_ticket(&base, short).await.unwrap_err();
     match err {
-        ClientError::DeadlineBelowMinimum {
+        ClientError::DeadlineBelowMinimum(ShortAttempt {
             attempt_timeout,
             min_client_deadline,
-        } => {
+        }) => {
             assert_eq!(attempt_timeout, Duration::from_millis(500));
             assert_eq!(min_client_deadline, Duration::from_millis(1500));
         }
@@ -262,7 +262,7 @@ async fn the_overall_deadline_stops_retries() {
         .call(&IdempotencyKey::new("k").unwrap(), &args())
         .await
     {
-        Err(ClientError::DeadlineExceeded { attempts, last }) => {
+        Err(ClientError::DeadlineExceeded(DeadlineExceeded { attempts, last })) => {
             assert!(attempts >= 2, "retried before giving up");
             assert!(last.contains("503"), "{last}");
         }

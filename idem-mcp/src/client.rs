@@ -16,31 +16,18 @@ use crate::key::META_KEY;
 use crate::server::{IN_FLIGHT, STORE_UNAVAILABLE, TOOL_META_KEY, is_replay};
 use crate::wait::WAIT_META_KEY;
 
-pub use idem_core::retry::RetryPolicy;
+pub use idem_core::retry::{DeadlineExceeded, RetryPolicy, ShortAttempt};
 
 /// Why an idempotent call produced no result.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallError {
     /// The attempt timeout is below the tool's published minimum client deadline.
-    #[error(
-        "attempt timeout {attempt_timeout:?} is below the tool's minimum client deadline {min_client_deadline:?}; raise it (or opt out with allow_short_attempts)"
-    )]
-    DeadlineBelowMinimum {
-        /// The configured per-attempt deadline.
-        attempt_timeout: Duration,
-        /// The tool's published minimum.
-        min_client_deadline: Duration,
-    },
-    /// The overall deadline passed without a result. The operation may still complete; a later
-    /// call with the same key gets its result.
-    #[error("no result within the overall deadline after {attempts} attempts (last: {last})")]
-    DeadlineExceeded {
-        /// Attempts made.
-        attempts: u32,
-        /// What the last attempt got.
-        last: String,
-    },
+    #[error(transparent)]
+    DeadlineBelowMinimum(#[from] ShortAttempt),
+    /// The overall deadline passed without a result.
+    #[error(transparent)]
+    DeadlineExceeded(#[from] DeadlineExceeded),
     /// The server refused the call in a way a retry with the same key cannot fix (invalid or
     /// missing key, fingerprint mismatch, unknown tool…).
     #[error("the server refused the call: {0}")]
@@ -155,12 +142,7 @@ impl IdempotentCaller {
         min_client_deadline: Option<Duration>,
     ) -> Result<CallAnswer, CallError> {
         let policy = self.policy;
-        policy.check_minimum(min_client_deadline).map_err(|short| {
-            CallError::DeadlineBelowMinimum {
-                attempt_timeout: short.attempt_timeout,
-                min_client_deadline: short.min_client_deadline,
-            }
-        })?;
+        policy.check_minimum(min_client_deadline)?;
         let mut params = CallToolRequestParams::new(tool.to_owned());
         params.arguments = arguments;
         let mut meta = RequestMetaObject::new();
@@ -175,10 +157,8 @@ impl IdempotentCaller {
         loop {
             let now = Instant::now();
             if now >= deadline {
-                return Err(CallError::DeadlineExceeded {
-                    attempts,
-                    last: "deadline reached".into(),
-                });
+                let last = "deadline reached".into();
+                return Err(DeadlineExceeded { attempts, last }.into());
             }
             attempts += 1;
             let timeout = policy.attempt_timeout.min(deadline - now);
@@ -228,7 +208,7 @@ impl IdempotentCaller {
             };
             let wait = backoff.next_wait(retry_after);
             if Instant::now() + wait >= deadline {
-                return Err(CallError::DeadlineExceeded { attempts, last });
+                return Err(DeadlineExceeded { attempts, last }.into());
             }
             tokio::time::sleep(wait).await;
         }

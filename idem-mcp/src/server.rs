@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    ErrorAnswer, Execution, Executor, Fingerprint, KeyOrigin, KeyStore, Outcome, OutcomeClass,
-    Policy, Refusal, Scope, ToolContract,
+    Call, Executor, Fingerprint, KeyStore, Outcome, OutcomeClass, Policy, Refusal, Reply, Scope,
+    ToolContract,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -30,7 +30,7 @@ pub use refusal::{FINGERPRINT_MISMATCH, IN_FLIGHT, STORE_UNAVAILABLE, UNAUTHENTI
 pub use settings::{Principal, ToolSettings, default_principal};
 
 use keyless::{KeyOf, key_of_call, refused};
-use record::{from_outcome, live_or, mark, mark_source, to_outcome};
+use record::{from_outcome, mark, mark_source, to_outcome};
 use refusal::refuse;
 use settings::PrincipalFn;
 
@@ -103,10 +103,10 @@ pub const DEFAULT_STORE_WRITE: Duration = ToolContract::DEFAULT_STORE_WRITE;
 
 impl IdempotentTools {
     /// Protects tools through `executor`. Give it a lease at least the longest minimum client
-    /// deadline. Each call runs in a task of its own (claim, tool and completion together), so
-    /// claims and completions survive a dropped request with or without a spawner on `executor`;
-    /// the calls do not use the spawner (it would add a task hop per claim and completion and
-    /// protect nothing more).
+    /// deadline. Each call runs in a task of its own (claim, tool and completion together,
+    /// [`Executor::call`]: on `executor`'s own spawner if it has one, else on the tokio
+    /// runtime), so claims and completions survive a dropped request with or without a spawner
+    /// on `executor`, without a task hop each.
     pub fn new(executor: Executor) -> Self {
         Self {
             executor,
@@ -237,81 +237,31 @@ impl IdempotentTools {
         let fingerprint = fingerprint_of(&name, &mut params)
             .map_err(|e| refused(Refusal::InvalidBody(e.to_string()), &name))?;
 
-        // The request's own task runs the claim, the tool and the completion: the executor's
-        // spawner would add a task hop to each and protect nothing more.
-        let mut executor = self
+        let call = Call::new(scope, key, fingerprint)
+            .wait(wait.unwrap_or_default())
+            .key_window(settings.key_window)
+            .transport("mcp");
+        let executor = self
             .executor
-            .without_spawner()
+            .clone()
             .with_processing_window(settings.processing_window)
             .with_derived_key_wait(settings.derived_key_wait);
-        if origin != KeyOrigin::Sent {
-            // A derived key's record lives for the tool's window.
-            let policy = executor
-                .policy()
-                .to_builder()
-                .ttl(settings.key_window)
-                .build();
-            match policy {
-                Ok(policy) => executor = executor.with_policy(policy),
-                Err(e) => {
-                    tracing::error!(tool = %name, error = %e, "the tool's key window does not fit the executor's lease; nothing ran");
-                    return Err(ErrorData::internal_error(
-                        format!("{name} is misconfigured: its key window: {e}; nothing ran"),
-                        None,
-                    ));
-                }
-            }
-        }
-        // `_meta["io.idem/wait"]`: a repeat that finds its operation in flight waits for it. A
-        // call under a derived key that sends none is waited for by the executor all the same.
-        if let Some(wait) = wait {
-            executor = executor.waiting(wait);
-        }
-        // Detached: rmcp drops this request's future when the client cancels or goes away; the
-        // tool and its completion must not stop halfway. The task hands back, beside the
-        // executor's result, the live answer of this call's own run, returned as it is (a replay
-        // is decoded from the record instead).
-        let task = tokio::spawn(async move {
-            let mut live = None;
-            let slot = &mut live;
-            let result = executor
-                .run(&scope, &key, &fingerprint, move |attempt| async move {
-                    let mut context = context;
-                    context.extensions.insert(attempt);
-                    let answer = tool(params, context).await;
-                    let outcome = to_outcome(&answer, settings.tool_error);
-                    *slot = Some(answer);
-                    outcome
-                })
-                .await;
-            (result, live)
-        });
-        let (result, mut live) = match task.await {
-            Ok(done) => done,
-            Err(e) => {
-                tracing::error!(tool = %name, error = %e, "the tool's task failed; its record is left to the lease");
-                return Err(ErrorData::internal_error(
-                    "the tool failed without an answer",
-                    None,
-                ));
-            }
-        };
-        let mut take_live = || live.take();
-        let answer = match result {
-            Ok(Execution::Replayed { outcome }) => from_outcome(&outcome),
-            Ok(Execution::Executed { outcome, .. }) => {
-                live_or(take_live(), &outcome).map(|r| mark(r, false))
-            }
-            // The tool ran, but its answer could not be recorded as this attempt's: the caller
-            // still gets it (the effect happened). Fenced: the newer holder's answer stands;
-            // too large: the record holds "ran, not kept" for retries; not recorded or not
-            // encoded by the codec: the record is left to the lease.
-            Err(error) => match ErrorAnswer::observed(&error, "mcp") {
-                ErrorAnswer::Answer(outcome) => {
-                    live_or(take_live(), outcome).map(|r| mark(r, false))
-                }
-                ErrorAnswer::Refuse(refusal) => Err(refuse(&refusal, &name)),
-            },
+        // Answered as it is, this call's own result; a replay is decoded from the record.
+        let answer = executor
+            .call(call, move |attempt| async move {
+                let mut context = context;
+                context.extensions.insert(attempt);
+                let answer = tool(params, context).await;
+                let outcome = to_outcome(&answer, settings.tool_error);
+                (answer, outcome)
+            })
+            .await;
+        let answer = match answer.reply {
+            Reply::Replayed { outcome } => from_outcome(&outcome),
+            // Also when the answer could not be recorded as this attempt's: the caller still
+            // gets it (the effect happened).
+            Reply::Executed { value, .. } => value.map(|r| mark(r, false)),
+            Reply::Refused { refusal, .. } => Err(refuse(&refusal, &name)),
         };
         answer.map(|response| mark_source(response, origin))
     }

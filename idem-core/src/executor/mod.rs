@@ -1,6 +1,7 @@
 //! [`Executor`]: claim, run at most once, record, replay.
 //!
-//! The executor and its builder live here; [`Executor::run`] in `run`; [`Attempt`] (and the guard
+//! The executor and its builder live here; [`Executor::run`] in `run`; [`Executor::call`], one
+//! call as a transport serves it, in `call`; [`Attempt`] (and the guard
 //! that gives an abandoned claim back) in `attempt`; the claim and record steps and the completion
 //! in `steps`; the counters in `observe`; waiting in `wait`, and what an in-flight answer says
 //! and who is waited for without asking in `in_flight`; checkpoints in `checkpoints`; renewing a
@@ -14,6 +15,7 @@ use crate::machine::ClaimAnswer;
 use crate::{Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock};
 
 mod attempt;
+mod call;
 mod checkpoints;
 mod heartbeat;
 mod in_flight;
@@ -24,7 +26,8 @@ mod steps;
 mod wait;
 
 pub use attempt::Attempt;
-pub(crate) use run::{Ran, Unserializable};
+pub use call::{Answer, Call, Reply};
+pub(crate) use run::Unserializable;
 pub use spawn::BackgroundTask;
 use spawn::Spawn;
 pub(crate) use steps::{CompletionError, Held, complete_or_not_kept};

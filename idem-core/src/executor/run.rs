@@ -8,10 +8,10 @@ use tracing::Instrument;
 use super::attempt::Lease;
 use super::heartbeat::beside;
 use super::observe::{count_claim, count_completion};
-use super::{Attempt, Execution, Executor};
+use super::{Attempt, Execution, Executor, Reply};
 use crate::codec::{CodecContext, decode_outcome};
 use crate::machine::{ClaimAnswer, ClaimKind};
-use crate::{Error, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope};
+use crate::{Error, ErrorAnswer, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope};
 
 impl Executor {
     /// Runs `operation` at most once for (scope, key) and the request `fingerprint`.
@@ -33,16 +33,31 @@ impl Executor {
         Fut: Future<Output = Outcome>,
     {
         let span = Self::span(scope, key, fingerprint);
-        let ran = self
-            .run_in_span(scope, key, fingerprint, operation, |o| ((), Ok(o)))
+        let reply = self
+            .run_in_span(
+                scope,
+                key,
+                fingerprint,
+                operation,
+                |o| ((), Ok(o)),
+                &mut None,
+            )
             .instrument(span)
             .await?;
-        Ok(match ran {
-            Ran::Executed {
-                outcome, attempt, ..
-            } => Execution::Executed { outcome, attempt },
-            Ran::Replayed(outcome) => Execution::Replayed { outcome },
-        })
+        match reply {
+            Reply::Executed {
+                outcome,
+                attempt,
+                unrecorded: None,
+                ..
+            } => Ok(Execution::Executed { outcome, attempt }),
+            Reply::Replayed { outcome } => Ok(Execution::Replayed { outcome }),
+            Reply::Executed {
+                unrecorded: Some(error),
+                ..
+            }
+            | Reply::Refused { error, .. } => Err(error),
+        }
     }
 
     /// The span of one executor call ([contract §8](crate::contract#observability)).
@@ -62,7 +77,10 @@ impl Executor {
     }
 
     /// Claims, runs, records or replays; `to_answer` turns the operation's output into the value
-    /// handed back and the outcome to record.
+    /// handed back and the outcome to record. An error before the operation ran is `Err`; once
+    /// it ran, its value comes back as [`Reply::Executed`], with the error if its outcome was not
+    /// recorded as this attempt's. `waited` is set to how long the call waited for an in-flight
+    /// answer, if it did.
     pub(crate) async fn run_in_span<F, Fut, O, V>(
         &self,
         scope: &Scope,
@@ -70,12 +88,15 @@ impl Executor {
         fingerprint: &Fingerprint,
         operation: F,
         to_answer: impl FnOnce(O) -> (V, Result<Outcome, Unserializable>),
-    ) -> Result<Ran<V>, Error>
+        waited: &mut Option<std::time::Duration>,
+    ) -> Result<Reply<V>, Error>
     where
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = O>,
     {
-        let (answer, guard, claimed_at) = self.claim_or_wait(scope, key, fingerprint).await?;
+        let ((answer, guard, claimed_at), wait) =
+            self.claim_or_wait(scope, key, fingerprint).await?;
+        *waited = wait;
         let origin = key.origin().as_str();
         let (token, number, kind) = match answer {
             ClaimAnswer::Claimed {
@@ -101,7 +122,7 @@ impl Executor {
                     "replaying stored outcome"
                 );
                 count_claim("replayed", origin);
-                return Ok(Ran::Replayed(outcome));
+                return Ok(Reply::Replayed { outcome });
             }
             ClaimAnswer::InFlight { retry_after, stale } => {
                 // Under a running lease: when the answer is likely ready, from the tool's
@@ -207,7 +228,12 @@ impl Executor {
                         tracing::error!(error = %e, "'ran, answer not kept' could not be recorded either");
                     }
                 }
-                return Err(Error::Serialize(failed.source));
+                return Ok(Reply::Executed {
+                    value,
+                    outcome: Outcome::not_serializable(failed.status, failed.class),
+                    attempt: number,
+                    unrecorded: Some(Error::Serialize(failed.source)),
+                });
             }
         };
         if recorded {
@@ -218,31 +244,28 @@ impl Executor {
                 "outcome recorded by the operation's own transaction"
             );
             count_completion("completed");
-            return Ok(Ran::Executed {
+            return Ok(Reply::Executed {
                 value,
                 outcome,
                 attempt: number,
+                unrecorded: None,
             });
         }
-        let outcome = self.record(scope, key, token, outcome).await?;
-        Ok(Ran::Executed {
+        let (outcome, unrecorded) = match self.record(scope, key, token, outcome).await {
+            Ok(outcome) => (outcome, None),
+            // Fenced, too large, not recorded, not encoded: each carries the operation's outcome.
+            Err(error) => match ErrorAnswer::of(&error) {
+                ErrorAnswer::Answer(outcome) => (outcome.clone(), Some(error)),
+                ErrorAnswer::Refuse(_) => return Err(error),
+            },
+        };
+        Ok(Reply::Executed {
             value,
             outcome,
             attempt: number,
+            unrecorded,
         })
     }
-}
-
-/// What [`Executor::run_in_span`] did.
-pub(crate) enum Ran<V> {
-    /// This call ran the operation.
-    Executed {
-        value: V,
-        outcome: Outcome,
-        attempt: u32,
-    },
-    /// A stored outcome, decoded.
-    Replayed(Outcome),
 }
 
 /// An operation's answer that could not be serialised: the status and class it would have had.

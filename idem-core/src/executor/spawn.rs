@@ -47,6 +47,21 @@ impl Spawn {
         }
     }
 
+    /// The spawner to detach a whole call with ([`Executor::call`](super::Executor::call)):
+    /// the caller's, else the current tokio runtime's, also for an executor that runs its claim
+    /// and completion inline (the call's own task protects them); `None` where there is neither.
+    pub(super) fn detached(&self) -> Option<Spawner> {
+        match self {
+            Self::With(spawner) => Some(spawner.clone()),
+            #[cfg(feature = "tokio")]
+            _ => tokio::runtime::Handle::try_current()
+                .is_ok()
+                .then(tokio_spawner),
+            #[cfg(not(feature = "tokio"))]
+            _ => None,
+        }
+    }
+
     /// For `Debug`: `inline`, `tokio` or `custom`.
     pub(super) fn name(&self) -> &'static str {
         match self {

@@ -27,6 +27,8 @@ enum RoundEnd {
 
 type Round = Shared<BoxFuture<'static, RoundEnd>>;
 type Id = (Scope, IdempotencyKey);
+/// A claim's answer, the guard that gives back a claim its caller abandons, and when it was made.
+pub(super) type Claimed = (ClaimAnswer, Option<ReleaseOnDrop>, Timestamp);
 
 /// The waiting settings of an executor and the rounds its waiters share.
 #[derive(Clone, Default)]
@@ -41,8 +43,6 @@ pub(super) struct Waiting {
     pub(super) window: Option<Duration>,
     /// A call under a derived key that asked for no wait is not waited for.
     pub(super) derived_key_wait_off: bool,
-    /// How long the calls of this [`Executor::waiting`] clone waited, last.
-    waited: Arc<Mutex<Option<Duration>>>,
     /// The live round of each (scope, key) being waited on, shared by every clone of the executor.
     rounds: Arc<Mutex<HashMap<Id, WeakShared<BoxFuture<'static, RoundEnd>>>>>,
 }
@@ -87,19 +87,7 @@ impl Executor {
     pub fn waiting(&self, wait: Duration) -> Self {
         let mut this = self.clone();
         this.waiting.requested = wait;
-        this.waiting.waited = Arc::default();
         this
-    }
-
-    /// How long the last call on this [`waiting`](Executor::waiting) executor waited for an
-    /// in-flight answer; `None` if it did not wait (its claim was not in flight, or it asked for
-    /// no wait). For a transport that says so in its answer (`Preference-Applied: wait=N`).
-    pub fn waited(&self) -> Option<Duration> {
-        *self
-            .waiting
-            .waited
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The bound a [`waiting`](Executor::waiting) call applies before the holder's lease: the
@@ -128,13 +116,14 @@ impl Executor {
     }
 
     /// Claims; if the answer is "in flight" and this executor waits, waits for the record to
-    /// settle and claims again, until the bound passes.
+    /// settle and claims again, until the bound passes. Says how long it waited (`None`: it did
+    /// not).
     pub(super) async fn claim_or_wait(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
-    ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>, Timestamp), Error> {
+    ) -> Result<(Claimed, Option<Duration>), Error> {
         let first = self.claim(scope, key, fingerprint).await?;
         let bound = self.wait_bound_for(key.origin());
         let timer = match (&first.0, &self.waiting.timer) {
@@ -143,7 +132,7 @@ impl Executor {
             {
                 timer.clone()
             }
-            _ => return Ok(first),
+            _ => return Ok((first, None)),
         };
         let started = Instant::now();
         // The holder's remaining lease bounds the wait through the round, which settles when
@@ -171,11 +160,6 @@ impl Executor {
             }
         };
         let waited = started.elapsed();
-        *self
-            .waiting
-            .waited
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(waited);
         transition!(
             DEBUG,
             "waited",
@@ -186,7 +170,7 @@ impl Executor {
         if !result.is_empty() {
             crate::metrics::count_wait(result, waited);
         }
-        Ok(last)
+        Ok((last, Some(waited)))
     }
 
     /// The live round of (scope, key), or a new one.

@@ -112,13 +112,6 @@ fn not_kept(outcome: &Outcome) -> Result<CallToolResponse, ErrorData> {
     }
 }
 
-pub(super) fn live_or(
-    live: Option<Result<CallToolResponse, ErrorData>>,
-    outcome: &Outcome,
-) -> Result<CallToolResponse, ErrorData> {
-    live.unwrap_or_else(|| from_outcome(outcome).map(|r| mark(r, false)))
-}
-
 pub(super) fn mark(response: CallToolResponse, replayed: bool) -> CallToolResponse {
     match response {
         CallToolResponse::Complete(mut result) => {

@@ -1,0 +1,212 @@
+//! [`Executor::call`], the one pipeline both transports call ([contract §5](idem_core::contract#http),
+//! [§5.1](idem_core::contract#keyless), [§5.2](idem_core::contract#waiting)): how a call was
+//! answered, the wait it asked for and the one it gets without asking (a derived key), the key
+//! window of a derived key, and the operation outliving a caller that went away. On the executor
+//! over `MemoryStore`, time on tokio's paused clock; effects are counted at a sink.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Sink, TokioClock};
+use idem_core::{
+    Call, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Policy, RecordState,
+    Refusal, Reply, Scope,
+};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+const LEASE: Duration = Duration::from_secs(30);
+const WINDOW: Duration = Duration::from_secs(600);
+
+fn executor(store: &MemoryStore) -> Executor {
+    Executor::new(store.clone())
+        .with_policy(Policy::builder().lease(LEASE).build().unwrap())
+        .with_clock(TokioClock(tokio::time::Instant::now()))
+        .with_processing_window(Duration::from_millis(20))
+}
+
+fn scope() -> Scope {
+    Scope::new("tenant/create_ticket").unwrap()
+}
+
+fn call(key: IdempotencyKey) -> Call {
+    let fingerprint = Fingerprint::of("create_ticket", &json!({"title": "t"})).unwrap();
+    Call::new(scope(), key, fingerprint)
+        .key_window(WINDOW)
+        .transport("test")
+}
+
+fn derived() -> IdempotencyKey {
+    IdempotencyKey::from_arguments(&json!({"title": "t"})).unwrap()
+}
+
+fn sent() -> IdempotencyKey {
+    IdempotencyKey::new("wf-1:step-1").unwrap()
+}
+
+/// Starts a call of `key` whose operation runs until `finish` is sent, then creates a ticket;
+/// its value is the ticket count it saw.
+async fn hold(
+    executor: &Executor,
+    call: Call,
+    sink: &Arc<Sink>,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<idem_core::Answer<usize>>,
+) {
+    let (tx, rx) = oneshot::channel::<()>();
+    let (started_tx, started) = oneshot::channel::<()>();
+    let (exec, sink) = (executor.clone(), sink.clone());
+    let first = tokio::spawn(async move {
+        exec.call(call, move |_attempt| async move {
+            let _ = started_tx.send(());
+            let _ = rx.await;
+            let outcome = sink.create_ticket();
+            (sink.count(), outcome)
+        })
+        .await
+    });
+    started.await.expect("the operation started");
+    (tx, first)
+}
+
+#[tokio::test(start_paused = true)]
+async fn six_parallel_calls_under_a_derived_key_get_six_answers_and_one_effect() {
+    let (store, sink) = (MemoryStore::new(), Arc::new(Sink::default()));
+    let exec = executor(&store);
+    let (finish, first) = hold(&exec, call(derived()), &sink).await;
+    let repeats: Vec<_> = (0..5)
+        .map(|_| {
+            let (exec, sink) = (exec.clone(), sink.clone());
+            tokio::spawn(async move {
+                exec.call(call(derived()), move |_| async move {
+                    let outcome = sink.create_ticket();
+                    (sink.count(), outcome)
+                })
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    finish.send(()).unwrap();
+    let first = first.await.unwrap();
+    assert!(
+        matches!(
+            first.reply,
+            Reply::Executed {
+                value: 1,
+                attempt: 1,
+                unrecorded: None,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    for repeat in repeats {
+        let answer = repeat.await.unwrap();
+        assert!(matches!(answer.reply, Reply::Replayed { .. }), "{answer:?}");
+        // Waited for without asking: not reported as a wait the caller asked for.
+        assert_eq!(answer.waited, None);
+    }
+    assert_eq!(sink.count(), 1, "one effect");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sent_key_waits_only_when_asked_and_is_told_the_bound() {
+    let (store, sink) = (MemoryStore::new(), Arc::new(Sink::default()));
+    let exec = executor(&store).with_max_wait(Duration::from_secs(5));
+    let (finish, first) = hold(&exec, call(sent()), &sink).await;
+
+    let unasked: idem_core::Answer<usize> = exec
+        .call(call(sent()), |_| async {
+            unreachable!("in flight: never runs")
+        })
+        .await;
+    let Reply::Refused { refusal, .. } = &unasked.reply else {
+        panic!("in flight: {unasked:?}");
+    };
+    assert!(matches!(refusal, Refusal::InFlight { stale: false, .. }));
+    assert_eq!(unasked.waited, None);
+
+    let asked = {
+        let exec = exec.clone();
+        tokio::spawn(async move {
+            exec.call(call(sent()).wait(Duration::from_secs(10)), |_| async {
+                unreachable!("replayed: never runs")
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    finish.send(()).unwrap();
+    first.await.unwrap();
+    let asked: idem_core::Answer<usize> = asked.await.unwrap();
+    assert!(matches!(asked.reply, Reply::Replayed { .. }), "{asked:?}");
+    // The least of the 10 s asked for and the 5 s maximum.
+    assert_eq!(asked.waited, Some(Duration::from_secs(5)));
+    assert_eq!(sink.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_derived_key_s_record_lives_for_the_key_window_a_sent_key_s_for_the_ttl() {
+    let (store, sink) = (MemoryStore::new(), Arc::new(Sink::default()));
+    let exec = executor(&store);
+    for key in [derived(), sent()] {
+        let sink = sink.clone();
+        let answer = exec
+            .call(call(key.clone()), move |_| async move {
+                let outcome = sink.create_ticket();
+                ((), outcome)
+            })
+            .await;
+        assert!(matches!(answer.reply, Reply::Executed { .. }));
+        let now = exec.clock().now();
+        let record = store.get(&scope(), &key, now).await.unwrap().unwrap();
+        assert_eq!(record.state, RecordState::Completed);
+        let kept = record.expires_at.saturating_since(record.created_at);
+        let expected = match key.origin() {
+            idem_core::KeyOrigin::Sent => exec.policy().ttl(),
+            _ => WINDOW,
+        };
+        assert_eq!(kept, expected, "{key}");
+    }
+    assert_eq!(sink.count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_operation_outlives_a_caller_that_went_away() {
+    let (store, sink) = (MemoryStore::new(), Arc::new(Sink::default()));
+    // Without a spawner of its own: the call still runs in a task of its own.
+    let exec = executor(&store).without_spawner();
+    let (finish, first) = hold(&exec, call(sent()), &sink).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    finish.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(sink.count(), 1, "the operation ran to its end");
+    let now = exec.clock().now();
+    let record = store.get(&scope(), &sent(), now).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Completed, "and was recorded");
+
+    let again = exec
+        .call(call(sent()), |_| async {
+            unreachable!("replayed: never runs")
+        })
+        .await;
+    let Reply::<()>::Replayed { outcome } = again.reply else {
+        panic!("replayed");
+    };
+    assert_eq!(outcome.status(), 201);
+    assert_eq!(sink.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "the tool panicked")]
+async fn a_panic_in_the_operation_is_resumed_in_the_caller() {
+    let exec = executor(&MemoryStore::new());
+    let _: idem_core::Answer<()> = exec
+        .call(call(sent()), |_| async { panic!("the tool panicked") })
+        .await;
+}
