@@ -23,6 +23,7 @@ mod keyless;
 mod record;
 mod refusal;
 mod settings;
+mod tasks;
 
 pub use describe::{CAPABILITY, TOOL_META_KEY};
 pub use record::{KEY_SOURCE_META_KEY, NOT_KEPT_META_KEY, REPLAYED_META_KEY, is_replay};
@@ -33,6 +34,7 @@ use keyless::{KeyOf, key_of_call, refused};
 use record::{from_outcome, mark, mark_source, to_outcome};
 use refusal::refuse;
 use settings::PrincipalFn;
+use tasks::{TaskCall, TaskIds};
 
 /// Makes the side-effecting tools of an rmcp server exactly-once per idempotency key.
 ///
@@ -84,6 +86,8 @@ pub struct IdempotentTools {
     store_write: Duration,
     /// The session of a transport without session ids (stdio): random per value.
     session: Arc<str>,
+    /// Task ids, when the server serves MCP tasks ([`IdempotentTools::tasks`]).
+    tasks: Option<Arc<TaskIds>>,
 }
 
 impl fmt::Debug for IdempotentTools {
@@ -93,6 +97,7 @@ impl fmt::Debug for IdempotentTools {
             .field("tools", &self.tools)
             .field("anonymous", &self.anonymous)
             .field("store_write", &self.store_write)
+            .field("tasks", &self.tasks.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -115,6 +120,7 @@ impl IdempotentTools {
             anonymous: None,
             store_write: DEFAULT_STORE_WRITE,
             session: idem_core::Token::new(0).id_hex().into(),
+            tasks: None,
         }
     }
 
@@ -149,6 +155,28 @@ impl IdempotentTools {
     pub fn allow_anonymous(mut self, principal: impl Into<String>) -> Self {
         self.anonymous = Some(principal.into());
         self
+    }
+
+    /// Serves MCP's tasks extension ([contract §5.3](idem_core::contract#tasks)) from the store
+    /// for the tools whose settings allow tasks ([`ToolSettings::tasks`]): a call of such a tool
+    /// from a client that declared the extension claims its key, starts the tool and answers
+    /// with a task at once; the same call again gets the same task; the server handler answers
+    /// `tasks/get` and `tasks/cancel` with [`IdempotentTools::get_task`] and
+    /// [`IdempotentTools::cancel_task`], and [`IdempotentTools::advertise`] declares the
+    /// extension.
+    ///
+    /// Task ids name the record, sealed with `secret` (AES-256-GCM) for the caller's principal:
+    /// opaque, unguessable, and opened only within the caller's scope. Every replica that serves
+    /// the same store must have the same secret (and keep it across restarts, like a cookie
+    /// key): a task id sealed under another secret is unknown.
+    pub fn tasks(mut self, secret: [u8; 32]) -> Self {
+        self.tasks = Some(Arc::new(TaskIds::new(secret)));
+        self
+    }
+
+    /// The principal of a request, or the shared one the server opted into.
+    fn principal_of(&self, context: &RequestContext<RoleServer>) -> Option<String> {
+        (self.principal)(context).or_else(|| self.anonymous.clone())
     }
 
     /// The store write budget added to each processing window (default [`DEFAULT_STORE_WRITE`]).
@@ -213,7 +241,7 @@ impl IdempotentTools {
             return tool(params, context).await;
         };
         // Before anything else: without a principal (and no opt-in) nothing runs, keyed or not.
-        let Some(principal) = (self.principal)(&context).or_else(|| self.anonymous.clone()) else {
+        let Some(principal) = self.principal_of(&context) else {
             return Err(refused(Refusal::Unauthenticated(String::new()), &name));
         };
         let key = match key_of_call(
@@ -237,15 +265,37 @@ impl IdempotentTools {
         let fingerprint = fingerprint_of(&name, &mut params)
             .map_err(|e| refused(Refusal::InvalidBody(e.to_string()), &name))?;
 
+        let executor = self
+            .executor
+            .clone()
+            .with_processing_window(settings.processing_window);
+        if self.answers_with_task(&settings, &context) {
+            // Answered at once with the task: nobody waits.
+            let call = Call::new(scope.clone(), key.clone(), fingerprint)
+                .key_window(settings.key_window)
+                .transport("mcp");
+            let task = TaskCall {
+                principal: &principal,
+                tool: &name,
+                settings: &settings,
+                executor: executor.with_derived_key_wait(false),
+                call,
+                scope,
+                key,
+            };
+            return self
+                .call_as_task(task, move |attempt| {
+                    let mut context = context;
+                    context.extensions.insert(attempt);
+                    tool(params, context)
+                })
+                .await;
+        }
         let call = Call::new(scope, key, fingerprint)
             .wait(wait.unwrap_or_default())
             .key_window(settings.key_window)
             .transport("mcp");
-        let executor = self
-            .executor
-            .clone()
-            .with_processing_window(settings.processing_window)
-            .with_derived_key_wait(settings.derived_key_wait);
+        let executor = executor.with_derived_key_wait(settings.derived_key_wait);
         // Answered as it is, this call's own result; a replay is decoded from the record.
         let answer = executor
             .call(call, move |attempt| async move {

@@ -1,7 +1,7 @@
 //! [`Executor`]: claim, run at most once, record, replay.
 //!
 //! The executor and its builder live here; [`Executor::run`] in `run`; [`Executor::call`], one
-//! call as a transport serves it, in `call`; [`Attempt`] (and the guard
+//! call as a transport serves it, in `call`; [`Executor::read`], a record as a replay decodes it, in `read`; [`Attempt`] (and the guard
 //! that gives an abandoned claim back) in `attempt`; the claim and record steps and the completion
 //! in `steps`; the counters in `observe`; waiting in `wait`, and what an in-flight answer says
 //! and who is waited for without asking in `in_flight`; checkpoints in `checkpoints`; renewing a
@@ -20,6 +20,7 @@ mod checkpoints;
 mod heartbeat;
 mod in_flight;
 mod observe;
+mod read;
 mod run;
 mod spawn;
 mod steps;

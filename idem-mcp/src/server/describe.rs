@@ -19,7 +19,8 @@ pub const TOOL_META_KEY: &str = "io.idem/idempotency";
 pub const CAPABILITY: &str = "tools.idempotency";
 
 impl IdempotentTools {
-    /// Adds the `tools.idempotency` capability (in `capabilities.experimental`) to `info`.
+    /// Adds the `tools.idempotency` capability (in `capabilities.experimental`) to `info`, and
+    /// MCP's tasks extension when the server serves tasks ([`IdempotentTools::tasks`]).
     pub fn advertise(&self, mut info: ServerConfig) -> ServerConfig {
         let mut names: Vec<&String> = self.tools.keys().collect();
         names.sort();
@@ -31,6 +32,15 @@ impl IdempotentTools {
             .experimental
             .get_or_insert_with(Default::default)
             .insert(CAPABILITY.to_owned(), settings);
+        if self.tasks.is_some() {
+            info.capabilities
+                .extensions
+                .get_or_insert_with(Default::default)
+                .insert(
+                    rmcp::model::TASKS_EXTENSION_ID.to_owned(),
+                    JsonObject::new(),
+                );
+        }
         info
     }
 

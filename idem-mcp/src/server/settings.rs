@@ -30,6 +30,13 @@ pub struct ToolSettings {
     pub tool_error: OutcomeClass,
     /// The `destructiveHint` annotation; `None` keeps what the tool declared.
     pub destructive: Option<bool>,
+    /// Whether a call of the tool from a client that declared MCP's tasks extension is answered
+    /// with a task, the tool running on after the answer ([contract
+    /// §5.3](idem_core::contract#tasks)); needs [`IdempotentTools::tasks`](super::IdempotentTools::tasks).
+    /// Off by default.
+    pub tasks: bool,
+    /// The polling interval a task suggests (`pollIntervalMs`; default 1 s).
+    pub poll_interval: Duration,
 }
 
 impl Default for ToolSettings {
@@ -41,6 +48,8 @@ impl Default for ToolSettings {
             derived_key_wait: true,
             tool_error: OutcomeClass::Definitive,
             destructive: None,
+            tasks: false,
+            poll_interval: Duration::from_secs(1),
         }
     }
 }
@@ -75,6 +84,18 @@ impl ToolSettings {
     /// Sets [`ToolSettings::tool_error`].
     pub fn tool_error(mut self, class: OutcomeClass) -> Self {
         self.tool_error = class;
+        self
+    }
+
+    /// Sets [`ToolSettings::tasks`].
+    pub fn tasks(mut self, on: bool) -> Self {
+        self.tasks = on;
+        self
+    }
+
+    /// Sets [`ToolSettings::poll_interval`].
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
         self
     }
 
