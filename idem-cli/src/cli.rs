@@ -89,7 +89,7 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
         /// How long the tool works, in milliseconds.
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = crate::DEMO_DEFAULT_LATENCY_MS)]
         tool_latency_ms: u64,
         /// Also run the same traffic against the same tool without idem, side by side.
         #[arg(long)]
@@ -103,6 +103,12 @@ pub(crate) enum Command {
         /// them, retried by a takeover; without checkpoints and with them, side by side.
         #[arg(long)]
         crash_between_effects: bool,
+        /// Instead: a tool that works longer than its clients wait (--tool-latency-ms, 12 s
+        /// by default here), served as MCP tasks by two replicas behind no sticky routing, the
+        /// first killed halfway; clients that lose answers and call again, polls spread over
+        /// both; with idem and, side by side, with rmcp's in-memory TaskManager alone.
+        #[arg(long)]
+        mcp_tasks: bool,
         /// Retries do not ask to wait for an in-flight answer (`Prefer: wait`): they get 409 and
         /// retry after `Retry-After`.
         #[arg(long)]

@@ -375,7 +375,7 @@ pub async fn run_cli(
 }
 
 /// A store that cannot be opened keeps its exit code (usage or store unavailable).
-fn demo_failure(e: BoxError) -> Failure {
+pub(crate) fn demo_failure(e: BoxError) -> Failure {
     match e.downcast::<idemkit::OpenError>() {
         Ok(e) => Failure::from(*e),
         Err(e) => Failure::other(e),

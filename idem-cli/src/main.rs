@@ -18,6 +18,10 @@ mod crash_between;
 mod demo;
 mod demo_report;
 mod demo_stock;
+mod demo_tasks;
+
+/// `idem demo --tool-latency-ms`'s default (`--mcp-tasks` reads it as 12 s).
+pub(crate) const DEMO_DEFAULT_LATENCY_MS: u64 = 60;
 mod exit;
 mod ops;
 mod serve;
@@ -90,11 +94,26 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         } => crash_between::run_cli(store, operations).await,
         Command::Demo {
             operations,
+            tool_latency_ms,
+            mcp_tasks: true,
+            ..
+        } => {
+            // The tool outlives its clients' 5 s deadline: 12 s unless given.
+            let latency = match tool_latency_ms {
+                DEMO_DEFAULT_LATENCY_MS => 12_000,
+                given => given,
+            };
+            let options = demo_tasks::TasksOptions::new(operations, Duration::from_millis(latency));
+            demo_tasks::run_cli(store, options).await
+        }
+        Command::Demo {
+            operations,
             concurrency,
             tool_latency_ms,
             without_idem,
             callers,
             crash_between_effects: false,
+            mcp_tasks: false,
             no_wait,
         } => {
             let options = |store| DemoOptions {

@@ -2,4 +2,5 @@
 //! those in `tests/` drive the binary itself.
 
 mod demo;
+mod demo_tasks;
 mod serve;
