@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::{IdempotencyKey, KeyStore, Policy, StalePolicy, Timestamp};
+use idem_core::{IdempotencyKey, KeyStore, OutcomeClass, Policy, StalePolicy, Timestamp};
 use idem_mcp::{IdempotentTools, ToolSettings, is_replay};
 use idem_store_sqlite::SqliteStore;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -41,6 +41,9 @@ struct ProvisionArgs {
     /// Fails (a JSON-RPC error, retryable) instead of provisioning.
     #[serde(default)]
     fail: bool,
+    /// Answers an `isError` result (retryable, as the tool is set up) instead of provisioning.
+    #[serde(default)]
+    reject: bool,
 }
 
 #[derive(Clone)]
@@ -52,6 +55,12 @@ struct Provisioner {
 
 #[tool_router]
 impl Provisioner {
+    #[tool(description = "Names a server (no task: answered at once).")]
+    async fn rename(&self) -> CallToolResult {
+        self.sink.lock().unwrap().push("renamed".to_owned());
+        CallToolResult::success(vec![ContentBlock::text("renamed")])
+    }
+
     #[tool(description = "Provisions a server (slow).")]
     async fn provision(
         &self,
@@ -60,6 +69,11 @@ impl Provisioner {
         tokio::time::sleep(LATENCY).await;
         if args.fail {
             return Err(ErrorData::internal_error("the provider is down", None));
+        }
+        if args.reject {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(
+                "quota exceeded",
+            )]));
         }
         self.sink.lock().unwrap().push(args.name.clone());
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
@@ -136,8 +150,11 @@ impl Replica {
                 "provision",
                 ToolSettings::window(Duration::from_secs(2))
                     .tasks(true)
+                    .tool_error(OutcomeClass::Retryable)
                     .poll_interval(Duration::from_millis(50)),
-            );
+            )
+            // Protected, but never a task.
+            .tool("rename", ToolSettings::window(Duration::from_secs(2)));
         let server = Provisioner {
             idem,
             sink: sink.clone(),
@@ -197,16 +214,16 @@ async fn connect(replica: &Replica, tenant: &'static str, tasks: bool) -> Client
 }
 
 fn provision(name: &str, key: &str, fail: bool) -> CallToolRequestParams {
+    call("provision", key, json!({"name": name, "fail": fail}))
+}
+
+fn call(tool: &'static str, key: &str, arguments: Value) -> CallToolRequestParams {
     let mut meta = RequestMetaObject::new();
     meta.0
         .0
         .insert(idem_mcp::key::META_KEY.to_owned(), json!(key));
-    let mut params = CallToolRequestParams::new("provision").with_arguments(
-        json!({"name": name, "fail": fail})
-            .as_object()
-            .cloned()
-            .unwrap(),
-    );
+    let mut params =
+        CallToolRequestParams::new(tool).with_arguments(arguments.as_object().cloned().unwrap());
     params.meta = Some(meta);
     params
 }
@@ -283,8 +300,22 @@ async fn a_retried_task_call_gets_the_same_task_from_either_replica_and_runs_onc
         result.content[0].as_text().unwrap().text,
         "provisioned db-1"
     );
-    assert!(done.task.task.ttl_ms.unwrap() > 0);
-    assert_eq!(done.task.task.poll_interval_ms, Some(50));
+    // The record's times: created when the call was, kept for the policy's ttl (24 h) from its
+    // completion, so the task's ttl from creation is that and the tool's time.
+    let task = &done.task.task;
+    let ttl = Duration::from_millis(task.ttl_ms.unwrap()) - Duration::from_secs(24 * 3600);
+    assert!(ttl >= LATENCY && ttl < Duration::from_secs(60), "{ttl:?}");
+    assert_eq!(task.poll_interval_ms, Some(50));
+    let created = humantime::parse_rfc3339(&task.created_at).unwrap();
+    let updated = humantime::parse_rfc3339(&task.last_updated_at).unwrap();
+    let age = std::time::SystemTime::now()
+        .duration_since(created)
+        .unwrap();
+    assert!(age < Duration::from_secs(60), "created {age:?} ago");
+    assert!(
+        updated.duration_since(created).unwrap() >= LATENCY,
+        "updated at completion"
+    );
 
     // Once done, the same call again still names the same task, finished; nothing ran again.
     assert_eq!(
@@ -371,6 +402,24 @@ async fn a_running_task_is_not_cancelled_and_a_failed_one_is_cancelled_for_good(
         panic!("failed, got {:?}", got.task.payload)
     };
     assert_eq!(error["message"], "the provider is down");
+    // An `isError` result the tool's settings call retryable: `failed` with that result.
+    let (rejected, _) = create(
+        &a,
+        call(
+            "provision",
+            "order-7",
+            json!({"name": "db-7", "reject": true}),
+        ),
+    )
+    .await;
+    let (got, _) = until_terminal(&[&a], &rejected).await;
+    let TaskPayload::Failed { error } = got.task.payload else {
+        panic!("failed, got {:?}", got.task.payload)
+    };
+    assert_eq!(
+        error["data"]["content"][0]["text"], "quota exceeded",
+        "{error:?}"
+    );
     // Cancelled now, before it runs again: for good.
     a.peer()
         .cancel_task(CancelTaskParams::new(failed.clone()))
@@ -466,7 +515,17 @@ async fn a_client_without_the_extension_gets_the_result_as_before() {
         .await
         .unwrap();
     assert!(is_replay(&again));
+    // A protected tool that does not allow tasks answers a client that declared them as before.
+    let tasked = connect(&one, "tenant-a", true).await;
+    for replayed in [false, true] {
+        let renamed = tasked
+            .peer()
+            .call_tool(call("rename", "rename-1", json!({})))
+            .await
+            .unwrap();
+        assert_eq!(is_replay(&renamed), replayed);
+    }
     // Its tasks/* requests are refused by rmcp: it did not declare the extension.
     assert!(get(&plain, "t1.x").await.is_err());
-    assert_eq!(*sink.lock().unwrap(), ["db-6"]);
+    assert_eq!(*sink.lock().unwrap(), ["db-6", "renamed"]);
 }

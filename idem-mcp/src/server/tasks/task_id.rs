@@ -23,12 +23,6 @@ pub(crate) struct TaskIds {
     nonce_key: [u8; 32],
 }
 
-impl std::fmt::Debug for TaskIds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TaskIds { .. }")
-    }
-}
-
 /// HMAC-SHA-256 of `parts` under `key`, each part length-prefixed.
 fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
