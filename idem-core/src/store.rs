@@ -310,6 +310,9 @@ pub trait KeyStore: Send + Sync + fmt::Debug + 'static {
 }
 
 /// A shared store is a store: `Arc<dyn KeyStore>` (or `Arc<S>`) goes wherever a `KeyStore` does.
+/// Every method forwards, the provided ones included: a method added to the trait cannot be left
+/// to its default here (the lint fails the build).
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: KeyStore + ?Sized> KeyStore for std::sync::Arc<S> {
     async fn claim(
