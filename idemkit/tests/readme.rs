@@ -59,6 +59,8 @@ async fn serve(path: &std::path::Path) -> String {
 }
 
 async fn post(url: &str, tenant: Option<&str>, key: &str, title: &str) -> (u16, bool, Value) {
+    // reqwest without a TLS provider of its own, as the workspace builds it: any will do.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut request = reqwest::Client::new()
         .post(url)
         .header("idempotency-key", key)
