@@ -37,16 +37,21 @@ pub(crate) struct Cli {
 
 #[derive(Subcommand)]
 pub(crate) enum Command {
-    /// Serve the reference tool `POST /tools/create_ticket` behind the idempotency layer.
+    /// Serve the reference tool `POST /tools/create_ticket` behind the idempotency layer, or
+    /// with --mcp as the MCP tool `create_ticket` (streamable HTTP at `http://ADDR/mcp`, or
+    /// stdio).
     ///
-    /// Creates or upgrades its tables on start (the records and `tickets`).
+    /// Creates or upgrades its tables on start (the records and `tickets`). Any number of
+    /// servers, HTTP or MCP, can share one store: a retry may reach any of them.
     ///
     /// WHO IS ASKING: without --tokens the tenant (whose records a request reads and writes) is
     /// the X-Tenant-Id header AS SENT, UNAUTHENTICATED: anyone who reaches the server can act as
     /// any tenant and replay its answers. Run it that way only behind an authenticating proxy
     /// that sets X-Tenant-Id itself (and strips the client's), or on loopback. To run it
     /// exposed, give --tokens FILE: then every tool request needs `Authorization: Bearer TOKEN`
-    /// (401 otherwise) and X-Tenant-Id is ignored.
+    /// (401 otherwise) and X-Tenant-Id is ignored. Over MCP a call without X-Tenant-Id is
+    /// refused (-32093) unless --principal names a scope such callers share; over MCP stdio
+    /// (one client per process) every call is --principal's, default `stdio`.
     #[command(after_help = EXIT_CODES)]
     Serve {
         /// The address to listen on.
@@ -67,11 +72,45 @@ pub(crate) enum Command {
         /// exposed; it has no authentication).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<SocketAddr>,
-        /// What a request without an Idempotency-Key gets: `client` (refused, 400: the client
-        /// must send a key), `arguments` (a key derived from title and account_id: the same
-        /// ticket within an hour is one ticket) or `unprotected` (runs every time).
+        /// What a request without an Idempotency-Key gets: `client` (refused, 400 or -32602:
+        /// the client must send a key), `arguments` (a key derived from title and account_id:
+        /// the same ticket within an hour is one ticket) or `unprotected` (runs every time);
+        /// with --mcp also `model-argument` (the tool asks the model for an `idempotency_key`
+        /// argument) or `request` (the session and JSON-RPC request id: transport resends
+        /// only; needs --stateful or --stdio, a stateless call is refused).
         #[arg(long, value_name = "SOURCE", default_value = "client", value_parser = crate::serve::parse_key_source)]
         key_source: idem_core::KeySource,
+        /// Serve the tool over MCP instead of HTTP: streamable HTTP at `http://ADDR/mcp`,
+        /// stateless (MCP 2026-07-28: no sessions, so any server on the store answers any
+        /// request). The first line on stdout is `listening on http://ADDR/mcp`.
+        #[arg(long)]
+        mcp: bool,
+        /// With --mcp: MCP over stdin and stdout instead, one client per process.
+        #[arg(long, requires = "mcp", conflicts_with_all = ["addr", "tokens", "stateful"])]
+        stdio: bool,
+        /// With --mcp: streamable HTTP with sessions (`Mcp-Session-Id`, the protocol revisions
+        /// before 2026-07-28); a session lives in the server that opened it.
+        #[arg(long, requires = "mcp")]
+        stateful: bool,
+        /// With --mcp: callers that name no tenant (no X-Tenant-Id) share the scope NAME
+        /// instead of being refused: they replay each other's answers. Over stdio, the scope
+        /// of every call (default `stdio`).
+        #[arg(long, requires = "mcp", conflicts_with = "tokens", value_name = "NAME")]
+        principal: Option<String>,
+        /// With --mcp: a call under a derived key that finds the same call in flight is told
+        /// to retry (-32091) instead of waiting for its result.
+        #[arg(long, requires = "mcp")]
+        no_derived_key_wait: bool,
+        /// With --mcp over HTTP: a `Host` to accept (a name, or name:port) besides localhost,
+        /// 127.0.0.1, ::1 and the address listened on; rmcp refuses any other (DNS rebinding).
+        /// Repeat for more.
+        #[arg(long, requires = "mcp", conflicts_with = "stdio", value_name = "HOST")]
+        allowed_host: Vec<String>,
+        /// With --mcp: answer a client that declared MCP's tasks extension with a task (the
+        /// tool runs on; the client polls `tasks/get`), its id sealed with the secret in FILE:
+        /// 64 hexadecimal digits (32 bytes), the same for every server on the store.
+        #[arg(long, requires = "mcp", value_name = "FILE")]
+        task_secret_file: Option<PathBuf>,
     },
     /// Simulated agents retry a real tool under injected faults; effects counted at the sink.
     ///

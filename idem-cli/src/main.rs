@@ -34,7 +34,7 @@ mod tests;
 use cli::{Cli, Command, DEFAULT_STORE, KeysCommand};
 use demo::DemoOptions;
 use exit::Failure;
-use serve::{Backend, ServeOptions, router};
+use serve::{Backend, McpOptions, McpTransport, ServeOptions, TicketServer, router};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -42,6 +42,8 @@ async fn main() -> ExitCode {
     // The demo's table and the operator's answers are the point; per-call logs come with
     // RUST_LOG=info.
     let default_level = match cli.command {
+        // On stdio the client owns the process: only what goes wrong.
+        Command::Serve { stdio: true, .. } => "warn,rmcp::service=error",
         Command::Serve { .. } => "info",
         _ => "error",
     };
@@ -79,13 +81,44 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             tokens,
             metrics,
             key_source,
+            mcp,
+            stdio,
+            stateful,
+            principal,
+            no_derived_key_wait,
+            allowed_host,
+            task_secret_file,
         } => {
+            if !mcp && serve::mcp_only(&key_source) {
+                return Err(Failure::usage(
+                    "--key-source model-argument and request are for the MCP tool: add --mcp",
+                ));
+            }
             let options = ServeOptions {
                 tool_latency: Duration::from_millis(tool_latency_ms),
                 key_source,
                 ..ServeOptions::default()
             };
-            serve(store_or_default(), addr, options, tokens, metrics).await
+            let mcp = mcp.then_some(McpOptions {
+                transport: match (stdio, stateful) {
+                    (true, _) => McpTransport::Stdio,
+                    (false, true) => McpTransport::Stateful,
+                    (false, false) => McpTransport::Stateless,
+                },
+                principal,
+                derived_key_wait: !no_derived_key_wait,
+                allowed_hosts: allowed_host,
+                task_secret: task_secret_file
+                    .as_deref()
+                    .map(serve::read_task_secret)
+                    .transpose()?,
+            });
+            let listen = Listen {
+                addr,
+                tokens,
+                metrics,
+            };
+            serve(store_or_default(), listen, options, mcp).await
         }
         Command::Demo {
             operations,
@@ -329,15 +362,21 @@ async fn conformance(store: StoreUrl, as_json: bool) -> Result<(), Failure> {
     }
 }
 
-async fn serve(
-    store: StoreUrl,
+/// Where and to whom `idem serve` answers.
+struct Listen {
     addr: SocketAddr,
-    options: ServeOptions,
     tokens: Option<PathBuf>,
     metrics: Option<SocketAddr>,
+}
+
+async fn serve(
+    store: StoreUrl,
+    listen: Listen,
+    options: ServeOptions,
+    mcp: Option<McpOptions>,
 ) -> Result<(), Failure> {
     // Before anything records a metric, so nothing is lost.
-    if let Some(metrics) = metrics {
+    if let Some(metrics) = listen.metrics {
         let handle = serve::install_metrics()
             .map_err(|e| Failure::other(format!("cannot install the metrics exporter: {e}")))?;
         let listener = tokio::net::TcpListener::bind(metrics)
@@ -352,7 +391,10 @@ async fn serve(
             }
         });
     }
-    let tokens = match tokens {
+    let stdio = mcp
+        .as_ref()
+        .is_some_and(|m| m.transport == McpTransport::Stdio);
+    let tokens = match listen.tokens {
         Some(path) => {
             let tokens = tokens::Tokens::load(&path).map_err(Failure::usage)?;
             tracing::info!(
@@ -362,6 +404,7 @@ async fn serve(
             );
             Some(std::sync::Arc::new(tokens))
         }
+        None if stdio => None,
         None => {
             tracing::warn!(
                 "X-Tenant-Id is trusted AS SENT, unauthenticated: anyone who reaches this server can act as any tenant and replay its answers. Serve behind an authenticating proxy that sets the header, or give --tokens FILE"
@@ -369,6 +412,14 @@ async fn serve(
             None
         }
     };
+    if let Some(principal) = mcp.as_ref().and_then(|m| m.principal.as_ref())
+        && !stdio
+    {
+        tracing::warn!(
+            %principal,
+            "MCP callers without X-Tenant-Id share one idempotency scope (--principal)"
+        );
+    }
     let backend =
         Backend::open(&store)
             .await
@@ -377,17 +428,45 @@ async fn serve(
                 Err(e) => Failure::store(format!("cannot set up the store {store}: {e}")),
             })?;
     let options = ServeOptions { tokens, ..options };
-    let app = router(backend, options);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Failure::other(format!("cannot listen on {addr}: {e}")))?;
+    let Some(mcp) = mcp else {
+        let app = router(backend, options);
+        let listener = bind(listen.addr).await?;
+        let addr = listener.local_addr().map_err(Failure::other)?;
+        eprintln!("idem: serving POST http://{addr}/tools/create_ticket and GET /tools on {store}");
+        return run_http(listener, app).await;
+    };
+    let server = TicketServer::new(backend, options, &mcp).map_err(Failure::usage)?;
+    if mcp.transport == McpTransport::Stdio {
+        eprintln!("idem: serving the MCP tool create_ticket on stdio on {store}");
+        return serve::serve_stdio(server).await.map_err(Failure::other);
+    }
+    let listener = bind(listen.addr).await?;
     let addr = listener.local_addr().map_err(Failure::other)?;
-    eprintln!("idem: serving POST http://{addr}/tools/create_ticket and GET /tools on {store}");
+    let app = serve::mcp_router(server, &mcp, addr);
+    let sessions = match mcp.transport {
+        McpTransport::Stateful => "with sessions",
+        _ => "stateless",
+    };
+    eprintln!(
+        "idem: serving the MCP tool create_ticket (streamable HTTP, {sessions}) at http://{addr}/mcp on {store}"
+    );
+    // The first line on stdout: scripts and tests read the address from it.
+    println!("listening on http://{addr}/mcp");
+    run_http(listener, app).await
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Failure> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::other(format!("cannot listen on {addr}: {e}")))
+}
+
+/// Serves `app` until Ctrl-C.
+async fn run_http(listener: tokio::net::TcpListener, app: axum::Router) -> Result<(), Failure> {
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await
-        .map_err(Failure::other)?;
-    Ok(())
+        .map_err(Failure::other)
 }

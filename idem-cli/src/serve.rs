@@ -28,9 +28,11 @@ use crate::tokens::Tokens;
 
 mod auth;
 mod handlers;
+mod mcp;
 mod metrics;
 mod tickets;
 
+pub use mcp::{McpOptions, McpTransport, TicketServer, mcp_router, serve_stdio};
 pub use metrics::{install_metrics, metrics_router};
 pub use tickets::{Backend, Tickets};
 
@@ -62,18 +64,50 @@ pub struct ServeOptions {
     pub key_source: KeySource,
 }
 
+/// The task secret in `path` (`--task-secret-file`): 64 hexadecimal digits, surrounding
+/// whitespace ignored. A file that cannot be read or holds anything else is a usage error that
+/// names the file, never the secret.
+pub fn read_task_secret(path: &std::path::Path) -> Result<[u8; 32], crate::exit::Failure> {
+    let fail = |why: &str| {
+        crate::exit::Failure::usage(format!("--task-secret-file {}: {why}", path.display()))
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(&e.to_string()))?;
+    let hex = text.trim();
+    let mut secret = [0u8; 32];
+    if hex.len() != 64 || !hex.is_ascii() {
+        return Err(fail("must hold 64 hexadecimal digits (32 bytes)"));
+    }
+    for (byte, pair) in secret.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        let pair = std::str::from_utf8(pair).map_err(|_| fail("not text"))?;
+        *byte = u8::from_str_radix(pair, 16)
+            .map_err(|_| fail("must hold 64 hexadecimal digits (32 bytes)"))?;
+    }
+    Ok(secret)
+}
+
 /// Parses `idem serve --key-source`: `client` (a request without a key is refused: the client
 /// must send one), `arguments` (the key is derived from `title` and `account_id`; the same
-/// ticket within an hour is one ticket) or `unprotected` (runs every time).
+/// ticket within an hour is one ticket), `unprotected` (runs every time), and for `--mcp` only
+/// (see [`mcp_only`]) `model-argument` (the tool asks the model for an `idempotency_key`
+/// argument) and `request` (the session and JSON-RPC request id: transport resends only).
 pub fn parse_key_source(name: &str) -> Result<KeySource, String> {
     match name {
         "client" => Ok(KeySource::Refuse),
         "arguments" => Ok(KeySource::arguments_at(["/title", "/account_id"])),
         "unprotected" => Ok(KeySource::Unprotected),
+        "model-argument" => Ok(KeySource::model_argument()),
+        "request" => Ok(KeySource::Request),
         other => Err(format!(
-            "unknown key source {other:?}: client, arguments or unprotected"
+            "unknown key source {other:?}: client, arguments, unprotected, and with --mcp \
+             model-argument or request"
         )),
     }
+}
+
+/// Whether `source` is one only the MCP tool offers (`idem serve --mcp`): the HTTP tool
+/// publishes no model argument and HTTP has no request id.
+pub fn mcp_only(source: &KeySource) -> bool {
+    matches!(source, KeySource::ModelArgument(_) | KeySource::Request)
 }
 
 /// With [`ServeOptions::demo_faults`], a request with `x-idem-demo-fault: hang` makes the first
@@ -145,7 +179,13 @@ pub fn tools(options: &ServeOptions) -> ToolListing {
         deadline = options.min_client_deadline().as_millis(),
         max_wait = options.min_client_deadline().as_millis(),
     );
-    tool.input_schema = json!({
+    tool.input_schema = serde_json::Value::Object(input_schema());
+    ToolListing { tools: vec![tool] }
+}
+
+/// The arguments of `create_ticket`, as a JSON Schema (the HTTP and the MCP tool publish it).
+fn input_schema() -> serde_json::Map<String, serde_json::Value> {
+    let schema = json!({
         "type": "object",
         "properties": {
             "title": {"type": "string", "minLength": 1},
@@ -154,27 +194,33 @@ pub fn tools(options: &ServeOptions) -> ToolListing {
         "required": ["title", "account_id"],
         "additionalProperties": false
     });
-    ToolListing { tools: vec![tool] }
+    match schema {
+        serde_json::Value::Object(schema) => schema,
+        _ => serde_json::Map::new(),
+    }
 }
 
-/// The server's router on `backend`.
-pub fn router(backend: Backend, options: ServeOptions) -> Router {
-    // On SQL stores, Takeover is safe, and only because the ticket and the completion commit
-    // together: a record still `processing` after its lease means its holder never committed, so
-    // no ticket exists, and a late holder is fenced inside its own transaction (which then rolls
-    // back). On Redis the ticket is written before the record is completed, so a stale record
-    // is left to the reconciler, which looks the ticket up.
-    let probe = backend.tickets.probe();
-    let stale = match probe {
+/// The claims' policy on `backend`: leases of the minimum client retry deadline, and what a
+/// stale record gets. On SQL stores, Takeover is safe, and only because the ticket and the
+/// completion commit together: a record still `processing` after its lease means its holder
+/// never committed, so no ticket exists, and a late holder is fenced inside its own transaction
+/// (which then rolls back). On Redis the ticket is written before the record is completed, so a
+/// stale record is left to the reconciler ([`start_reconciler`]), which looks the ticket up.
+fn policy(backend: &Backend, options: &ServeOptions) -> Result<Policy, idem_core::PolicyError> {
+    let stale = match backend.tickets.probe() {
         Some(_) => idem_core::StalePolicy::Reconcile,
         None => idem_core::StalePolicy::Takeover,
     };
-    let policy = Policy::builder()
+    Policy::builder()
         .lease(options.min_client_deadline())
         .stale(stale)
         .build()
-        .expect("a lease under the default ttl");
-    if let Some(probe) = probe {
+}
+
+/// Where tickets do not commit with their records (Redis), settles stale records in the
+/// background by looking their tickets up, every half lease.
+fn start_reconciler(backend: &Backend, options: &ServeOptions, policy: Policy) {
+    if let Some(probe) = backend.tickets.probe() {
         let reconciler = Reconciler::new(
             backend.store(),
             options.clock.clone(),
@@ -184,6 +230,12 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
         let every = policy.lease() / 2;
         tokio::spawn(async move { reconciler.run_periodically(every, tokio::time::sleep).await });
     }
+}
+
+/// The server's router on `backend`.
+pub fn router(backend: Backend, options: ServeOptions) -> Router {
+    let policy = policy(&backend, &options).expect("a lease under the default ttl");
+    start_reconciler(&backend, &options, policy);
     let mut executor = Executor::from_arc(backend.store())
         .with_policy(policy)
         .with_max_wait(options.min_client_deadline())

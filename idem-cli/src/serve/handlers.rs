@@ -1,17 +1,16 @@
 //! The tool `create_ticket`, with and without the idempotency layer.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use idem_core::{Attempt, Timestamp};
+use idem_core::Attempt;
 use serde_json::{Value, json};
 
 use super::auth::{Tenant, tenant};
-use super::tickets::{Created, NewTicket};
+use super::tickets::{Answer, Created, NewTicket};
 use super::{AppState, DEMO_FAULT_HEADER};
 
 pub(super) async fn create_ticket_unprotected(
@@ -42,12 +41,7 @@ pub(super) async fn create_ticket_unprotected(
         if !app.options.tool_latency.is_zero() {
             tokio::time::sleep(app.options.tool_latency).await;
         }
-        let ticket = NewTicket {
-            tenant: tenant(&headers),
-            title: title.to_owned(),
-            account_id: account_id.to_owned(),
-            created_at: rfc3339(app.options.clock.now()),
-        };
+        let ticket = NewTicket::new(tenant(&headers), title, account_id, app.options.clock.now());
         match app.backend.tickets.insert(&key_of(&headers), &ticket).await {
             Ok(id) => (StatusCode::CREATED, ticket.outcome(id).body().to_owned()),
             Err(e) => (
@@ -69,11 +63,6 @@ fn key_of(headers: &HeaderMap) -> String {
     idem_http::read_key(headers)
         .map(|key| key.as_str().to_owned())
         .unwrap_or_default()
-}
-
-fn rfc3339(now: Timestamp) -> String {
-    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(now.as_millis()))
-        .to_string()
 }
 
 pub(super) async fn create_ticket(
@@ -109,15 +98,12 @@ pub(super) async fn create_ticket(
     if !app.options.tool_latency.is_zero() {
         tokio::time::sleep(app.options.tool_latency).await;
     }
-    let now = app.options.clock.now();
-    let ticket = NewTicket {
-        tenant,
-        title: title.to_owned(),
-        account_id: account_id.to_owned(),
-        created_at: rfc3339(now),
-    };
-    match app.backend.tickets.create(&attempt, ticket).await {
-        Ok(Created::Ticket { outcome, recorded }) => {
+    let ticket = NewTicket::new(tenant, title, account_id, app.options.clock.now());
+    let answer: Answer = Arc::new(NewTicket::outcome);
+    match app.backend.tickets.create(&attempt, ticket, answer).await {
+        Ok(Created::Ticket {
+            outcome, recorded, ..
+        }) => {
             if recorded {
                 attempt.mark_recorded();
             }

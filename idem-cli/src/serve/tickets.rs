@@ -2,9 +2,10 @@
 //! engine (one module each), and the [`Backend`] that opens the store and picks them.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem_core::reconcile::{Finding, Probe};
-use idem_core::{Attempt, KeyStore, Outcome, OutcomeClass, StoreError};
+use idem_core::{Attempt, KeyStore, Outcome, OutcomeClass, StoreError, Timestamp};
 use idemkit::postgres::PostgresStore;
 use idemkit::redis::RedisStore;
 use idemkit::sqlite::SqliteStore;
@@ -44,7 +45,26 @@ pub struct NewTicket {
     pub(super) created_at: String,
 }
 
+/// How a tool answers for a new ticket (the ticket, its id): the outcome its record keeps, made
+/// inside the ticket's own transaction. The HTTP tool's is [`NewTicket::outcome`]; the MCP
+/// tool's is its `CallToolResult`.
+pub type Answer = Arc<dyn Fn(&NewTicket, i64) -> Outcome + Send + Sync>;
+
 impl NewTicket {
+    /// The ticket of `tenant`, created at `now`.
+    pub(super) fn new(tenant: String, title: &str, account_id: &str, now: Timestamp) -> Self {
+        let created_at = humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + Duration::from_millis(now.as_millis()),
+        )
+        .to_string();
+        Self {
+            tenant,
+            title: title.to_owned(),
+            account_id: account_id.to_owned(),
+            created_at,
+        }
+    }
+
     /// The ticket's row under `key`, in [`INSERT_TICKET`]'s order.
     pub(super) fn row<'a>(&'a self, key: &'a str) -> [&'a str; 5] {
         [
@@ -56,9 +76,14 @@ impl NewTicket {
         ]
     }
 
+    /// What the tool answers for the ticket once it has `id`: `ticket_id` and `created_at`.
+    pub(super) fn body(&self, id: i64) -> serde_json::Value {
+        json!({"ticket_id": format!("T-{id:06}"), "created_at": self.created_at})
+    }
+
+    /// The HTTP tool's answer: `201` with [`NewTicket::body`].
     pub(super) fn outcome(&self, id: i64) -> Outcome {
-        let body = json!({"ticket_id": format!("T-{id:06}"), "created_at": self.created_at});
-        Outcome::new(201, &body, OutcomeClass::Definitive).expect("a JSON object")
+        Outcome::new(201, &self.body(id), OutcomeClass::Definitive).expect("a JSON object")
     }
 }
 
@@ -66,7 +91,9 @@ impl NewTicket {
 pub enum Created {
     /// The ticket exists; `recorded` says whether its record was completed with it.
     Ticket {
-        /// The tool's answer.
+        /// The ticket's id.
+        id: i64,
+        /// The tool's answer ([`Answer`]).
         outcome: Outcome,
         /// Whether the record was completed in the ticket's own transaction.
         recorded: bool,
@@ -87,9 +114,14 @@ pub trait Tickets: Send + Sync + 'static {
     async fn double_effects(&self, tenant: &str) -> Result<i64, BoxError>;
     /// Inserts a ticket with no record at all (the tool without idem); returns its id.
     async fn insert(&self, key: &str, ticket: &NewTicket) -> Result<i64, BoxError>;
-    /// Inserts the ticket for `attempt` and, where the engine allows, completes the record in
-    /// the same transaction.
-    async fn create(&self, attempt: &Attempt, ticket: NewTicket) -> Result<Created, StoreError>;
+    /// Inserts the ticket for `attempt` and, where the engine allows, completes the record with
+    /// `answer`'s outcome in the same transaction.
+    async fn create(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+        answer: Answer,
+    ) -> Result<Created, StoreError>;
     /// Where a ticket does not commit with its record, the probe that finds it for the
     /// reconciler (records left `processing` are then reconciled, never taken over); `None`
     /// where they commit together.

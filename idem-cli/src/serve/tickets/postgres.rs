@@ -11,7 +11,9 @@ use idem_core::reconcile::Probe;
 use idem_core::{Attempt, StoreError};
 use idemkit::postgres::{PostgresStore, sqlx};
 
-use super::{BoxError, CREATE_TICKETS, Created, DOUBLE_EFFECTS, INSERT_TICKET, NewTicket, Tickets};
+use super::{
+    Answer, BoxError, CREATE_TICKETS, Created, DOUBLE_EFFECTS, INSERT_TICKET, NewTicket, Tickets,
+};
 
 /// Tickets in the PostgreSQL database, inserted in the transaction that completes the record.
 pub(super) struct PostgresTickets(pub(super) PostgresStore);
@@ -49,12 +51,17 @@ impl Tickets for PostgresTickets {
         Ok(id)
     }
 
-    async fn create(&self, attempt: &Attempt, ticket: NewTicket) -> Result<Created, StoreError> {
+    async fn create(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+        answer: Answer,
+    ) -> Result<Created, StoreError> {
         let key = attempt.key();
         let db = |e: sqlx::Error| StoreError::backend("postgres: tickets", e);
         let mut tx = self.0.pool().begin().await.map_err(db)?;
         let id = insert(&mut *tx, key.as_str(), &ticket).await.map_err(db)?;
-        let outcome = ticket.outcome(id);
+        let outcome = answer(&ticket, id);
         match self.0.complete_in(&mut tx, attempt, &outcome).await? {
             CompleteAnswer::Fenced => {
                 tx.rollback().await.map_err(db)?;
@@ -63,6 +70,7 @@ impl Tickets for PostgresTickets {
             _ => {
                 tx.commit().await.map_err(db)?;
                 Ok(Created::Ticket {
+                    id,
                     outcome,
                     recorded: true,
                 })

@@ -4,7 +4,7 @@ use idem_core::reconcile::{Finding, Probe};
 use idem_core::{Attempt, Outcome, OutcomeClass, StoreError};
 use idemkit::redis::redis::{self, AsyncCommands, aio::ConnectionManager};
 
-use super::{BoxError, Created, NewTicket, Tickets};
+use super::{Answer, BoxError, Created, NewTicket, Tickets};
 
 /// Where a Redis backend keeps tickets: per tenant, the list of the keys of its tickets (one
 /// entry per ticket, so duplicates show), and the ticket of each (scope, key) for the probe.
@@ -16,6 +16,18 @@ const REDIS_TICKET_OF: &str = "idem-demo:ticket-of";
 
 fn redis_ticket_field(scope: &idem_core::Scope, key: &str) -> String {
     format!("{}\n{key}", scope.as_str())
+}
+
+/// The outcome the probe finds for a ticket: its status, a space, its body (the HTTP tool's
+/// and the MCP tool's differ in both).
+fn stored_outcome(outcome: &Outcome) -> String {
+    format!("{} {}", outcome.status(), outcome.body())
+}
+
+/// Reads [`stored_outcome`]'s text back; `None` if it is not one.
+fn read_stored_outcome(text: &str) -> Option<Outcome> {
+    let (status, body) = text.split_once(' ')?;
+    Outcome::from_json_text(status.parse().ok()?, body, OutcomeClass::Definitive).ok()
 }
 
 /// Tickets on a standalone Redis server. They cannot share a transaction with the record: the
@@ -53,24 +65,30 @@ impl Tickets for RedisTickets {
         Ok(id)
     }
 
-    async fn create(&self, attempt: &Attempt, ticket: NewTicket) -> Result<Created, StoreError> {
+    async fn create(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+        answer: Answer,
+    ) -> Result<Created, StoreError> {
         let db = |e: redis::RedisError| StoreError::unavailable("redis: tickets", e);
         let mut conn = self.0.clone();
         let id: i64 = conn.incr("idem-demo:ticket-seq", 1).await.map_err(db)?;
-        let outcome = ticket.outcome(id);
+        let outcome = answer(&ticket, id);
         let _: () = redis::pipe()
             .atomic()
             .rpush(redis_tickets_key(&ticket.tenant), attempt.key().as_str())
             .hset(
                 REDIS_TICKET_OF,
                 redis_ticket_field(attempt.scope(), attempt.key().as_str()),
-                outcome.body(),
+                stored_outcome(&outcome),
             )
             .query_async(&mut conn)
             .await
             .map_err(db)?;
         // Not recorded: the layer completes the record after this answer.
         Ok(Created::Ticket {
+            id,
             outcome,
             recorded: false,
         })
@@ -95,8 +113,9 @@ impl Probe for RedisTicketProbe {
             )
             .await;
         match found {
-            Ok(Some(body)) => Outcome::from_json_text(201, body, OutcomeClass::Definitive)
-                .map_or(Finding::Unknown, Finding::Happened),
+            Ok(Some(text)) => {
+                read_stored_outcome(&text).map_or(Finding::Unknown, Finding::Happened)
+            }
             Ok(None) => Finding::NotHappened,
             Err(_) => Finding::Unknown,
         }

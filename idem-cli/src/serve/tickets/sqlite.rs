@@ -6,7 +6,9 @@ use idem_core::{Attempt, StoreError};
 use idemkit::sqlite::SqliteStore;
 use idemkit::sqlite::rusqlite::{self, TransactionBehavior};
 
-use super::{BoxError, CREATE_TICKETS, Created, DOUBLE_EFFECTS, INSERT_TICKET, NewTicket, Tickets};
+use super::{
+    Answer, BoxError, CREATE_TICKETS, Created, DOUBLE_EFFECTS, INSERT_TICKET, NewTicket, Tickets,
+};
 
 /// Tickets in the SQLite file, inserted in the transaction that completes the record.
 pub(super) struct SqliteTickets(pub(super) SqliteStore);
@@ -52,7 +54,12 @@ impl Tickets for SqliteTickets {
             .await??)
     }
 
-    async fn create(&self, attempt: &Attempt, ticket: NewTicket) -> Result<Created, StoreError> {
+    async fn create(
+        &self,
+        attempt: &Attempt,
+        ticket: NewTicket,
+        answer: Answer,
+    ) -> Result<Created, StoreError> {
         let (key, attempt) = (attempt.key().clone(), attempt.clone());
         let store = self.0.clone();
         self.0
@@ -62,12 +69,13 @@ impl Tickets for SqliteTickets {
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(db)?;
                 let id = insert(&tx, key.as_str(), &ticket).map_err(db)?;
-                let outcome = ticket.outcome(id);
+                let outcome = answer(&ticket, id);
                 match store.complete_in(&tx, &attempt, &outcome)? {
                     CompleteAnswer::Fenced => Ok(Created::Fenced), // dropped: rolled back
                     _ => {
                         tx.commit().map_err(db)?;
                         Ok(Created::Ticket {
+                            id,
                             outcome,
                             recorded: true,
                         })

@@ -1,151 +1,28 @@
 //! Stock rmcp clients that send no key ([contract §5.1](idem_core::contract#keyless)): no `_meta`
-//! key, no `params.idempotencyKey`, just `call_tool` with the tool's arguments, against the
-//! example server (`idem-mcp-ticket-server`, a child process) started with each
-//! `--key-source`, over stdio and streamable HTTP on loopback. Every test counts tickets at the
-//! sink: the rows of the `tickets` table in the server's SQLite file.
+//! key, no `params.idempotencyKey`, just `call_tool` with the tool's arguments, against
+//! `idem serve --mcp` started with each `--key-source`, over stdio and streamable HTTP on
+//! loopback, on a fresh SQLite file per test.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use idem_mcp::{IN_FLIGHT, KEY_SOURCE_META_KEY, META_KEY, is_replay};
-use idem_store_sqlite::rusqlite;
-use rmcp::RoleClient;
-use rmcp::ServiceExt;
-use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientConfig, ErrorCode, RequestMetaObject,
-};
-use rmcp::service::{RunningService, ServiceError};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode, RequestMetaObject};
+use rmcp::service::ServiceError;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
 
-const SERVER: &str = env!("CARGO_BIN_EXE_idem-mcp-ticket-server");
+use crate::{Client, Server, Transport, mcp_error, ticket_id};
 
-type Client = RunningService<RoleClient, ClientConfig>;
-
-#[derive(Clone, Copy, Debug)]
-enum Transport {
-    Stdio,
-    Http,
+/// A server on a fresh SQLite file whose calls without a key get `key_source`.
+async fn start(transport: Transport, key_source: &str) -> Server {
+    start_with(transport, key_source, &[]).await
 }
 
-/// A running server with one key source, its SQLite file and its log.
-struct Server {
-    db: PathBuf,
-    log: PathBuf,
-    key_source: &'static str,
-    /// More arguments for the server.
-    more: &'static [&'static str],
-    http: Option<(Child, String)>,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    /// For HTTP, one process now; for stdio, one per client in `connect`.
-    async fn start(transport: Transport, key_source: &'static str) -> Self {
-        Self::start_with(transport, key_source, &[]).await
-    }
-
-    /// [`Server::start`], the server given `more` arguments.
-    async fn start_with(
-        transport: Transport,
-        key_source: &'static str,
-        more: &'static [&'static str],
-    ) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("tickets.sqlite3");
-        let log = dir.path().join("server.log");
-        let http = match transport {
-            Transport::Stdio => None,
-            Transport::Http => {
-                let mut child = Command::new(SERVER)
-                    .args(["--http", "127.0.0.1:0", "--key-source", key_source, "--db"])
-                    .arg(&db)
-                    .args(more)
-                    .env("RUST_LOG", "warn,idem_core=info")
-                    .stdout(Stdio::piped())
-                    .stderr(std::fs::File::create(&log).unwrap())
-                    .kill_on_drop(true)
-                    .spawn()
-                    .unwrap();
-                let stdout = child.stdout.take().unwrap();
-                let mut line = String::new();
-                BufReader::new(stdout).read_line(&mut line).await.unwrap();
-                let url = line
-                    .trim()
-                    .strip_prefix("listening on ")
-                    .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-                    .to_owned();
-                Some((child, url))
-            }
-        };
-        Self {
-            db,
-            log,
-            key_source,
-            more,
-            http,
-            _dir: dir,
-        }
-    }
-
-    /// A stock client as `tenant`: a child process over stdio, or an HTTP connection.
-    async fn connect(&self, tenant: &str) -> Client {
-        match &self.http {
-            None => {
-                let (db, source, more) = (self.db.clone(), self.key_source, self.more);
-                let log = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&self.log)
-                    .unwrap();
-                let (transport, _) =
-                    TokioChildProcess::builder(Command::new(SERVER).configure(|cmd| {
-                        cmd.arg("--db")
-                            .arg(&db)
-                            .args(["--key-source", source, "--principal", tenant])
-                            .args(more)
-                            .env("RUST_LOG", "warn,idem_core=info");
-                    }))
-                    .stderr(log)
-                    .spawn()
-                    .unwrap();
-                ClientConfig::default().serve(transport).await.unwrap()
-            }
-            Some((_, url)) => {
-                let mut headers = HashMap::new();
-                headers.insert(
-                    http::HeaderName::from_static("x-tenant-id"),
-                    http::HeaderValue::from_str(tenant).unwrap(),
-                );
-                // reqwest in this workspace has rustls without a provider of its own.
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                let transport = StreamableHttpClientTransport::from_config(
-                    StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                        .custom_headers(headers),
-                );
-                ClientConfig::default().serve(transport).await.unwrap()
-            }
-        }
-    }
-
-    fn tickets(&self) -> i64 {
-        count_tickets(&self.db)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-fn count_tickets(db: &Path) -> i64 {
-    rusqlite::Connection::open(db)
-        .unwrap()
-        .query_row("SELECT COUNT(*) FROM tickets", [], |r| r.get(0))
-        .unwrap()
+/// [`start`], the server given `more` arguments.
+async fn start_with(transport: Transport, key_source: &str, more: &[&str]) -> Server {
+    let mut args = vec!["--key-source", key_source];
+    args.extend_from_slice(more);
+    Server::start(transport, &args).await
 }
 
 /// A stock call: the tool's arguments, nothing else.
@@ -159,27 +36,13 @@ fn ticket(title: &str) -> Value {
     json!({"title": title, "account_id": "A-7"})
 }
 
-fn ticket_id(result: &CallToolResult) -> String {
-    result.structured_content.as_ref().unwrap()["ticket_id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
 fn key_source(result: &CallToolResult) -> Option<&str> {
     result.meta.as_ref()?.0.get(KEY_SOURCE_META_KEY)?.as_str()
 }
 
-fn mcp_error(e: ServiceError) -> rmcp::model::ErrorData {
-    match e {
-        ServiceError::McpError(e) => e,
-        other => panic!("expected a JSON-RPC error, got {other}"),
-    }
-}
-
 async fn arguments_repeats_replay_and_other_arguments_run(transport: Transport) {
-    let server = Server::start(transport, "arguments").await;
-    let client = server.connect("tenant-a").await;
+    let server = start(transport, "arguments").await;
+    let client = server.connect(Some("tenant-a")).await;
     let first = client
         .call_tool(call(ticket("Printer on fire")))
         .await
@@ -199,7 +62,7 @@ async fn arguments_repeats_replay_and_other_arguments_run(transport: Transport) 
     );
     assert_eq!(server.tickets(), 1);
     // A restarted agent (a new connection) repeating the call within the window: the replay.
-    let other = server.connect("tenant-a").await;
+    let other = server.connect(Some("tenant-a")).await;
     let third = other
         .call_tool(call(ticket("Printer on fire")))
         .await
@@ -239,11 +102,11 @@ async fn six_at_once(client: &Client) -> Vec<Result<CallToolResult, ServiceError
     answers
 }
 
-const SLOW: &[&str] = &["--latency-ms", "300"];
+const SLOW: &[&str] = &["--tool-latency-ms", "300"];
 
 async fn arguments_six_identical_calls_to_a_slow_tool_six_answers_one_ticket(transport: Transport) {
-    let server = Server::start_with(transport, "arguments", SLOW).await;
-    let client = server.connect("tenant-a").await;
+    let server = start_with(transport, "arguments", SLOW).await;
+    let client = server.connect(Some("tenant-a")).await;
     // The five that find the first in flight are waited for: their client cannot ask to wait.
     let results: Vec<CallToolResult> = six_at_once(&client)
         .await
@@ -271,13 +134,13 @@ async fn arguments_six_identical_calls_to_a_slow_tool_six_answers_one_ticket(tra
 async fn arguments_without_the_wait_overlapping_calls_retry_within_the_window(
     transport: Transport,
 ) {
-    let server = Server::start_with(
+    let server = start_with(
         transport,
         "arguments",
-        &["--latency-ms", "300", "--no-derived-key-wait"],
+        &["--tool-latency-ms", "300", "--no-derived-key-wait"],
     )
     .await;
-    let client = server.connect("tenant-a").await;
+    let client = server.connect(Some("tenant-a")).await;
     let mut in_flight = Vec::new();
     for answer in six_at_once(&client).await {
         if let Err(e) = answer {
@@ -301,10 +164,10 @@ async fn arguments_without_the_wait_overlapping_calls_retry_within_the_window(
 }
 
 async fn arguments_a_sent_key_wins_and_tenants_are_apart(transport: Transport) {
-    let server = Server::start(transport, "arguments").await;
+    let server = start(transport, "arguments").await;
     let (a, b) = (
-        server.connect("tenant-a").await,
-        server.connect("tenant-b").await,
+        server.connect(Some("tenant-a")).await,
+        server.connect(Some("tenant-b")).await,
     );
     let derived = a.call_tool(call(ticket("Same words"))).await.unwrap();
     // Another tenant with identical arguments: its own operation.
@@ -328,8 +191,8 @@ async fn arguments_a_sent_key_wins_and_tenants_are_apart(transport: Transport) {
 }
 
 async fn arguments_tool_listing_is_honest(transport: Transport) {
-    let server = Server::start(transport, "arguments").await;
-    let client = server.connect("tenant-a").await;
+    let server = start(transport, "arguments").await;
+    let client = server.connect(Some("tenant-a")).await;
     let tools = client.list_all_tools().await.unwrap();
     let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
     assert_eq!(
@@ -359,8 +222,8 @@ async fn arguments_tool_listing_is_honest(transport: Transport) {
 }
 
 async fn model_argument_reused_once_left_out_refused(transport: Transport) {
-    let server = Server::start(transport, "model-argument").await;
-    let client = server.connect("tenant-a").await;
+    let server = start(transport, "model-argument").await;
+    let client = server.connect(Some("tenant-a")).await;
     let tools = client.list_all_tools().await.unwrap();
     let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
     let schema = &tool.input_schema;
@@ -418,14 +281,14 @@ async fn model_argument_reused_once_left_out_refused(transport: Transport) {
 }
 
 async fn client_refuses_and_unprotected_repeats(transport: Transport) {
-    let refusing = Server::start(transport, "client").await;
-    let client = refusing.connect("tenant-a").await;
+    let refusing = start(transport, "client").await;
+    let client = refusing.connect(Some("tenant-a")).await;
     let err = mcp_error(client.call_tool(call(ticket("x"))).await.unwrap_err());
     assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
     assert_eq!(refusing.tickets(), 0);
 
-    let open = Server::start(transport, "unprotected").await;
-    let client = open.connect("tenant-a").await;
+    let open = start(transport, "unprotected").await;
+    let client = open.connect(Some("tenant-a")).await;
     let tools = client.list_all_tools().await.unwrap();
     let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
     assert_eq!(
@@ -447,11 +310,9 @@ async fn client_refuses_and_unprotected_repeats(transport: Transport) {
 /// request (same id) is replayed; a new request with the same arguments runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_resend_replays_and_a_new_request_runs() {
-    let server = Server::start(Transport::Stdio, "request").await;
-    let mut child = Command::new(SERVER)
-        .arg("--db")
-        .arg(&server.db)
-        .args(["--key-source", "request"])
+    let server = start(Transport::Stdio, "request").await;
+    let mut child = server
+        .stdio_command()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -497,13 +358,14 @@ async fn request_resend_replays_and_a_new_request_runs() {
     assert_eq!(server.tickets(), 2);
 }
 
-/// `--key-source request` over streamable HTTP: without sessions (`--stateless`, as MCP
+/// `--key-source request` over streamable HTTP: without sessions (the default, as MCP
 /// 2026-07-28 serves) request ids are the client's own, not unique on the server: a stock
-/// client's call is refused, nothing runs. With sessions (`Mcp-Session-Id`) it gets a key.
+/// client's call is refused, nothing runs. With sessions (`--stateful`, `Mcp-Session-Id`) it
+/// gets a key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_keys_need_a_session_over_streamable_http() {
-    let stateless = Server::start_with(Transport::Http, "request", &["--stateless"]).await;
-    let client = stateless.connect("tenant-a").await;
+    let stateless = start(Transport::Http, "request").await;
+    let client = stateless.connect(Some("tenant-a")).await;
     let err = mcp_error(
         client
             .call_tool(call(ticket("No session")))
@@ -519,35 +381,14 @@ async fn request_keys_need_a_session_over_streamable_http() {
     );
     assert_eq!(stateless.tickets(), 0, "nothing ran");
 
-    let with_sessions = Server::start(Transport::Http, "request").await;
-    let client = with_sessions.connect("tenant-a").await;
+    let with_sessions = start_with(Transport::Http, "request", &["--stateful"]).await;
+    let client = with_sessions.connect(Some("tenant-a")).await;
     let result = client
         .call_tool(call(ticket("With a session")))
         .await
         .unwrap();
     assert_eq!(key_source(&result), Some("request"));
     assert_eq!(with_sessions.tickets(), 1);
-}
-
-macro_rules! on_both_transports {
-    ($($name:ident),* $(,)?) => {
-        mod stdio {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Transport::Stdio).await;
-                }
-            )*
-        }
-        mod streamable_http {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Transport::Http).await;
-                }
-            )*
-        }
-    };
 }
 
 on_both_transports!(

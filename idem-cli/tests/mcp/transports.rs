@@ -1,166 +1,28 @@
-//! A real rmcp client talking to the example server (`idem-mcp-ticket-server`, a child process)
-//! over stdio and over streamable HTTP on loopback. Every test counts tickets at the sink: the
-//! rows of the `tickets` table in the server's SQLite file.
+//! Keys, refusals, the published contract and scopes over stdio and streamable HTTP (stateless,
+//! the default), on a fresh SQLite file per test.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use idem_core::IdempotencyKey;
 use idem_mcp::client::{CallError, IdempotentCaller, RetryPolicy, min_client_deadline};
 use idem_mcp::{FINGERPRINT_MISMATCH, META_KEY, UNAUTHENTICATED, is_replay};
-use idem_store_sqlite::rusqlite;
-use rmcp::RoleClient;
-use rmcp::ServiceExt;
 use rmcp::model::{
-    CallToolRequestParams, ClientConfig, ClientRequest, CustomRequest, ErrorCode,
-    RequestMetaObject, ServerResult,
+    CallToolRequestParams, ClientConfig, ClientRequest, CustomRequest, ErrorCode, ServerResult,
 };
-use rmcp::service::{Peer, RunningService, ServiceError};
+use rmcp::service::{Peer, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, Command};
 
-const SERVER: &str = env!("CARGO_BIN_EXE_idem-mcp-ticket-server");
-
-type Client = RunningService<RoleClient, ClientConfig>;
+use crate::{Server, Transport, args, keyed, mcp_error, ticket_id};
 
 /// The principal of the tests that need just one.
 const TENANT: &str = "tenant-t";
 
-/// A running server of one transport, its SQLite file, and what keeps them alive.
-struct Server {
-    db: PathBuf,
-    latency_ms: u64,
-    http: Option<(Child, String)>,
-    _dir: tempfile::TempDir,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Transport {
-    Stdio,
-    Http,
-}
-
-impl Server {
-    /// Starts a server (for HTTP, one process now; for stdio, one per client in `connect`).
-    async fn start(transport: Transport, latency_ms: u64) -> Self {
-        Self::start_with(transport, latency_ms, &[]).await
-    }
-
-    /// [`Server::start`] with more arguments for the HTTP server process.
-    async fn start_with(transport: Transport, latency_ms: u64, extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("tickets.sqlite3");
-        let http = match transport {
-            Transport::Stdio => None,
-            Transport::Http => {
-                let mut child = Command::new(SERVER)
-                    .args(["--http", "127.0.0.1:0", "--db"])
-                    .arg(&db)
-                    .args(["--latency-ms", &latency_ms.to_string()])
-                    .args(extra)
-                    .stdout(Stdio::piped())
-                    .kill_on_drop(true)
-                    .spawn()
-                    .unwrap();
-                let stdout = child.stdout.take().unwrap();
-                let mut line = String::new();
-                tokio::io::BufReader::new(stdout)
-                    .read_line(&mut line)
-                    .await
-                    .unwrap();
-                let url = line
-                    .trim()
-                    .strip_prefix("listening on ")
-                    .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-                    .to_owned();
-                Some((child, url))
-            }
-        };
-        Self {
-            db,
-            latency_ms,
-            http,
-            _dir: dir,
-        }
-    }
-
-    /// A new rmcp client: a child process over stdio, or an HTTP connection as `tenant`.
-    async fn connect(&self, tenant: Option<&str>) -> Client {
-        match &self.http {
-            None => {
-                let (db, latency) = (self.db.clone(), self.latency_ms.to_string());
-                let transport = TokioChildProcess::new(Command::new(SERVER).configure(|cmd| {
-                    cmd.arg("--db").arg(&db).args(["--latency-ms", &latency]);
-                    if let Some(t) = tenant {
-                        cmd.args(["--principal", t]);
-                    }
-                }))
-                .unwrap();
-                ClientConfig::default().serve(transport).await.unwrap()
-            }
-            Some((_, url)) => {
-                let mut headers = HashMap::new();
-                if let Some(t) = tenant {
-                    headers.insert(
-                        http::HeaderName::from_static("x-tenant-id"),
-                        http::HeaderValue::from_str(t).unwrap(),
-                    );
-                }
-                // reqwest in this workspace has rustls without a provider of its own.
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                let transport = StreamableHttpClientTransport::from_config(
-                    StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                        .custom_headers(headers),
-                );
-                ClientConfig::default().serve(transport).await.unwrap()
-            }
-        }
-    }
-
-    fn tickets(&self) -> i64 {
-        count_tickets(&self.db)
-    }
-}
-
-fn count_tickets(db: &Path) -> i64 {
-    rusqlite::Connection::open(db)
-        .unwrap()
-        .query_row("SELECT COUNT(*) FROM tickets", [], |r| r.get(0))
-        .unwrap()
-}
-
-fn args(title: &str) -> Option<serde_json::Map<String, Value>> {
-    json!({"title": title, "account_id": "A-7"})
-        .as_object()
-        .cloned()
-}
-
-fn keyed(key: &str, title: &str) -> CallToolRequestParams {
-    let mut params = CallToolRequestParams::new("create_ticket");
-    params.arguments = args(title);
-    let mut meta = RequestMetaObject::new();
-    meta.0.0.insert(META_KEY.into(), json!(key));
-    params.meta = Some(meta);
-    params
-}
-
-fn ticket_id(result: &rmcp::model::CallToolResult) -> String {
-    result.structured_content.as_ref().unwrap()["ticket_id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
-fn mcp_error(e: ServiceError) -> rmcp::model::ErrorData {
-    match e {
-        ServiceError::McpError(e) => e,
-        other => panic!("expected a JSON-RPC error, got {other}"),
-    }
+/// A server on a fresh SQLite file whose tool works `latency_ms`.
+async fn start(transport: Transport, latency_ms: u64) -> Server {
+    Server::start(transport, &["--tool-latency-ms", &latency_ms.to_string()]).await
 }
 
 /// Sends `tools/call` with raw params (rmcp's typed params cannot carry `idempotencyKey`).
@@ -174,7 +36,7 @@ async fn raw_call(peer: &Peer<RoleClient>, params: Value) -> Result<Value, Servi
 }
 
 async fn same_key_twice_one_ticket_and_replay_mark(transport: Transport) {
-    let server = Server::start(transport, 0).await;
+    let server = start(transport, 0).await;
     let client = server.connect(Some(TENANT)).await;
     let first = client
         .call_tool(keyed("wf-1:step-1:create_ticket", "Printer on fire"))
@@ -205,7 +67,7 @@ async fn same_key_twice_one_ticket_and_replay_mark(transport: Transport) {
 }
 
 async fn other_arguments_mismatch_error_and_no_ticket(transport: Transport) {
-    let server = Server::start(transport, 0).await;
+    let server = start(transport, 0).await;
     let client = server.connect(Some(TENANT)).await;
     client
         .call_tool(keyed("wf-2:step-1:create_ticket", "first"))
@@ -225,7 +87,7 @@ async fn other_arguments_mismatch_error_and_no_ticket(transport: Transport) {
 async fn concurrent_calls_with_one_key_one_ticket_with_real_latency(transport: Transport) {
     // Real latency (300 ms) so that the calls overlap the running one. Four connections (over
     // stdio: four server processes sharing the SQLite file), two concurrent calls on each.
-    let server = Server::start(transport, 300).await;
+    let server = start(transport, 300).await;
     let mut clients = Vec::new();
     for _ in 0..4 {
         clients.push(server.connect(Some(TENANT)).await);
@@ -272,7 +134,7 @@ async fn concurrent_calls_with_one_key_one_ticket_with_real_latency(transport: T
 
 async fn client_timeout_shorter_than_tool_latency_then_retries_one_ticket(transport: Transport) {
     // Real latency: the tool works 1.5 s; each client attempt gives up after 0.3 s.
-    let server = Server::start(transport, 1500).await;
+    let server = start(transport, 1500).await;
     let client = server.connect(Some(TENANT)).await;
     let tools = client.list_all_tools().await.unwrap();
     let tool = tools.iter().find(|t| t.name == "create_ticket").unwrap();
@@ -320,7 +182,7 @@ async fn client_timeout_shorter_than_tool_latency_then_retries_one_ticket(transp
 }
 
 async fn refusals_create_nothing(transport: Transport) {
-    let server = Server::start(transport, 0).await;
+    let server = start(transport, 0).await;
     let client = server.connect(Some(TENANT)).await;
     let mut no_key = CallToolRequestParams::new("create_ticket");
     no_key.arguments = args("no key");
@@ -343,7 +205,7 @@ async fn refusals_create_nothing(transport: Transport) {
 }
 
 async fn draft_params_field_is_honoured(transport: Transport) {
-    let server = Server::start(transport, 0).await;
+    let server = start(transport, 0).await;
     let client = server.connect(Some(TENANT)).await;
     let params = json!({"name": "create_ticket", "arguments": {"title": "draft", "account_id": "A-7"},
         "idempotencyKey": "wf-5:step-1:create_ticket"});
@@ -361,7 +223,7 @@ async fn draft_params_field_is_honoured(transport: Transport) {
 }
 
 async fn tool_listing_publishes_window_deadline_and_honest_hints(transport: Transport) {
-    let server = Server::start(transport, 0).await;
+    let server = start(transport, 0).await;
     let client = server.connect(Some(TENANT)).await;
     let info = client.peer_info().unwrap();
     let capability = &info.capabilities.experimental.as_ref().unwrap()["tools.idempotency"];
@@ -381,7 +243,7 @@ async fn tool_listing_publishes_window_deadline_and_honest_hints(transport: Tran
 }
 
 async fn scope_is_the_principal(transport: Transport) {
-    let server = Server::start(transport, 0).await;
+    let server = start(transport, 0).await;
     let a = server.connect(Some("tenant-a")).await;
     let b = server.connect(Some("tenant-b")).await;
     let key = "wf-6:step-1:create_ticket";
@@ -396,11 +258,11 @@ async fn scope_is_the_principal(transport: Transport) {
     );
 }
 
-/// Over streamable HTTP a caller without a principal (no `x-tenant-id`, the example's stand-in
-/// for authentication) is refused: nothing is claimed, no ticket is created.
+/// Over streamable HTTP a caller without a principal (no `x-tenant-id`, unauthenticated, or a
+/// token) is refused: nothing is claimed, no ticket is created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_without_a_principal_is_refused_and_creates_nothing() {
-    let server = Server::start(Transport::Http, 0).await;
+    let server = start(Transport::Http, 0).await;
     let anonymous = server.connect(None).await;
     let err = mcp_error(
         anonymous
@@ -420,11 +282,11 @@ async fn http_without_a_principal_is_refused_and_creates_nothing() {
     assert_eq!(server.tickets(), 1);
 }
 
-/// With `--principal`, the example opts into one scope for every caller without `x-tenant-id`:
+/// With `--principal`, the server opts into one scope for every caller without `x-tenant-id`:
 /// a second anonymous client gets the first one's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_shared_principal_is_an_explicit_opt_in() {
-    let server = Server::start_with(Transport::Http, 0, &["--principal", "shared"]).await;
+    let server = Server::start(Transport::Http, &["--principal", "shared"]).await;
     let a = server.connect(None).await;
     let b = server.connect(None).await;
     let first = a
@@ -440,25 +302,76 @@ async fn http_shared_principal_is_an_explicit_opt_in() {
     assert_eq!(server.tickets(), 1);
 }
 
-macro_rules! on_both_transports {
-    ($($name:ident),* $(,)?) => {
-        mod stdio {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Transport::Stdio).await;
-                }
-            )*
-        }
-        mod streamable_http {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Transport::Http).await;
-                }
-            )*
-        }
+/// With `--tokens FILE` the principal is the bearer token's tenant (`x-tenant-id` ignored): two
+/// tokens of one tenant share its records; a request without a known token gets 401, nothing
+/// runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_tokens_name_the_principal_and_no_token_gets_401() {
+    let dir = idem_conformance::kit::temp_dir("idem-mcp-tokens");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(
+        &tokens,
+        "tok-acme-laptop-7f3a9c1e acme\ntok-acme-server-2d8b6e4f acme\n",
+    )
+    .unwrap();
+    let server = Server::start(Transport::Http, &["--tokens", tokens.to_str().unwrap()]).await;
+    let url = server.http.as_ref().unwrap().1.clone();
+    let with_token = async |token: &str| {
+        idem_http::client::install_crypto_provider();
+        let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).auth_header(token);
+        ClientConfig::default()
+            .serve(StreamableHttpClientTransport::from_config(config))
+            .await
     };
+    assert!(
+        with_token("tok-unknown-00000000").await.is_err(),
+        "an unknown token is refused before MCP"
+    );
+    let no_token = crate::http_client_result(&url, Some("acme")).await;
+    assert!(no_token.is_err(), "x-tenant-id alone is not enough");
+    let laptop = with_token("tok-acme-laptop-7f3a9c1e").await.unwrap();
+    let server_side = with_token("tok-acme-server-2d8b6e4f").await.unwrap();
+    let first = laptop
+        .call_tool(keyed("wf-9:step-1:create_ticket", "x"))
+        .await
+        .unwrap();
+    let again = server_side
+        .call_tool(keyed("wf-9:step-1:create_ticket", "x"))
+        .await
+        .unwrap();
+    assert!(
+        !is_replay(&first) && is_replay(&again),
+        "one tenant, one scope"
+    );
+    assert_eq!(server.tickets(), 1);
+}
+
+/// rmcp refuses a `Host` it does not know (DNS rebinding): loopback names are known, others
+/// only with `--allowed-host`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_other_hosts_need_allowed_host() {
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "by-hand", "version": "0"}}});
+    let status = async |server: &Server, host: &str| {
+        let url = &server.http.as_ref().unwrap().1;
+        idem_http::client::http_client()
+            .unwrap()
+            .post(url)
+            .header("host", host)
+            .header("accept", "application/json, text/event-stream")
+            .json(&initialize)
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    let default = Server::start(Transport::Http, &[]).await;
+    assert!(status(&default, "localhost").await.is_success());
+    assert_eq!(status(&default, "tickets.internal").await, 403);
+    let allowing = Server::start(Transport::Http, &["--allowed-host", "tickets.internal"]).await;
+    assert!(status(&allowing, "tickets.internal").await.is_success());
+    assert_eq!(status(&allowing, "elsewhere.example").await, 403);
 }
 
 on_both_transports!(
