@@ -656,3 +656,28 @@ fn serve_logs_to_a_pipe_without_colour_codes() {
         "colour codes in a piped log: {first:?}"
     );
 }
+
+/// Through PgBouncer in transaction mode, the operator commands take the pooler's URL
+/// (`?pooler=transaction`): `idem migrate` succeeds and succeeds again (the schema is current),
+/// `idem keys ls` reads, and `idem conformance` passes every case.
+#[test]
+fn migrate_list_and_conformance_through_a_transaction_pooler() {
+    let Some((url, _)) = kit::store_url("postgres-pooler", "unused") else {
+        return;
+    };
+    for round in ["first", "second"] {
+        let out = run(&["migrate", "--store", &url]);
+        assert_eq!(code(&out), 0, "{round} migrate: {}", stderr(&out));
+    }
+    let out = run(&["keys", "ls", "--json", "--store", &url]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(&["conformance", "--json", "--store", &url]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    let summary = stdout(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["type"] == "summary")
+        .expect("a summary line");
+    assert_eq!(summary["failed"], 0, "{summary}");
+    assert!(summary["passed"].as_u64().unwrap() > 0, "{summary}");
+}

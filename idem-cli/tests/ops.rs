@@ -496,7 +496,8 @@ async fn bench_prints_ratios(url: &str) {
             .trim_end_matches('×')
             .parse()
             .unwrap();
-        assert!(ratio > 0.0, "{line}");
+        // A ratio, not a speed: one outlier of the shared machine can round it to 0.00×.
+        assert!(ratio.is_finite() && ratio >= 0.0, "{line}");
     }
 }
 
