@@ -32,9 +32,9 @@ pub(crate) async fn inspect_list_in_flight_returns_only_stale_processing(h: Harn
     let base = ancient(1980, 2000);
     let scope = h.scope("list");
     let at = |s: u64| base + Duration::from_secs(s);
+    let id = |key: &str| RecordId::new(scope.clone(), h.key(key));
     let claim = |key: &'static str, t| {
-        let (store, scope, key) = (store.clone(), scope.clone(), h.key(key));
-        let id = RecordId::new(scope.clone(), key.clone());
+        let (store, id) = (store.clone(), id(key));
         async move {
             claimed(
                 &store.claim(&id, &fp("a"), &policy(), t).await.unwrap(),
@@ -50,22 +50,12 @@ pub(crate) async fn inspect_list_in_flight_returns_only_stale_processing(h: Harn
     claim("stale-1", at(0)).await;
     let done = claim("completed", at(0)).await;
     store
-        .complete(
-            &RecordId::new(scope.clone(), h.key("completed")),
-            done,
-            &ok("T"),
-            &policy(),
-            at(1),
-        )
+        .complete(&id("completed"), done, &ok("T"), &policy(), at(1))
         .await
         .unwrap();
     let released = claim("released", at(0)).await;
     store
-        .release(
-            &RecordId::new(scope.clone(), h.key("released")),
-            released,
-            at(1),
-        )
+        .release(&id("released"), released, at(1))
         .await
         .unwrap();
     // Stale at 30 s too, but expired at 31 s: never listed below.
@@ -75,12 +65,7 @@ pub(crate) async fn inspect_list_in_flight_returns_only_stale_processing(h: Harn
         .build()
         .unwrap();
     store
-        .claim(
-            &RecordId::new(scope.clone(), h.key("expired")),
-            &fp("a"),
-            &short,
-            at(0),
-        )
+        .claim(&id("expired"), &fp("a"), &short, at(0))
         .await
         .unwrap();
 
@@ -116,75 +101,27 @@ pub(crate) async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
     let base = ancient(1980, 2000);
     let at = |s: u64| base + Duration::from_secs(s);
     let (a, b) = (h.scope("a"), h.scope("b"));
-    let key = |k: &str| h.key(k);
-    let p1 = claim_new(
-        &store,
-        &RecordId::new(a.clone(), key("p1")),
-        &fp("x"),
-        &policy(),
-        at(0),
-    )
-    .await;
+    let (id_a, id_b) = (
+        |k: &str| RecordId::new(a.clone(), h.key(k)),
+        |k: &str| RecordId::new(b.clone(), h.key(k)),
+    );
+    let p1 = claim_new(&store, &id_a("p1"), &fp("x"), &policy(), at(0)).await;
     let _ = p1;
-    let c1 = claim_new(
-        &store,
-        &RecordId::new(a.clone(), key("c1")),
-        &fp("x"),
-        &policy(),
-        at(10),
-    )
-    .await;
+    let c1 = claim_new(&store, &id_a("c1"), &fp("x"), &policy(), at(10)).await;
     store
-        .complete(
-            &RecordId::new(a.clone(), key("c1")),
-            c1,
-            &ok("T"),
-            &policy(),
-            at(10),
-        )
+        .complete(&id_a("c1"), c1, &ok("T"), &policy(), at(10))
         .await
         .unwrap();
-    let f1 = claim_new(
-        &store,
-        &RecordId::new(a.clone(), key("f1")),
-        &fp("x"),
-        &policy(),
-        at(15),
-    )
-    .await;
-    store
-        .release(&RecordId::new(a.clone(), key("f1")), f1, at(20))
-        .await
-        .unwrap();
-    claim_new(
-        &store,
-        &RecordId::new(a.clone(), key("p2")),
-        &fp("x"),
-        &policy(),
-        at(30),
-    )
-    .await;
-    claim_new(
-        &store,
-        &RecordId::new(b.clone(), key("x")),
-        &fp("x"),
-        &policy(),
-        at(5),
-    )
-    .await;
+    let f1 = claim_new(&store, &id_a("f1"), &fp("x"), &policy(), at(15)).await;
+    store.release(&id_a("f1"), f1, at(20)).await.unwrap();
+    claim_new(&store, &id_a("p2"), &fp("x"), &policy(), at(30)).await;
+    claim_new(&store, &id_b("x"), &fp("x"), &policy(), at(5)).await;
     let short = policy()
         .to_builder()
         .ttl(Duration::from_secs(31))
         .build()
         .unwrap();
-    claim_new(
-        &store,
-        &RecordId::new(a.clone(), key("expired")),
-        &fp("x"),
-        &short,
-        at(1),
-    )
-    .await;
+    claim_new(&store, &id_a("expired"), &fp("x"), &short, at(1)).await;
 
     let now = at(40);
     let list = |filter: idem_core::store::ListFilter, limit: usize| {
