@@ -28,7 +28,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    Error, Executor, Fingerprint, IdempotencyKey, KeyStore, Outcome, RecordState, Scope,
+    Error, Executor, Fingerprint, IdempotencyKey, KeyStore, Outcome, RecordId, RecordState, Scope,
 };
 
 /// The shape of one run.
@@ -367,7 +367,10 @@ where
         if n == 0 {
             report.never_ran += 1;
         }
-        match store.get(&run.scope, &key(i), now).await {
+        match store
+            .get(&RecordId::new(run.scope.clone(), key(i)), now)
+            .await
+        {
             Ok(Some(r)) => match r.state {
                 RecordState::Completed => report.completed += 1,
                 RecordState::FailedRetryable => report.retryable += 1,

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{IdempotencyKey, KeyStore, ManualClock, Scope, Timestamp};
+use idem_core::{IdempotencyKey, KeyStore, ManualClock, RecordId, Scope, Timestamp};
 
 /// A boxed, sendable future.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -106,6 +106,11 @@ impl Harness {
     /// A key (keys need not be unique: scopes are).
     pub(crate) fn key(&self, name: &str) -> IdempotencyKey {
         IdempotencyKey::new(name).expect("valid key")
+    }
+
+    /// The record of the key `key` in the case's scope `scope` ([`Harness::scope`]).
+    pub(crate) fn id(&self, scope: &str, key: &str) -> RecordId {
+        RecordId::new(self.scope(scope), self.key(key))
     }
 }
 

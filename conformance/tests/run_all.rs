@@ -42,9 +42,8 @@ fn run_streaming_reports_each_case_as_it_finishes() {
     assert!(report.failed.is_empty());
 }
 
-/// A store without checkpoints (the trait's defaults: `supports_checkpoints()` is false, every
-/// checkpoint refused with `CheckpointsUnsupported`) passes the checkpoint cases and is reported
-/// as not supporting them.
+/// A store without checkpoints (no `CheckpointStore`: `as_checkpoint_store()` keeps its default,
+/// `None`) passes the checkpoint cases and is reported as not supporting them.
 #[test]
 fn a_store_without_checkpoints_is_reported_as_not_supporting_them() {
     let shared = MemoryStore::new();
@@ -69,7 +68,7 @@ fn a_store_without_checkpoints_is_reported_as_not_supporting_them() {
     assert!(report.to_string().contains("does not support checkpoints"));
 }
 
-/// A store written against the trait before checkpoints: everything forwarded but them.
+/// A store that keeps no checkpoints: everything forwarded but them.
 #[derive(Debug)]
 struct Plain(MemoryStore);
 
@@ -77,53 +76,46 @@ struct Plain(MemoryStore);
 impl idem_core::KeyStore for Plain {
     async fn claim(
         &self,
-        scope: &idem_core::Scope,
-        key: &idem_core::IdempotencyKey,
+        id: &idem_core::RecordId,
         fingerprint: &idem_core::Fingerprint,
         policy: &idem_core::Policy,
         now: idem_core::Timestamp,
     ) -> Result<idem_core::machine::ClaimAnswer, idem_core::StoreError> {
-        self.0.claim(scope, key, fingerprint, policy, now).await
+        self.0.claim(id, fingerprint, policy, now).await
     }
     async fn complete(
         &self,
-        scope: &idem_core::Scope,
-        key: &idem_core::IdempotencyKey,
+        id: &idem_core::RecordId,
         token: idem_core::Token,
         outcome: &idem_core::Outcome,
         policy: &idem_core::Policy,
         now: idem_core::Timestamp,
     ) -> Result<idem_core::machine::CompleteAnswer, idem_core::StoreError> {
-        self.0
-            .complete(scope, key, token, outcome, policy, now)
-            .await
+        self.0.complete(id, token, outcome, policy, now).await
     }
     async fn release(
         &self,
-        scope: &idem_core::Scope,
-        key: &idem_core::IdempotencyKey,
+        id: &idem_core::RecordId,
         token: idem_core::Token,
         now: idem_core::Timestamp,
     ) -> Result<idem_core::machine::ReleaseAnswer, idem_core::StoreError> {
-        self.0.release(scope, key, token, now).await
+        self.0.release(id, token, now).await
     }
     async fn extend(
         &self,
-        scope: &idem_core::Scope,
-        key: &idem_core::IdempotencyKey,
+        id: &idem_core::RecordId,
         token: idem_core::Token,
         lease: std::time::Duration,
         now: idem_core::Timestamp,
     ) -> Result<idem_core::machine::ExtendAnswer, idem_core::StoreError> {
-        self.0.extend(scope, key, token, lease, now).await
+        self.0.extend(id, token, lease, now).await
     }
     async fn get(
         &self,
-        scope: &idem_core::Scope,
-        key: &idem_core::IdempotencyKey,
+        id: &idem_core::RecordId,
         now: idem_core::Timestamp,
     ) -> Result<Option<idem_core::Record>, idem_core::StoreError> {
-        self.0.get(scope, key, now).await
+        self.0.get(id, now).await
     }
     async fn list_in_flight(
         &self,

@@ -7,8 +7,8 @@ use std::cell::RefCell;
 use std::future::Future;
 
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyError, KeyStore, MemoryStore, Policy, RecordState, Scope,
-    ScopeError, Timestamp,
+    Fingerprint, IdempotencyKey, KeyError, KeyStore, MemoryStore, Policy, RecordId, RecordState,
+    Scope, ScopeError, Timestamp,
 };
 
 thread_local! {
@@ -126,19 +126,20 @@ pub fn check_store_round_trip(scope: &Scope, key: &IdempotencyKey) {
     let store = MemoryStore::new();
     let fingerprint = Fingerprint::of_bytes(key.as_str().as_bytes());
     let now = Timestamp::from_millis(1_000_000);
+    let id = RecordId::new(scope.clone(), key.clone());
     block_on(async {
         let policy = Policy::default();
         store
-            .claim(scope, key, &fingerprint, &policy, now)
+            .claim(&id, &fingerprint, &policy, now)
             .await
             .expect("a memory store claims");
         let record = store
-            .get(scope, key, now)
+            .get(&id, now)
             .await
             .expect("a memory store reads")
             .expect("the record just claimed");
-        assert_eq!(&record.scope, scope);
-        assert_eq!(&record.key, key);
+        assert_eq!(record.id(), id);
+        assert_eq!((&record.scope, &record.key), (scope, key));
         assert_eq!(record.fingerprint, fingerprint);
         assert_eq!(record.state, RecordState::Processing);
         let json = serde_json::to_string(&record).expect("a record serialises");

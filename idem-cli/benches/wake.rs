@@ -34,7 +34,7 @@ use idemkit::sqlite::rusqlite::TransactionBehavior;
 use idemkit::store::ListFilter;
 use idemkit::{
     Attempt, ClaimKind, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome,
-    Policy, Record, Scope, StoreError, SystemClock, Timestamp, Token, async_trait,
+    Policy, Record, RecordId, Scope, StoreError, SystemClock, Timestamp, Token, async_trait,
 };
 use serde_json::json;
 
@@ -229,9 +229,8 @@ async fn complete(
         Completion::Store => {
             let called = Instant::now();
             let now = idemkit::Clock::now(&SystemClock);
-            a.complete(scope, key, token, &ticket(), &p, now)
-                .await
-                .unwrap();
+            let id = RecordId::new(scope.clone(), key.clone());
+            a.complete(&id, token, &ticket(), &p, now).await.unwrap();
             called
         }
         Completion::Sqlite(store) => {
@@ -282,7 +281,11 @@ async fn wake_up((a, b): &Pair, completion: &Completion) -> Vec<Duration> {
                 tokio::spawn(async move {
                     let (scope, key, fp) = ids("wake", batch * BATCH + i);
                     let now = idemkit::Clock::now(&SystemClock);
-                    let token = match a.claim(&scope, &key, &fp, &p, now).await.unwrap() {
+                    let token = match a
+                        .claim(&RecordId::new(scope.clone(), key.clone()), &fp, &p, now)
+                        .await
+                        .unwrap()
+                    {
                         ClaimAnswer::Claimed { token, .. } => token,
                         other => panic!("{other:?}"),
                     };
@@ -497,53 +500,42 @@ struct Plain(Arc<dyn KeyStore>);
 impl KeyStore for Plain {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        self.0.claim(scope, key, fingerprint, policy, now).await
+        self.0.claim(id, fingerprint, policy, now).await
     }
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
-        self.0
-            .complete(scope, key, token, outcome, policy, now)
-            .await
+        self.0.complete(id, token, outcome, policy, now).await
     }
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        self.0.release(scope, key, token, now).await
+        self.0.release(id, token, now).await
     }
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        self.0.extend(scope, key, token, lease, now).await
+        self.0.extend(id, token, lease, now).await
     }
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        self.0.get(scope, key, now).await
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.0.get(id, now).await
     }
     async fn list_in_flight(
         &self,

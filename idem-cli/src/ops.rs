@@ -10,8 +10,8 @@ use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
 use idem_core::metrics::timed;
 use idem_core::reconcile::{PurgePace, purge_expired_paced};
 use idem_core::{
-    Clock, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Record, RecordState, Scope,
-    StalePolicy, SystemClock, Timestamp,
+    Clock, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Record, RecordId, RecordState,
+    Scope, StalePolicy, SystemClock, Timestamp,
 };
 use idemkit::{OpenOptions, Opened, StoreUrl};
 use serde_json::{Value, json};
@@ -85,13 +85,17 @@ async fn record(
     key: &IdempotencyKey,
     now: Timestamp,
 ) -> Result<Record, Failure> {
-    timed(store.backend(), "get", store.get(scope, key, now))
-        .await?
-        .ok_or_else(|| {
-            Failure::not_found(format!(
-                "no record for scope {scope:?} key {key:?} (never claimed, or expired)"
-            ))
-        })
+    timed(
+        store.backend(),
+        "get",
+        store.get(&RecordId::new(scope.clone(), key.clone()), now),
+    )
+    .await?
+    .ok_or_else(|| {
+        Failure::not_found(format!(
+            "no record for scope {scope:?} key {key:?} (never claimed, or expired)"
+        ))
+    })
 }
 
 /// `idem keys show SCOPE KEY`: the record, as a table or JSON.
@@ -240,7 +244,12 @@ async fn take_over(
     match timed(
         store.backend(),
         "claim",
-        store.claim(scope, key, &record.fingerprint, &takeover, at),
+        store.claim(
+            &RecordId::new(scope.clone(), key.clone()),
+            &record.fingerprint,
+            &takeover,
+            at,
+        ),
     )
     .await?
     {
@@ -285,7 +294,13 @@ pub async fn resolve(
     match timed(
         store.backend(),
         "complete",
-        store.complete(scope, key, token, &outcome, &Policy::default(), at),
+        store.complete(
+            &RecordId::new(scope.clone(), key.clone()),
+            token,
+            &outcome,
+            &Policy::default(),
+            at,
+        ),
     )
     .await?
     {
@@ -316,7 +331,7 @@ pub async fn release(
     match timed(
         store.backend(),
         "release",
-        store.release(scope, key, token, at),
+        store.release(&RecordId::new(scope.clone(), key.clone()), token, at),
     )
     .await?
     {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use idem_conformance::kit::{self, TempDir};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, RecordState, Scope, Timestamp,
 };
 use idemkit::OpenOptions;
 use idemkit::sqlite::rusqlite::Connection;
@@ -86,8 +86,7 @@ async fn assert_late_completion_fenced(store: &dyn KeyStore, holder: idem_core::
     let late = Outcome::definitive(201, &json!({"ticket_id": "T-late"})).unwrap();
     let answer = store
         .complete(
-            &scope(),
-            &key("running"),
+            &RecordId::new(scope(), key("running")),
             holder,
             &late,
             &Policy::default(),
@@ -114,14 +113,14 @@ async fn migrated(url: &str) -> (std::sync::Arc<dyn KeyStore>, idem_core::Token)
         .unwrap();
     let now = Timestamp::now();
     let ClaimAnswer::Claimed { token, .. } = store
-        .claim(&scope(), &key("running"), &fp(), &long, now)
+        .claim(&RecordId::new(scope(), key("running")), &fp(), &long, now)
         .await
         .unwrap()
     else {
         panic!("claimed")
     };
     let ClaimAnswer::Claimed { token: t, .. } = store
-        .claim(&scope(), &key("done"), &fp(), &long, now)
+        .claim(&RecordId::new(scope(), key("done")), &fp(), &long, now)
         .await
         .unwrap()
     else {
@@ -129,7 +128,7 @@ async fn migrated(url: &str) -> (std::sync::Arc<dyn KeyStore>, idem_core::Token)
     };
     let ok = Outcome::definitive(201, &json!({"ticket_id": "T-1"})).unwrap();
     store
-        .complete(&scope(), &key("done"), t, &ok, &long, now)
+        .complete(&RecordId::new(scope(), key("done")), t, &ok, &long, now)
         .await
         .unwrap();
     (store, token)
@@ -393,7 +392,7 @@ async fn force_release_overrides_a_live_lease_and_the_holder_stays_fenced() {
     assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
     let state = |store: std::sync::Arc<dyn KeyStore>| async move {
         store
-            .get(&scope(), &key("running"), Timestamp::now())
+            .get(&RecordId::new(scope(), key("running")), Timestamp::now())
             .await
             .unwrap()
             .unwrap()
@@ -443,7 +442,7 @@ async fn force_resolve_completes_a_live_claim_and_the_holder_stays_fenced() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_late_completion_fenced(&*store, holder).await;
     let record = store
-        .get(&scope(), &key("running"), Timestamp::now())
+        .get(&RecordId::new(scope(), key("running")), Timestamp::now())
         .await
         .unwrap()
         .unwrap();
@@ -588,7 +587,12 @@ async fn purge_reports_json_and_writes_no_carriage_return_into_a_pipe() {
     let past = Timestamp::now() - Duration::from_secs(60);
     for i in 0..5 {
         store
-            .claim(&scope(), &key(&format!("old-{i}")), &fp(), &expiring, past)
+            .claim(
+                &RecordId::new(scope(), key(&format!("old-{i}"))),
+                &fp(),
+                &expiring,
+                past,
+            )
             .await
             .unwrap();
     }
@@ -616,8 +620,7 @@ async fn purge_reports_json_and_writes_no_carriage_return_into_a_pipe() {
     for i in 0..5 {
         store
             .claim(
-                &scope(),
-                &key(&format!("again-{i}")),
+                &RecordId::new(scope(), key(&format!("again-{i}"))),
                 &fp(),
                 &expiring,
                 past,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use idem_conformance::kit::{self, TempDir, unique};
 use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, RecordState, Scope, Timestamp,
 };
 use idemkit::OpenOptions;
 use serde_json::{Value, json};
@@ -72,14 +72,22 @@ async fn fixture(backend: &str) -> Option<Fixture> {
     let key = |k: &str| IdempotencyKey::new(k).unwrap();
     for (i, k) in ["stuck-1", "stuck-2"].iter().enumerate() {
         let at = now - Duration::from_secs(120 - i as u64);
-        store.claim(&scope, &key(k), &fp, &short, at).await.unwrap();
+        store
+            .claim(&RecordId::new(scope.clone(), key(k)), &fp, &short, at)
+            .await
+            .unwrap();
     }
     store
-        .claim(&scope, &key("running"), &fp, &long, now)
+        .claim(
+            &RecordId::new(scope.clone(), key("running")),
+            &fp,
+            &long,
+            now,
+        )
         .await
         .unwrap();
     let ClaimAnswer::Claimed { token, .. } = store
-        .claim(&scope, &key("done"), &fp, &short, now)
+        .claim(&RecordId::new(scope.clone(), key("done")), &fp, &short, now)
         .await
         .unwrap()
     else {
@@ -87,13 +95,24 @@ async fn fixture(backend: &str) -> Option<Fixture> {
     };
     let ok = Outcome::definitive(201, &json!({"ticket_id": "T-9"})).unwrap();
     store
-        .complete(&scope, &key("done"), token, &ok, &short, now)
+        .complete(
+            &RecordId::new(scope.clone(), key("done")),
+            token,
+            &ok,
+            &short,
+            now,
+        )
         .await
         .unwrap();
     for i in 0..3 {
         let at = now - Duration::from_secs(60);
         store
-            .claim(&scope, &key(&format!("old-{i}")), &fp, &expiring, at)
+            .claim(
+                &RecordId::new(scope.clone(), key(&format!("old-{i}"))),
+                &fp,
+                &expiring,
+                at,
+            )
             .await
             .unwrap();
     }
@@ -109,8 +128,7 @@ impl Fixture {
     async fn state(&self, key: &str) -> Option<RecordState> {
         self.store
             .get(
-                &self.scope,
-                &IdempotencyKey::new(key).unwrap(),
+                &RecordId::new(self.scope.clone(), IdempotencyKey::new(key).unwrap()),
                 Timestamp::now(),
             )
             .await
@@ -179,9 +197,10 @@ async fn keys_show_says_encrypted(f: Fixture) {
     let key = IdempotencyKey::new("sealed").unwrap();
     let fp = Fingerprint::of("t", &json!({})).unwrap();
     let now = Timestamp::now();
+    let id = RecordId::new(f.scope.clone(), key.clone());
     let ClaimAnswer::Claimed { token, .. } = f
         .store
-        .claim(&f.scope, &key, &fp, &Policy::default(), now)
+        .claim(&id, &fp, &Policy::default(), now)
         .await
         .unwrap()
     else {
@@ -194,7 +213,7 @@ async fn keys_show_says_encrypted(f: Fixture) {
     )
     .unwrap();
     f.store
-        .complete(&f.scope, &key, token, &sealed, &Policy::default(), now)
+        .complete(&id, token, &sealed, &Policy::default(), now)
         .await
         .unwrap();
     let out = f.keys(&["show", f.scope.as_str(), "sealed"]);
@@ -218,7 +237,12 @@ async fn keys_show_lists_the_checkpoints(f: Fixture) {
     let now = Timestamp::now();
     let ClaimAnswer::Claimed { token, .. } = f
         .store
-        .claim(&f.scope, &key, &fp, &Policy::default(), now)
+        .claim(
+            &RecordId::new(f.scope.clone(), key.clone()),
+            &fp,
+            &Policy::default(),
+            now,
+        )
         .await
         .unwrap()
     else {
@@ -233,8 +257,11 @@ async fn keys_show_lists_the_checkpoints(f: Fixture) {
         ("emailed", sealed.as_str()),
     ] {
         let step = idem_core::Checkpoint::new(name, value, now).unwrap();
+        let id = idem_core::RecordId::new(f.scope.clone(), key.clone());
         f.store
-            .checkpoint(&f.scope, &key, token, &step, &Policy::default())
+            .as_checkpoint_store()
+            .expect("the SQLite store keeps checkpoints")
+            .checkpoint(&id, token, &step, &Policy::default())
             .await
             .unwrap();
     }
@@ -287,8 +314,7 @@ async fn keys_resolve_completes_a_stuck_key(f: Fixture) {
     let r = f
         .store
         .get(
-            &f.scope,
-            &IdempotencyKey::new("stuck-2").unwrap(),
+            &RecordId::new(f.scope.clone(), IdempotencyKey::new("stuck-2").unwrap()),
             Timestamp::now(),
         )
         .await
@@ -348,7 +374,10 @@ async fn purge_deletes_the_expired_records(f: Fixture) {
         let key = IdempotencyKey::new(format!("old-{i}")).unwrap();
         let seen_before_expiry = f
             .store
-            .get(&f.scope, &key, Timestamp::from_millis(0))
+            .get(
+                &RecordId::new(f.scope.clone(), key.clone()),
+                Timestamp::from_millis(0),
+            )
             .await
             .unwrap();
         assert!(

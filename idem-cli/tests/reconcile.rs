@@ -10,7 +10,7 @@ use idem_conformance::kit::{self, TempDir, unique};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::reconcile::{Finding, Probe, Reconciler};
 use idem_core::{
-    Clock, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Record,
+    Clock, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Record, RecordId,
     RecordState, Scope, Timestamp, async_trait, downstream_key,
 };
 use idemkit::OpenOptions;
@@ -64,8 +64,9 @@ async fn scenarios(store: Arc<dyn KeyStore>) {
     let mut tokens = HashMap::new();
     for (name, did_effect) in [("found", true), ("not-found", false), ("unknown", true)] {
         let key = IdempotencyKey::new(name).unwrap();
+        let id = RecordId::new(scope.clone(), key.clone());
         let ClaimAnswer::Claimed { token, .. } =
-            store.claim(&scope, &key, &fp, &policy, base).await.unwrap()
+            store.claim(&id, &fp, &policy, base).await.unwrap()
         else {
             panic!("claim {name}")
         };
@@ -99,12 +100,12 @@ async fn scenarios(store: Arc<dyn KeyStore>) {
     assert_eq!(unknown, ["found", "not-found", "unknown"]);
     let late = Outcome::definitive(201, &json!({"late": true})).unwrap();
     for (name, token) in &tokens {
-        let key = IdempotencyKey::new(*name).unwrap();
-        let r = store.get(&scope, &key, clock.now()).await.unwrap().unwrap();
+        let id = RecordId::new(scope.clone(), IdempotencyKey::new(*name).unwrap());
+        let r = store.get(&id, clock.now()).await.unwrap().unwrap();
         assert_eq!(r.state, RecordState::Processing, "{name} left processing");
         assert_eq!(
             store
-                .complete(&scope, &key, *token, &late, &policy, clock.now())
+                .complete(&id, *token, &late, &policy, clock.now())
                 .await
                 .unwrap(),
             CompleteAnswer::Fenced,
@@ -118,21 +119,21 @@ async fn scenarios(store: Arc<dyn KeyStore>) {
     assert!(report.completed >= 2 && report.released >= 1, "{report:?}");
     for (name, ticket) in [("found", "T-found"), ("unknown", "T-unknown")] {
         let key = IdempotencyKey::new(name).unwrap();
-        let r = store.get(&scope, &key, clock.now()).await.unwrap().unwrap();
+        let id = RecordId::new(scope.clone(), key.clone());
+        let r = store.get(&id, clock.now()).await.unwrap().unwrap();
         assert_eq!(r.state, RecordState::Completed, "{name}");
         // The retry replays the reconciled answer: no second ticket.
-        match store
-            .claim(&scope, &key, &fp, &policy, clock.now())
-            .await
-            .unwrap()
-        {
+        match store.claim(&id, &fp, &policy, clock.now()).await.unwrap() {
             ClaimAnswer::Replay(o) => assert_eq!(o.body_json()["ticket_id"], ticket),
             other => panic!("{name}: expected a replay, got {other:?}"),
         }
     }
     let not_found = IdempotencyKey::new("not-found").unwrap();
     let r = store
-        .get(&scope, &not_found, clock.now())
+        .get(
+            &RecordId::new(scope.clone(), not_found.clone()),
+            clock.now(),
+        )
         .await
         .unwrap()
         .unwrap();
@@ -140,7 +141,12 @@ async fn scenarios(store: Arc<dyn KeyStore>) {
     // Its retry runs the operation, once.
     assert!(matches!(
         store
-            .claim(&scope, &not_found, &fp, &policy, clock.now())
+            .claim(
+                &RecordId::new(scope.clone(), not_found.clone()),
+                &fp,
+                &policy,
+                clock.now()
+            )
             .await
             .unwrap(),
         ClaimAnswer::Claimed { .. }
@@ -152,10 +158,10 @@ async fn scenarios(store: Arc<dyn KeyStore>) {
     );
     // And the originals stay fenced after the settlement.
     for (name, token) in &tokens {
-        let key = IdempotencyKey::new(*name).unwrap();
+        let id = RecordId::new(scope.clone(), IdempotencyKey::new(*name).unwrap());
         assert_eq!(
             store
-                .complete(&scope, &key, *token, &late, &policy, clock.now())
+                .complete(&id, *token, &late, &policy, clock.now())
                 .await
                 .unwrap(),
             CompleteAnswer::Fenced,

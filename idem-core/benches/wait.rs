@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idem_core::store::ListFilter;
 use idem_core::{
-    Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, Record, Scope,
-    StoreError, Timestamp, Token, async_trait,
+    Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, Record,
+    RecordId, Scope, StoreError, Timestamp, Token, async_trait,
 };
 use serde_json::json;
 
@@ -114,53 +114,42 @@ struct Plain(MemoryStore);
 impl KeyStore for Plain {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        self.0.claim(scope, key, fingerprint, policy, now).await
+        self.0.claim(id, fingerprint, policy, now).await
     }
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
-        self.0
-            .complete(scope, key, token, outcome, policy, now)
-            .await
+        self.0.complete(id, token, outcome, policy, now).await
     }
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        self.0.release(scope, key, token, now).await
+        self.0.release(id, token, now).await
     }
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        self.0.extend(scope, key, token, lease, now).await
+        self.0.extend(id, token, lease, now).await
     }
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        self.0.get(scope, key, now).await
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.0.get(id, now).await
     }
     async fn list_in_flight(
         &self,

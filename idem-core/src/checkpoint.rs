@@ -6,7 +6,7 @@
 //! its checkpoints in the order they were saved (saving a name again adds another entry; a lookup
 //! by name sees the latest). The rules (fencing, size limit, what keeps and what ends them) are
 //! [`machine::checkpoint`](crate::machine::checkpoint)'s; the store operation is
-//! [`KeyStore::checkpoint`](crate::KeyStore::checkpoint); operations save and read them through
+//! [`CheckpointStore::checkpoint`](crate::store::CheckpointStore::checkpoint); operations save and read them through
 //! [`Attempt::checkpoint`](crate::Attempt::checkpoint) and
 //! [`Attempt::checkpoints`](crate::Attempt::checkpoints).
 //!
@@ -30,7 +30,7 @@ use crate::{Outcome, OutcomeClass, StoreError, Timestamp};
 /// (saving a name again adds another entry; a lookup by name sees the latest). The rules (fencing,
 /// size limit, what keeps and what ends them) are
 /// [`machine::checkpoint`](crate::machine::checkpoint)'s; the store operation is
-/// [`KeyStore::checkpoint`](crate::KeyStore::checkpoint); operations save and read them through
+/// [`CheckpointStore::checkpoint`](crate::store::CheckpointStore::checkpoint); operations save and read them through
 /// [`Attempt::checkpoint`](crate::Attempt::checkpoint) and
 /// [`Attempt::checkpoints`](crate::Attempt::checkpoints).
 ///
@@ -162,8 +162,8 @@ pub enum CheckpointError {
     /// was written.
     #[error(transparent)]
     TooLarge(CheckpointTooLarge),
-    /// The store does not keep checkpoints
-    /// ([`KeyStore::supports_checkpoints`](crate::KeyStore::supports_checkpoints) is false):
+    /// The store does not keep checkpoints (it is no
+    /// [`CheckpointStore`](crate::store::CheckpointStore)): the executor did not ask it, and
     /// nothing was written.
     #[error("the store ({backend}) does not support checkpoints; nothing was saved")]
     Unsupported {
@@ -185,7 +185,6 @@ impl From<StoreError> for CheckpointError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::CheckpointTooLarge(e) => Self::TooLarge(e),
-            StoreError::CheckpointsUnsupported { backend } => Self::Unsupported { backend },
             e => Self::Store(e),
         }
     }

@@ -52,7 +52,7 @@ pub use maintenance::{ConfigWarning, Maintenance};
 pub use memory::MemoryStore;
 pub use outcome::{OUTCOME_NOT_KEPT, Outcome, OutcomeClass};
 pub use policy::{CachePolicy, Policy, PolicyBuilder, PolicyError, StalePolicy};
-pub use record::{Record, RecordState};
+pub use record::{Record, RecordId, RecordState};
 pub use refusal::{ErrorAnswer, Refusal};
 pub use store::{KeyStore, StoreError};
 pub use token::Token;

@@ -54,8 +54,8 @@ pub use crate::store::error::{CheckpointTooLarge, OutcomeTooLarge, ZeroLease};
 pub use checkpoint::{CheckpointAnswer, check_checkpoint_size, checkpoint};
 
 use crate::{
-    CachePolicy, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Policy, Record, RecordState,
-    Scope, StalePolicy, Timestamp, Token,
+    CachePolicy, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Policy, Record, RecordId,
+    RecordState, Scope, StalePolicy, Timestamp, Token,
 };
 
 /// How a claim was won.
@@ -173,11 +173,11 @@ pub struct ClaimRequest<'a> {
 }
 
 impl<'a> ClaimRequest<'a> {
-    /// A request with a fresh random token id.
-    pub fn new(scope: &'a Scope, key: &'a IdempotencyKey, fingerprint: &'a Fingerprint) -> Self {
+    /// A request for the record `id` with a fresh random token id.
+    pub fn new(id: &'a RecordId, fingerprint: &'a Fingerprint) -> Self {
         Self {
-            scope,
-            key,
+            scope: id.scope(),
+            key: id.key(),
             fingerprint,
             token_id: rand::random(),
         }

@@ -10,14 +10,15 @@ use crate::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
     Transition,
 };
+use crate::store::CheckpointStore;
 use crate::store::ListFilter;
-use crate::wait::{LocalNotifier, Timer, changed};
+use crate::wait::{Timer, Waiters, changed};
 use crate::{
-    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope,
-    StoreError, Timestamp, Token,
+    Checkpoint, Clock, Fingerprint, KeyStore, Outcome, Policy, Record, RecordId, StoreError,
+    Timestamp, Token,
 };
 
-type Map = HashMap<(Scope, IdempotencyKey), Record>;
+type Map = HashMap<RecordId, Record>;
 
 /// The reference store: records in a mutex, every method one critical section running the pure
 /// rules of [`crate::machine`]. Clones share the same records.
@@ -28,7 +29,7 @@ type Map = HashMap<(Scope, IdempotencyKey), Record>;
 pub struct MemoryStore {
     records: Arc<Mutex<Map>>,
     /// Wakes the waiters of a key after each write ([contract §5.2](crate::contract#waiting)).
-    notifier: LocalNotifier,
+    waiters: Waiters,
 }
 
 impl MemoryStore {
@@ -55,20 +56,18 @@ impl MemoryStore {
 
     fn apply<A>(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         rule: impl FnOnce(Option<&Record>) -> Result<Transition<A>, StoreError>,
     ) -> Result<A, StoreError> {
         let mut map = self.lock();
-        let id = (scope.clone(), key.clone());
-        let transition = rule(map.get(&id))?;
+        let transition = rule(map.get(id))?;
         let wrote = transition.write.is_some();
         if let Some(record) = transition.write {
-            map.insert(id, record);
+            map.insert(id.clone(), record);
         }
         drop(map);
         if wrote {
-            self.notifier.notify(scope, key);
+            self.waiters.wake(id);
         }
         Ok(transition.answer)
     }
@@ -76,7 +75,7 @@ impl MemoryStore {
     /// How many waits on its records are subscribed right now (one per waited key, however many
     /// requests wait on it).
     pub fn wait_subscriptions(&self) -> usize {
-        self.notifier.subscriptions()
+        self.waiters.waiting()
     }
 }
 
@@ -84,66 +83,50 @@ impl MemoryStore {
 impl KeyStore for MemoryStore {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        let req = ClaimRequest::new(scope, key, fingerprint);
-        self.apply(scope, key, |found| {
-            Ok(machine::claim(found, req, now, policy))
-        })
+        let req = ClaimRequest::new(id, fingerprint);
+        self.apply(id, |found| Ok(machine::claim(found, req, now, policy)))
     }
 
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
-        self.apply(scope, key, |found| {
+        self.apply(id, |found| {
             Ok(machine::complete(found, token, outcome, now, policy)?)
         })
     }
 
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        self.apply(scope, key, |found| Ok(machine::release(found, token, now)))
+        self.apply(id, |found| Ok(machine::release(found, token, now)))
     }
 
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        self.apply(scope, key, |found| {
-            Ok(machine::extend(found, token, lease, now)?)
-        })
+        self.apply(id, |found| Ok(machine::extend(found, token, lease, now)?))
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
         let map = self.lock();
-        Ok(map
-            .get(&(scope.clone(), key.clone()))
-            .filter(|r| !r.is_expired(now))
-            .cloned())
+        Ok(map.get(id).filter(|r| !r.is_expired(now)).cloned())
     }
 
     async fn list_in_flight(
@@ -198,22 +181,8 @@ impl KeyStore for MemoryStore {
         "memory"
     }
 
-    async fn checkpoint(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        checkpoint: &Checkpoint,
-        policy: &Policy,
-    ) -> Result<CheckpointAnswer, StoreError> {
-        machine::check_checkpoint_size(checkpoint, policy)?;
-        self.apply(scope, key, |found| {
-            Ok(machine::checkpoint(found, token, checkpoint, policy)?)
-        })
-    }
-
-    fn supports_checkpoints(&self) -> bool {
-        true
+    fn as_checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
+        Some(self)
     }
 
     async fn wait_for_change(
@@ -222,12 +191,28 @@ impl KeyStore for MemoryStore {
         clock: &dyn Clock,
         _timer: &Timer,
     ) -> Result<(), StoreError> {
-        let (scope, key) = (&seen.scope, &seen.key);
-        let subscription = self.notifier.subscribe(scope, key);
-        if changed(seen, self.get(scope, key, clock.now()).await?.as_ref()) {
+        let id = seen.id();
+        let mut waiter = self.waiters.register(id.clone());
+        if changed(seen, self.get(&id, clock.now()).await?.as_ref()) {
             return Ok(());
         }
-        subscription.notified().await;
+        waiter.woken().await;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for MemoryStore {
+    async fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        self.apply(id, |found| {
+            Ok(machine::checkpoint(found, token, checkpoint, policy)?)
+        })
     }
 }

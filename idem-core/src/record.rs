@@ -1,4 +1,4 @@
-//! What a store keeps for one (scope, key).
+//! What a store keeps for one (scope, key), and [`RecordId`], the (scope, key) that names it.
 
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +51,45 @@ impl std::fmt::Display for RecordState {
     }
 }
 
+/// The address of one record: a [`Scope`] and an [`IdempotencyKey`] together, compared byte for
+/// byte ([contract §1](crate::contract#words)). The same key in two scopes is two records.
+///
+/// Every [`KeyStore`](crate::KeyStore) method that reads or writes one record takes one.
+///
+/// ```
+/// use idem_core::{IdempotencyKey, RecordId, Scope};
+/// let id = RecordId::new(Scope::new("tenant-a/create_ticket")?, IdempotencyKey::new("wf-1:step-3")?);
+/// assert_eq!((id.scope().as_str(), id.key().as_str()), ("tenant-a/create_ticket", "wf-1:step-3"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordId {
+    scope: Scope,
+    key: IdempotencyKey,
+}
+
+impl RecordId {
+    /// The record of `key` in `scope`.
+    pub fn new(scope: Scope, key: IdempotencyKey) -> Self {
+        Self { scope, key }
+    }
+
+    /// Who owns the key.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// The scope and the key.
+    pub fn into_parts(self) -> (Scope, IdempotencyKey) {
+        (self.scope, self.key)
+    }
+}
+
 /// What a store keeps for (scope, key) ([contract §1](crate::contract#words)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
@@ -86,6 +125,11 @@ pub struct Record {
 }
 
 impl Record {
+    /// The record's address: its scope and key.
+    pub fn id(&self) -> RecordId {
+        RecordId::new(self.scope.clone(), self.key.clone())
+    }
+
     /// Where the record's key came from: sent by the caller or derived by the tool
     /// ([contract §5.1](crate::contract#keyless)), as [`IdempotencyKey::origin`] reads it.
     pub fn key_origin(&self) -> crate::KeyOrigin {

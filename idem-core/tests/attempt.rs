@@ -15,7 +15,7 @@ use common::{Sink, TokioClock};
 use idem_core::machine::ClaimAnswer;
 use idem_core::wait::wake_when_recorded;
 use idem_core::{
-    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Policy, Scope,
+    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Policy, RecordId, Scope,
 };
 use serde_json::json;
 use tokio::time::{Instant, sleep};
@@ -139,7 +139,12 @@ async fn an_attempt_for_a_direct_claim_holds_the_claims_lease() {
     let exec = executor(&store);
     let now = exec.clock().now();
     let claim = store
-        .claim(&scope, &key, &fp, exec.policy(), now)
+        .claim(
+            &RecordId::new(scope.clone(), key.clone()),
+            &fp,
+            exec.policy(),
+            now,
+        )
         .await
         .unwrap();
     assert!(matches!(claim, ClaimAnswer::Claimed { .. }), "{claim:?}");
@@ -162,7 +167,12 @@ async fn debug_says_what_the_executor_and_the_attempt_hold() {
 
     let now = exec.clock().now();
     let claim = store
-        .claim(&scope, &key, &fp, exec.policy(), now)
+        .claim(
+            &RecordId::new(scope.clone(), key.clone()),
+            &fp,
+            exec.policy(),
+            now,
+        )
         .await
         .unwrap();
     let attempt = exec.attempt_for(&scope, &key, &claim).unwrap();

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::{Sink, TokioClock};
 use idem_core::{
-    Call, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Policy, RecordState,
-    Refusal, Reply, Scope,
+    Call, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Policy, RecordId,
+    RecordState, Refusal, Reply, Scope,
 };
 use serde_json::json;
 use tokio::sync::oneshot;
@@ -163,7 +163,11 @@ async fn a_derived_key_s_record_lives_for_the_key_window_a_sent_key_s_for_the_tt
             .await;
         assert!(matches!(answer.reply, Reply::Executed { .. }));
         let now = exec.clock().now();
-        let record = store.get(&scope(), &key, now).await.unwrap().unwrap();
+        let record = store
+            .get(&RecordId::new(scope(), key.clone()), now)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(record.state, RecordState::Completed);
         let kept = record.expires_at.saturating_since(record.created_at);
         let expected = match key.origin() {
@@ -187,7 +191,11 @@ async fn the_operation_outlives_a_caller_that_went_away() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(sink.count(), 1, "the operation ran to its end");
     let now = exec.clock().now();
-    let record = store.get(&scope(), &sent(), now).await.unwrap().unwrap();
+    let record = store
+        .get(&RecordId::new(scope(), sent()), now)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state, RecordState::Completed, "and was recorded");
 
     let again = exec

@@ -12,8 +12,8 @@ use idem_core::codec::{AesGcmCodec, sealed_info};
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idem_core::store::ListFilter;
 use idem_core::{
-    Checkpoint, CheckpointError, Clock, Error, Executor, Fingerprint, IdempotencyKey, KeyStore,
-    ManualClock, MemoryStore, OperationError, Outcome, OutcomeClass, Policy, RecordState, Scope,
+    CheckpointError, Clock, Error, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock,
+    MemoryStore, OperationError, Outcome, OutcomeClass, Policy, RecordId, RecordState, Scope,
     StalePolicy, StoreError, Timestamp, Token, async_trait,
 };
 use serde::{Deserialize, Serialize};
@@ -85,7 +85,10 @@ impl World {
 
     async fn record(&self) -> idem_core::Record {
         self.store
-            .get(&self.scope, &self.key, self.clock.now())
+            .get(
+                &RecordId::new(self.scope.clone(), self.key.clone()),
+                self.clock.now(),
+            )
             .await
             .unwrap()
             .unwrap()
@@ -117,7 +120,12 @@ async fn a_takeover_resumes_and_the_stale_holder_is_fenced() {
     // The first holder charges, saves the step, and then stalls (its process died).
     let claim = w
         .store
-        .claim(&w.scope, &w.key, &w.fp, w.executor.policy(), w.clock.now())
+        .claim(
+            &RecordId::new(w.scope.clone(), w.key.clone()),
+            &w.fp,
+            w.executor.policy(),
+            w.clock.now(),
+        )
         .await
         .unwrap();
     let stale = w.executor.attempt_for(&w.scope, &w.key, &claim).unwrap();
@@ -165,7 +173,12 @@ async fn a_release_keeps_the_checkpoints_for_the_next_attempt() {
     let w = world(StalePolicy::Reconcile);
     let claim = w
         .store
-        .claim(&w.scope, &w.key, &w.fp, w.executor.policy(), w.clock.now())
+        .claim(
+            &RecordId::new(w.scope.clone(), w.key.clone()),
+            &w.fp,
+            w.executor.policy(),
+            w.clock.now(),
+        )
         .await
         .unwrap();
     let first = w.executor.attempt_for(&w.scope, &w.key, &claim).unwrap();
@@ -177,7 +190,11 @@ async fn a_release_keeps_the_checkpoints_for_the_next_attempt() {
         unreachable!()
     };
     w.store
-        .release(&w.scope, &w.key, token, w.clock.now())
+        .release(
+            &RecordId::new(w.scope.clone(), w.key.clone()),
+            token,
+            w.clock.now(),
+        )
         .await
         .unwrap();
     w.executor
@@ -303,7 +320,7 @@ async fn an_encrypting_codec_never_stores_a_checkpoint_in_clear() {
     assert!(matches!(err, Error::Decode(_)), "{err:?}");
     let after = w
         .store
-        .get(&w.scope, &key2, w.clock.now())
+        .get(&RecordId::new(w.scope.clone(), key2.clone()), w.clock.now())
         .await
         .unwrap()
         .unwrap();
@@ -355,53 +372,46 @@ struct Plain(MemoryStore);
 impl KeyStore for Plain {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        self.0.claim(scope, key, fingerprint, policy, now).await
+        self.0.claim(id, fingerprint, policy, now).await
     }
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
-        self.0
-            .complete(scope, key, token, outcome, policy, now)
-            .await
+        self.0.complete(id, token, outcome, policy, now).await
     }
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        self.0.release(scope, key, token, now).await
+        self.0.release(id, token, now).await
     }
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        self.0.extend(scope, key, token, lease, now).await
+        self.0.extend(id, token, lease, now).await
     }
     async fn get(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         now: Timestamp,
     ) -> Result<Option<idem_core::Record>, StoreError> {
-        self.0.get(scope, key, now).await
+        self.0.get(id, now).await
     }
     async fn list_in_flight(
         &self,
@@ -423,12 +433,15 @@ impl KeyStore for Plain {
     }
 }
 
+/// A store that is no `CheckpointStore` is never asked for a checkpoint (it has no method to
+/// ask): the executor answers the operation's checkpoint with the typed error itself.
 #[tokio::test]
-async fn a_store_without_checkpoints_refuses_them_with_a_typed_error() {
+async fn a_store_without_checkpoints_is_not_asked_and_the_executor_refuses_them() {
     let store = Arc::new(Plain::default());
-    assert!(!store.supports_checkpoints());
+    assert!(store.as_checkpoint_store().is_none());
     let executor = Executor::from_arc(store.clone());
     let (scope, key) = (Scope::new("s").unwrap(), IdempotencyKey::new("k").unwrap());
+    let id = RecordId::new(scope.clone(), key.clone());
     let fp = Fingerprint::of("op", &json!({})).unwrap();
     executor
         .run(&scope, &key, &fp, |attempt| async move {
@@ -441,17 +454,6 @@ async fn a_store_without_checkpoints_refuses_them_with_a_typed_error() {
         })
         .await
         .unwrap();
-    let direct = store
-        .checkpoint(
-            &scope,
-            &key,
-            Token::with_id(1, 1),
-            &Checkpoint::new("x", "1", Timestamp::from_millis(1)).unwrap(),
-            &Policy::default(),
-        )
-        .await;
-    assert!(matches!(
-        direct,
-        Err(StoreError::CheckpointsUnsupported { backend: "custom" })
-    ));
+    let record = store.get(&id, Timestamp::now()).await.unwrap().unwrap();
+    assert!(record.checkpoints.is_empty(), "nothing written");
 }

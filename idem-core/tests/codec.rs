@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use idem_core::codec::{AesGcmCodec, Chain, CodecError, Redact, sealed_info};
 use idem_core::{
     Clock, Error, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome,
-    OutcomeClass, Policy, RecordState, Scope, SystemClock,
+    OutcomeClass, Policy, RecordId, RecordState, Scope, SystemClock,
 };
 use serde_json::json;
 
@@ -57,7 +57,7 @@ async fn charge(
 /// The stored body, as the store holds it.
 async fn at_rest(store: &MemoryStore, k: &str) -> Outcome {
     store
-        .get(&scope(), &key(k), SystemClock.now())
+        .get(&RecordId::new(scope(), key(k)), SystemClock.now())
         .await
         .unwrap()
         .expect("a record")
@@ -169,7 +169,7 @@ async fn a_wrong_key_is_an_error_and_the_effect_does_not_run_again() {
         "and changes nothing at rest"
     );
     let record = store
-        .get(&scope(), &key("k-1"), SystemClock.now())
+        .get(&RecordId::new(scope(), key("k-1")), SystemClock.now())
         .await
         .unwrap()
         .unwrap();
@@ -259,8 +259,7 @@ async fn transactional_completion_stores_the_encoded_outcome() {
             let stored = attempt.encode(&outcome).unwrap();
             let answer = s
                 .complete(
-                    attempt.scope(),
-                    attempt.key(),
+                    &RecordId::new((attempt.scope()).clone(), (attempt.key()).clone()),
                     attempt.token(),
                     &stored,
                     attempt.policy(),
@@ -275,7 +274,7 @@ async fn transactional_completion_stores_the_encoded_outcome() {
         .await
         .unwrap();
     let record = store
-        .get(&scope(), &key("k-1"), SystemClock.now())
+        .get(&RecordId::new(scope(), key("k-1")), SystemClock.now())
         .await
         .unwrap()
         .unwrap();
@@ -332,7 +331,12 @@ async fn reconciliation_stores_the_sealed_outcome() {
     let codec: Arc<dyn idem_core::codec::OutcomeCodec> = Arc::new(aes("k1", 1));
     // A holder claimed, did the effect and died before recording it.
     let claimed = store
-        .claim(&scope(), &key("k-1"), &fp(), &policy, clock.now())
+        .claim(
+            &RecordId::new(scope(), key("k-1")),
+            &fp(),
+            &policy,
+            clock.now(),
+        )
         .await
         .unwrap();
     assert!(matches!(claimed, ClaimAnswer::Claimed { .. }));
@@ -349,7 +353,7 @@ async fn reconciliation_stores_the_sealed_outcome() {
     .unwrap();
     assert_eq!(report.completed, 1);
     let stored = store
-        .get(&scope(), &key("k-1"), clock.now())
+        .get(&RecordId::new(scope(), key("k-1")), clock.now())
         .await
         .unwrap()
         .unwrap();

@@ -10,7 +10,7 @@ use idem_conformance::kit::{Fault, FaultStore, Op};
 use idem_core::machine::CompleteAnswer;
 use idem_core::{
     Error, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, RecordState, Scope, StoreError, Timestamp,
+    Policy, Record, RecordId, RecordState, Scope, StoreError, Timestamp,
 };
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
@@ -62,7 +62,10 @@ fn ok() -> Outcome {
 impl Setup {
     async fn record(&self) -> Option<Record> {
         self.store
-            .get(&self.scope, &self.key, idem_core::Clock::now(&self.clock))
+            .get(
+                &RecordId::new(self.scope.clone(), self.key.clone()),
+                idem_core::Clock::now(&self.clock),
+            )
             .await
             .unwrap()
     }
@@ -424,8 +427,7 @@ async fn an_operation_that_recorded_its_own_outcome_is_not_completed_twice() {
             let now = idem_core::Clock::now(&clock);
             let done = store
                 .complete(
-                    attempt.scope(),
-                    attempt.key(),
+                    &RecordId::new((attempt.scope()).clone(), (attempt.key()).clone()),
                     attempt.token(),
                     &ok(),
                     &Policy::default(),

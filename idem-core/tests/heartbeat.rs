@@ -15,7 +15,7 @@ use futures_util::future::{Either, select};
 use idem_core::metrics as names;
 use idem_core::{
     Attempt, Clock, Error, Execution, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore,
-    Outcome, Policy, Scope, StalePolicy, Timestamp,
+    Outcome, Policy, RecordId, Scope, StalePolicy, Timestamp,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::json;
@@ -283,8 +283,9 @@ async fn a_dropped_call_stops_renewing_and_detached_work_keeps_the_old_deadline(
     assert!(holder.await.unwrap_err().is_cancelled());
 
     let (scope, key, fp) = ids();
+    let id = RecordId::new(scope.clone(), key.clone());
     let taker = executor(&store, TokioClock::new(start)).with_heartbeat(None);
-    let record = store.get(&scope, &key, attempt.now()).await.unwrap();
+    let record = store.get(&id, attempt.now()).await.unwrap();
     assert_eq!(record.unwrap().lease_until, renewed);
     sleep(renewed.saturating_since(attempt.now())).await;
     let ran = taker

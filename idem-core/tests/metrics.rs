@@ -11,7 +11,7 @@ use idem_core::metrics::{self as names, describe};
 use idem_core::reconcile::{Finding, Probe, Reconciler, purge_expired_all};
 use idem_core::{
     Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, Scope, Timestamp, async_trait,
+    Policy, Record, RecordId, Scope, Timestamp, async_trait,
 };
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -178,7 +178,12 @@ async fn checkpoints_are_counted_saved_and_fenced() {
     let key = IdempotencyKey::new("k-cp").unwrap();
     let fp = Fingerprint::of("tool", &json!({})).unwrap();
     let claim = store
-        .claim(&scope, &key, &fp, executor.policy(), clock.now())
+        .claim(
+            &RecordId::new(scope.clone(), key.clone()),
+            &fp,
+            executor.policy(),
+            clock.now(),
+        )
         .await
         .unwrap();
     let stale = executor.attempt_for(&scope, &key, &claim).unwrap();
@@ -227,7 +232,12 @@ async fn the_reconciler_counts_each_decision_and_times_its_store_operations() {
     for key in ["happened-1", "not-1", "not-2", "unknown-1"] {
         let key = IdempotencyKey::new(key).unwrap();
         let answer = store
-            .claim(&scope, &key, &fp, &policy(), clock.now())
+            .claim(
+                &RecordId::new(scope.clone(), key.clone()),
+                &fp,
+                &policy(),
+                clock.now(),
+            )
             .await
             .unwrap();
         assert!(matches!(answer, ClaimAnswer::Claimed { .. }));

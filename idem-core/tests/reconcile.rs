@@ -12,7 +12,8 @@ use idem_core::reconcile::{
 };
 use idem_core::{
     Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, RecordState, Scope, StalePolicy, Timestamp, async_trait, downstream_key,
+    Policy, Record, RecordId, RecordState, Scope, StalePolicy, Timestamp, async_trait,
+    downstream_key,
 };
 use serde_json::json;
 
@@ -68,7 +69,10 @@ impl World {
     /// The record of `key` now (it must exist).
     async fn record(&self, key: &IdempotencyKey) -> Record {
         self.store
-            .get(&self.scope, key, self.clock.now())
+            .get(
+                &RecordId::new(self.scope.clone(), key.clone()),
+                self.clock.now(),
+            )
             .await
             .unwrap()
             .unwrap()
@@ -92,7 +96,12 @@ impl World {
         let key = IdempotencyKey::new(key).unwrap();
         let ClaimAnswer::Claimed { token, .. } = self
             .store
-            .claim(&self.scope, &key, &self.fp, &self.policy, self.clock.now())
+            .claim(
+                &RecordId::new(self.scope.clone(), key.clone()),
+                &self.fp,
+                &self.policy,
+                self.clock.now(),
+            )
             .await
             .unwrap()
         else {
@@ -146,7 +155,13 @@ async fn an_effect_that_happened_is_completed_and_replays() {
     let late = Outcome::definitive(201, &json!({"ticket_id": "T-late"})).unwrap();
     assert_eq!(
         w.store
-            .complete(&w.scope, &key, old, &late, &w.policy, w.clock.now())
+            .complete(
+                &RecordId::new(w.scope.clone(), key.clone()),
+                old,
+                &late,
+                &w.policy,
+                w.clock.now()
+            )
             .await
             .unwrap(),
         CompleteAnswer::Fenced
@@ -220,7 +235,12 @@ async fn a_claim_taken_over_elsewhere_is_not_reconciled() {
         .unwrap();
     let answer = w
         .store
-        .claim(&w.scope, &key, &w.fp, &takeover, w.clock.now())
+        .claim(
+            &RecordId::new(w.scope.clone(), key.clone()),
+            &w.fp,
+            &takeover,
+            w.clock.now(),
+        )
         .await
         .unwrap();
     assert!(matches!(answer, ClaimAnswer::Claimed { .. }));
@@ -249,7 +269,12 @@ async fn purge_runs_batches_until_none_are_left_and_keeps_live_records() {
     for i in 0..5 {
         let key = IdempotencyKey::new(format!("old-{i}")).unwrap();
         w.store
-            .claim(&w.scope, &key, &w.fp, &short, w.clock.now())
+            .claim(
+                &RecordId::new(w.scope.clone(), key.clone()),
+                &w.fp,
+                &short,
+                w.clock.now(),
+            )
             .await
             .unwrap();
     }
@@ -257,7 +282,12 @@ async fn purge_runs_batches_until_none_are_left_and_keeps_live_records() {
     for i in 0..2 {
         let key = IdempotencyKey::new(format!("live-{i}")).unwrap();
         w.store
-            .claim(&w.scope, &key, &w.fp, &short, w.clock.now())
+            .claim(
+                &RecordId::new(w.scope.clone(), key.clone()),
+                &w.fp,
+                &short,
+                w.clock.now(),
+            )
             .await
             .unwrap();
     }
@@ -289,7 +319,12 @@ async fn expired_records(w: &World, store: &dyn KeyStore, n: usize) {
     for i in 0..n {
         let key = IdempotencyKey::new(format!("old-{i}")).unwrap();
         store
-            .claim(&w.scope, &key, &w.fp, &short, w.clock.now())
+            .claim(
+                &RecordId::new(w.scope.clone(), key.clone()),
+                &w.fp,
+                &short,
+                w.clock.now(),
+            )
             .await
             .unwrap();
     }

@@ -12,7 +12,7 @@ use idem_core::codec::AesGcmCodec;
 use idem_core::reconcile::{Finding, Probe, Reconciler};
 use idem_core::{
     Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, RecordState, Scope, Timestamp, async_trait,
+    Policy, Record, RecordId, RecordState, Scope, Timestamp, async_trait,
 };
 use serde_json::json;
 
@@ -57,14 +57,12 @@ async fn the_probe_is_asked_after_the_last_checkpoint_and_the_retry_resumes() {
         .with_codec(codec());
     let scope = Scope::new("shop/checkout").unwrap();
     let key = IdempotencyKey::new("order-9").unwrap();
+    let id = RecordId::new(scope.clone(), key.clone());
     let fp = Fingerprint::of("checkout", &json!({"order": 9})).unwrap();
     let (charges, probe) = (Arc::new(AtomicUsize::new(0)), EmailProbe::default());
 
     // The first holder charges, saves the step, and dies before the email.
-    let claim = store
-        .claim(&scope, &key, &fp, &policy, clock.now())
-        .await
-        .unwrap();
+    let claim = store.claim(&id, &fp, &policy, clock.now()).await.unwrap();
     let holder = executor.attempt_for(&scope, &key, &claim).unwrap();
     charges.fetch_add(1, Ordering::SeqCst);
     holder
@@ -89,7 +87,7 @@ async fn the_probe_is_asked_after_the_last_checkpoint_and_the_retry_resumes() {
         [("charged".to_owned(), json!({"charge": "ch_1"}))],
         "the probe saw the last step, decoded"
     );
-    let released = store.get(&scope, &key, clock.now()).await.unwrap().unwrap();
+    let released = store.get(&id, clock.now()).await.unwrap().unwrap();
     assert_eq!(released.state, RecordState::FailedRetryable);
     assert_eq!(released.checkpoints.len(), 1, "released with its steps");
 

@@ -12,7 +12,7 @@ use idem_core::machine::{ClaimAnswer, ReleaseAnswer};
 use idem_core::reconcile::{Finding, Probe, Reconciler};
 use idem_core::{
     Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, RecordState, Scope, StoreError, Timestamp, Token, async_trait,
+    Policy, Record, RecordId, RecordState, Scope, StoreError, Timestamp, Token, async_trait,
 };
 use serde_json::json;
 
@@ -77,7 +77,12 @@ impl World {
         let key = IdempotencyKey::new(key).unwrap();
         let ClaimAnswer::Claimed { token, .. } = self
             .store
-            .claim(&self.scope, &key, &self.fp, &self.policy, self.clock.now())
+            .claim(
+                &RecordId::new(self.scope.clone(), key.clone()),
+                &self.fp,
+                &self.policy,
+                self.clock.now(),
+            )
             .await
             .unwrap()
         else {
@@ -89,7 +94,10 @@ impl World {
     async fn record(&self, key: &IdempotencyKey) -> Option<Record> {
         self.store
             .inner()
-            .get(&self.scope, key, self.clock.now())
+            .get(
+                &RecordId::new(self.scope.clone(), key.clone()),
+                self.clock.now(),
+            )
             .await
             .unwrap()
     }
@@ -101,16 +109,13 @@ impl World {
         self.store.after_once(op, move |call| {
             let inner = inner.clone();
             async move {
-                let (scope, key) = (call.scope.unwrap(), call.key.unwrap());
+                let id = RecordId::new(call.scope.unwrap(), call.key.unwrap());
                 let record = inner
-                    .get(&scope, &key, Timestamp::from_millis(0))
+                    .get(&id, Timestamp::from_millis(0))
                     .await
                     .unwrap()
                     .unwrap();
-                let answer = inner
-                    .release(&scope, &key, token, record.lease_until)
-                    .await
-                    .unwrap();
+                let answer = inner.release(&id, token, record.lease_until).await.unwrap();
                 assert_eq!(answer, ReleaseAnswer::Released);
             }
         });

@@ -3,6 +3,7 @@
 //! --older-than` selects on and a waiter wakes on). Each test names the rule it pins; they were
 //! written against the mutants `scripts/mutants` found no test for (docs/mutants.md).
 
+use idem_core::store::CheckpointStore;
 use std::time::Duration;
 
 use idem_core::machine::{
@@ -10,8 +11,8 @@ use idem_core::machine::{
 };
 use idem_core::store::ListFilter;
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, RecordState,
-    Scope, StalePolicy, StoreError, Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, RecordId,
+    RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -43,7 +44,12 @@ fn policy(stale: StalePolicy) -> Policy {
 impl World {
     async fn claim(&self, policy: &Policy, now: Timestamp) -> ClaimAnswer {
         self.store
-            .claim(&self.scope, &self.key, &self.fp, policy, now)
+            .claim(
+                &RecordId::new(self.scope.clone(), self.key.clone()),
+                &self.fp,
+                policy,
+                now,
+            )
             .await
             .unwrap()
     }
@@ -77,13 +83,21 @@ async fn a_retry_and_a_takeover_are_the_records_last_write() {
         let p = policy(stale);
         let (token, _) = w.claimed(&p, t(0)).await;
         if kind == ClaimKind::Retry {
-            let released = w.store.release(&w.scope, &w.key, token, t(1)).await;
+            let released = w
+                .store
+                .release(&RecordId::new(w.scope.clone(), w.key.clone()), token, t(1))
+                .await;
             assert_eq!(released.unwrap(), ReleaseAnswer::Released);
         }
         let again = t(100); // after the first lease ended
         assert_eq!(w.claimed(&p, again).await.1, kind);
 
-        let record = w.store.get(&w.scope, &w.key, again).await.unwrap().unwrap();
+        let record = w
+            .store
+            .get(&RecordId::new(w.scope.clone(), w.key.clone()), again)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(record.state, RecordState::Processing);
         assert_eq!(record.updated_at, again, "{kind:?}");
         assert_eq!(record.created_at, t(0));
@@ -106,7 +120,10 @@ async fn a_retry_and_a_takeover_start_a_fresh_ttl() {
         let p = policy(stale).to_builder().ttl(TTL).build().unwrap();
         let (token, _) = w.claimed(&p, t(0)).await;
         if kind == ClaimKind::Retry {
-            let released = w.store.release(&w.scope, &w.key, token, t(1)).await;
+            let released = w
+                .store
+                .release(&RecordId::new(w.scope.clone(), w.key.clone()), token, t(1))
+                .await;
             assert_eq!(released.unwrap(), ReleaseAnswer::Released);
         }
         let late = t(TTL.as_secs() - 10);
@@ -116,7 +133,10 @@ async fn a_retry_and_a_takeover_start_a_fresh_ttl() {
         let after_first_ttl = t(TTL.as_secs() + 5);
         let record = w
             .store
-            .get(&w.scope, &w.key, after_first_ttl)
+            .get(
+                &RecordId::new(w.scope.clone(), w.key.clone()),
+                after_first_ttl,
+            )
             .await
             .unwrap();
         let record = record.expect("the claim made before the first ttl ended is still there");
@@ -153,27 +173,52 @@ async fn every_write_of_the_holder_is_the_records_last_write() {
         match write {
             "checkpoint" => {
                 let cp = Checkpoint::new("step-1", "{\"n\": 1}", at).unwrap();
-                let saved = w.store.checkpoint(s, k, token, &cp, &p).await.unwrap();
+                let saved = w
+                    .store
+                    .checkpoint(&RecordId::new(s.clone(), k.clone()), token, &cp, &p)
+                    .await
+                    .unwrap();
                 assert_eq!(saved, CheckpointAnswer::Saved);
             }
             "extend" => {
-                let extended = w.store.extend(s, k, token, LEASE, at).await.unwrap();
+                let extended = w
+                    .store
+                    .extend(&RecordId::new(s.clone(), k.clone()), token, LEASE, at)
+                    .await
+                    .unwrap();
                 assert!(matches!(extended, ExtendAnswer::Extended { .. }));
             }
             "release" => {
-                let released = w.store.release(s, k, token, at).await.unwrap();
+                let released = w
+                    .store
+                    .release(&RecordId::new(s.clone(), k.clone()), token, at)
+                    .await
+                    .unwrap();
                 assert_eq!(released, ReleaseAnswer::Released);
             }
             "complete" => {
-                let done = w.store.complete(s, k, token, &ok, &p, at).await.unwrap();
+                let done = w
+                    .store
+                    .complete(&RecordId::new(s.clone(), k.clone()), token, &ok, &p, at)
+                    .await
+                    .unwrap();
                 assert_eq!(done, CompleteAnswer::Completed);
             }
             _ => {
-                let done = w.store.complete(s, k, token, &down, &p, at).await.unwrap();
+                let done = w
+                    .store
+                    .complete(&RecordId::new(s.clone(), k.clone()), token, &down, &p, at)
+                    .await
+                    .unwrap();
                 assert_eq!(done, CompleteAnswer::MarkedRetryable);
             }
         }
-        let record = w.store.get(s, k, at).await.unwrap().unwrap();
+        let record = w
+            .store
+            .get(&RecordId::new(s.clone(), k.clone()), at)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (record.created_at, record.updated_at),
             (t(0), at),
@@ -200,18 +245,29 @@ async fn a_checkpoint_of_exactly_the_limit_is_saved_one_byte_more_is_refused() {
 
     let at_limit = Checkpoint::new("step-1", "\"12345678\"", t(1)).unwrap();
     assert_eq!(at_limit.size(), 16);
-    let saved = w.store.checkpoint(s, k, token, &at_limit, &p).await;
+    let saved = w
+        .store
+        .checkpoint(&RecordId::new(s.clone(), k.clone()), token, &at_limit, &p)
+        .await;
     assert_eq!(saved.unwrap(), CheckpointAnswer::Saved);
 
     let over = Checkpoint::new("step-2", "\"123456789\"", t(2)).unwrap();
     assert_eq!(over.size(), 17);
-    let refused = w.store.checkpoint(s, k, token, &over, &p).await;
+    let refused = w
+        .store
+        .checkpoint(&RecordId::new(s.clone(), k.clone()), token, &over, &p)
+        .await;
     assert!(
         matches!(refused, Err(StoreError::CheckpointTooLarge(ref e)) if e.size == 17 && e.limit == 16),
         "{refused:?}"
     );
 
-    let record = w.store.get(s, k, t(3)).await.unwrap().unwrap();
+    let record = w
+        .store
+        .get(&RecordId::new(s.clone(), k.clone()), t(3))
+        .await
+        .unwrap()
+        .unwrap();
     let names: Vec<&str> = record.checkpoints.iter().map(|c| c.name()).collect();
     assert_eq!(names, ["step-1"]);
     assert_eq!(record.updated_at, t(1));

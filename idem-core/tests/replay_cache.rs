@@ -9,8 +9,8 @@ use std::time::Duration;
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::store::ReplayCache;
 use idem_core::{
-    ClaimKind, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, Scope,
-    Timestamp,
+    ClaimKind, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, RecordId,
+    Scope, Timestamp,
 };
 use serde_json::json;
 
@@ -45,19 +45,35 @@ fn ticket(id: &str) -> Outcome {
 /// that keeps it).
 async fn completed_and_replayed(cache: &ReplayCache<MemoryStore>, k: &str, outcome: &Outcome) {
     let ClaimAnswer::Claimed { token, .. } = cache
-        .claim(&scope(), &key(k), &fp("printer"), &policy(), NOW)
+        .claim(
+            &RecordId::new(scope(), key(k)),
+            &fp("printer"),
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap()
     else {
         panic!("not claimed")
     };
     let done = cache
-        .complete(&scope(), &key(k), token, outcome, &policy(), NOW)
+        .complete(
+            &RecordId::new(scope(), key(k)),
+            token,
+            outcome,
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap();
     assert_eq!(done, CompleteAnswer::Completed);
     let replay = cache
-        .claim(&scope(), &key(k), &fp("printer"), &policy(), NOW)
+        .claim(
+            &RecordId::new(scope(), key(k)),
+            &fp("printer"),
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap();
     assert_eq!(replay, ClaimAnswer::Replay(outcome.clone()));
@@ -68,7 +84,7 @@ async fn gone_from_the_store(store: &MemoryStore) {
     store.purge_expired(NOW + TTL * 2, 1000).await.unwrap();
     assert!(
         store
-            .get(&scope(), &key("k1"), NOW)
+            .get(&RecordId::new(scope(), key("k1")), NOW)
             .await
             .unwrap()
             .is_none()
@@ -85,14 +101,18 @@ async fn a_kept_record_is_replayed_and_refuses_another_request_without_the_store
 
     let later = NOW + Duration::from_secs(60);
     let replay = cache
-        .claim(&scope(), &key("k1"), &fp("printer"), &policy(), later)
+        .claim(
+            &RecordId::new(scope(), key("k1")),
+            &fp("printer"),
+            &policy(),
+            later,
+        )
         .await
         .unwrap();
     assert_eq!(replay, ClaimAnswer::Replay(outcome));
     let other = cache
         .claim(
-            &scope(),
-            &key("k1"),
+            &RecordId::new(scope(), key("k1")),
             &fp("a different request"),
             &policy(),
             later,
@@ -103,7 +123,12 @@ async fn a_kept_record_is_replayed_and_refuses_another_request_without_the_store
     // Another scope with the same key is another record: the store's (absent, so claimed).
     let elsewhere = Scope::new("tenant-b/create_ticket").unwrap();
     let claimed = cache
-        .claim(&elsewhere, &key("k1"), &fp("printer"), &policy(), later)
+        .claim(
+            &RecordId::new(elsewhere.clone(), key("k1")),
+            &fp("printer"),
+            &policy(),
+            later,
+        )
         .await
         .unwrap();
     assert!(
@@ -119,7 +144,12 @@ async fn a_kept_record_that_expired_is_claimed_in_the_store() {
     completed_and_replayed(&cache, "k1", &ticket("T-1")).await;
 
     let expired = cache
-        .claim(&scope(), &key("k1"), &fp("printer"), &policy(), NOW + TTL)
+        .claim(
+            &RecordId::new(scope(), key("k1")),
+            &fp("printer"),
+            &policy(),
+            NOW + TTL,
+        )
         .await
         .unwrap();
     assert!(
@@ -132,7 +162,10 @@ async fn a_kept_record_that_expired_is_claimed_in_the_store() {
         ),
         "{expired:?}"
     );
-    let record = store.get(&scope(), &key("k1"), NOW + TTL).await.unwrap();
+    let record = store
+        .get(&RecordId::new(scope(), key("k1")), NOW + TTL)
+        .await
+        .unwrap();
     assert!(record.is_some(), "the new claim is in the store");
 }
 
@@ -141,25 +174,46 @@ async fn only_completed_records_are_kept() {
     let store = MemoryStore::new();
     let cache = ReplayCache::new(store.clone());
     let ClaimAnswer::Claimed { token, .. } = cache
-        .claim(&scope(), &key("k1"), &fp("printer"), &policy(), NOW)
+        .claim(
+            &RecordId::new(scope(), key("k1")),
+            &fp("printer"),
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap()
     else {
         panic!("not claimed")
     };
     let in_flight = cache
-        .claim(&scope(), &key("k1"), &fp("printer"), &policy(), NOW)
+        .claim(
+            &RecordId::new(scope(), key("k1")),
+            &fp("printer"),
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap();
     assert!(matches!(in_flight, ClaimAnswer::InFlight { .. }));
     // A retryable outcome leaves the record claimable: not kept, the next claim is the store's.
     let failed = Outcome::retryable(503, &json!({ "error": "busy" })).unwrap();
     cache
-        .complete(&scope(), &key("k1"), token, &failed, &policy(), NOW)
+        .complete(
+            &RecordId::new(scope(), key("k1")),
+            token,
+            &failed,
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap();
     let retry = cache
-        .claim(&scope(), &key("k1"), &fp("printer"), &policy(), NOW)
+        .claim(
+            &RecordId::new(scope(), key("k1")),
+            &fp("printer"),
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap();
     assert!(
@@ -184,12 +238,22 @@ async fn the_oldest_kept_record_goes_first_when_entries_run_out() {
 
     // k2 is kept; k1 was evicted, so its claim reaches the store, which no longer has it.
     let k2 = cache
-        .claim(&scope(), &key("k2"), &fp("printer"), &policy(), NOW)
+        .claim(
+            &RecordId::new(scope(), key("k2")),
+            &fp("printer"),
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap();
     assert_eq!(k2, ClaimAnswer::Replay(ticket("T-2")));
     let k1 = cache
-        .claim(&scope(), &key("k1"), &fp("printer"), &policy(), NOW)
+        .claim(
+            &RecordId::new(scope(), key("k1")),
+            &fp("printer"),
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap();
     assert!(matches!(k1, ClaimAnswer::Claimed { .. }), "{k1:?}");
@@ -204,7 +268,12 @@ async fn an_outcome_over_the_byte_bound_is_not_kept() {
     gone_from_the_store(&store).await;
 
     let k1 = cache
-        .claim(&scope(), &key("k1"), &fp("printer"), &policy(), NOW)
+        .claim(
+            &RecordId::new(scope(), key("k1")),
+            &fp("printer"),
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap();
     assert!(matches!(k1, ClaimAnswer::Claimed { .. }), "{k1:?}");

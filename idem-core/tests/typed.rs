@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_core::{
     Clock, Error, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, OperationError,
-    OutcomeClass, RecordState, Scope, SystemClock, TypedExecution,
+    OutcomeClass, RecordId, RecordState, Scope, SystemClock, TypedExecution,
 };
 use serde::{Deserialize, Serialize};
 
@@ -111,7 +111,7 @@ async fn a_definitive_error_is_stored_and_replayed_as_the_error_type() {
         .unwrap();
     assert_eq!(first.result(), Err(&closed));
     let record = store
-        .get(&scope(), &key("k-1"), SystemClock.now())
+        .get(&RecordId::new(scope(), key("k-1")), SystemClock.now())
         .await
         .unwrap()
         .unwrap();
@@ -156,6 +156,7 @@ async fn a_value_that_cannot_be_serialised_is_a_typed_error_and_never_runs_again
     let executor = Executor::new(store.clone());
     let runs = Arc::new(AtomicUsize::new(0));
     let (scope, key, fp) = (scope(), key("k-1"), fp());
+    let id = RecordId::new(scope.clone(), key.clone());
     let attempt = |runs: Arc<AtomicUsize>| {
         executor.run_typed::<Unserializable, TicketError, _, _>(
             &scope,
@@ -172,11 +173,7 @@ async fn a_value_that_cannot_be_serialised_is_a_typed_error_and_never_runs_again
     let err = attempt(runs.clone()).await.unwrap_err();
     assert!(matches!(err, Error::Serialize(_)), "{err:?}");
     assert!(err.operation_ran());
-    let record = store
-        .get(&scope, &key, SystemClock.now())
-        .await
-        .unwrap()
-        .unwrap();
+    let record = store.get(&id, SystemClock.now()).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Completed, "not left processing");
     let kept = record.outcome.unwrap();
     assert!(kept.is_not_kept());
@@ -267,7 +264,7 @@ async fn typed_and_encrypted() {
     let runs = Arc::new(AtomicUsize::new(0));
     create(&executor, "k-1", &runs, Ok(ticket())).await.unwrap();
     let at_rest = store
-        .get(&scope(), &key("k-1"), SystemClock.now())
+        .get(&RecordId::new(scope(), key("k-1")), SystemClock.now())
         .await
         .unwrap()
         .unwrap()

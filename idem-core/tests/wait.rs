@@ -15,7 +15,7 @@ use idem_core::metrics as names;
 use idem_core::store::ListFilter;
 use idem_core::{
     Clock, Error, Execution, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome,
-    Policy, Record, Scope, StalePolicy, StoreError, Timer, Timestamp, Token, async_trait,
+    Policy, Record, RecordId, Scope, StalePolicy, StoreError, Timer, Timestamp, Token, async_trait,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde_json::json;
@@ -139,7 +139,8 @@ async fn the_bound_passes_and_the_waiter_is_in_flight_having_written_nothing() {
     );
     let (finish, first) = hold(&exec, &sink).await;
     let (scope, key, fp) = ids();
-    let before = store.get(&scope, &key, Timestamp::from_millis(0)).await;
+    let id = RecordId::new(scope.clone(), key.clone());
+    let before = store.get(&id, Timestamp::from_millis(0)).await;
     let started = tokio::time::Instant::now();
     let err = exec
         .waiting(Duration::from_secs(2))
@@ -155,7 +156,7 @@ async fn the_bound_passes_and_the_waiter_is_in_flight_having_written_nothing() {
         Duration::from_secs(2),
         "waited the bound"
     );
-    let after = store.get(&scope, &key, Timestamp::from_millis(0)).await;
+    let after = store.get(&id, Timestamp::from_millis(0)).await;
     assert_eq!(before.unwrap(), after.unwrap(), "the record is unchanged");
     assert_eq!(store.wait_subscriptions(), 0);
     finish.send(()).unwrap();
@@ -246,8 +247,9 @@ async fn a_waiter_claims_a_released_record_and_runs() {
         Arc::new(Sink::default()),
     );
     let (scope, key, fp) = ids();
+    let id = RecordId::new(scope.clone(), key.clone());
     let ClaimAnswer::Claimed { token, .. } = store
-        .claim(&scope, &key, &fp, exec.policy(), exec.clock().now())
+        .claim(&id, &fp, exec.policy(), exec.clock().now())
         .await
         .unwrap()
     else {
@@ -262,10 +264,7 @@ async fn a_waiter_claims_a_released_record_and_runs() {
         })
     };
     until_subscribed(&store, 1).await;
-    let released = store
-        .release(&scope, &key, token, exec.clock().now())
-        .await
-        .unwrap();
+    let released = store.release(&id, token, exec.clock().now()).await.unwrap();
     assert_eq!(released, ReleaseAnswer::Released);
     let ran = waiter.await.unwrap().unwrap();
     assert!(!ran.is_replay(), "the waiter claimed and ran");
@@ -326,10 +325,8 @@ async fn a_dropped_waiter_leaves_no_record_change_and_no_subscription() {
     );
     let (finish, first) = hold(&exec, &sink).await;
     let (scope, key, fp) = ids();
-    let before = store
-        .get(&scope, &key, Timestamp::from_millis(0))
-        .await
-        .unwrap();
+    let id = RecordId::new(scope.clone(), key.clone());
+    let before = store.get(&id, Timestamp::from_millis(0)).await.unwrap();
     let waiter = {
         let (exec, sink) = (exec.waiting(Duration::from_secs(10)), sink.clone());
         let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
@@ -349,10 +346,7 @@ async fn a_dropped_waiter_leaves_no_record_change_and_no_subscription() {
         0,
         "the store's wait is gone"
     );
-    let after = store
-        .get(&scope, &key, Timestamp::from_millis(0))
-        .await
-        .unwrap();
+    let after = store.get(&id, Timestamp::from_millis(0)).await.unwrap();
     assert_eq!(before, after, "no record change");
     assert_eq!(
         counting.writes.load(Ordering::SeqCst),
@@ -432,7 +426,12 @@ async fn waits_are_counted_by_result_and_timed() {
     // claimed: a wait the lease's end ends, under takeover.
     let other = IdempotencyKey::new("wf-1:step-2").unwrap();
     let ClaimAnswer::Claimed { .. } = store
-        .claim(&scope, &other, &fp, exec.policy(), exec.clock().now())
+        .claim(
+            &RecordId::new(scope.clone(), other.clone()),
+            &fp,
+            exec.policy(),
+            exec.clock().now(),
+        )
         .await
         .unwrap()
     else {
@@ -513,55 +512,50 @@ macro_rules! forward {
         impl KeyStore for $ty {
             async fn claim(
                 &self,
-                scope: &Scope,
-                key: &IdempotencyKey,
+                id: &RecordId,
                 fingerprint: &Fingerprint,
                 policy: &Policy,
                 now: Timestamp,
             ) -> Result<ClaimAnswer, StoreError> {
                 self.on_claim();
-                self.inner().claim(scope, key, fingerprint, policy, now).await
+                self.inner().claim(id, fingerprint, policy, now).await
             }
             async fn complete(
                 &self,
-                scope: &Scope,
-                key: &IdempotencyKey,
+                id: &RecordId,
                 token: Token,
                 outcome: &Outcome,
                 policy: &Policy,
                 now: Timestamp,
             ) -> Result<CompleteAnswer, StoreError> {
                 self.on_write();
-                self.inner().complete(scope, key, token, outcome, policy, now).await
+                self.inner().complete(id, token, outcome, policy, now).await
             }
             async fn release(
                 &self,
-                scope: &Scope,
-                key: &IdempotencyKey,
+                id: &RecordId,
                 token: Token,
                 now: Timestamp,
             ) -> Result<ReleaseAnswer, StoreError> {
                 self.on_write();
-                self.inner().release(scope, key, token, now).await
+                self.inner().release(id, token, now).await
             }
             async fn extend(
                 &self,
-                scope: &Scope,
-                key: &IdempotencyKey,
+                id: &RecordId,
                 token: Token,
                 lease: Duration,
                 now: Timestamp,
             ) -> Result<ExtendAnswer, StoreError> {
                 self.on_write();
-                self.inner().extend(scope, key, token, lease, now).await
+                self.inner().extend(id, token, lease, now).await
             }
             async fn get(
                 &self,
-                scope: &Scope,
-                key: &IdempotencyKey,
+                id: &RecordId,
                 now: Timestamp,
             ) -> Result<Option<Record>, StoreError> {
-                self.inner().get(scope, key, now).await
+                self.inner().get(id, now).await
             }
             async fn list_in_flight(
                 &self,

@@ -26,7 +26,7 @@ use http_body_util::BodyExt;
 use idem_core::machine::ClaimAnswer;
 use idem_core::{
     Executor, Fingerprint, IdempotencyKey, KeySource, KeyStore, MemoryStore, Outcome, Policy,
-    Scope, Timestamp,
+    RecordId, Scope, Timestamp,
 };
 use idem_http::IdempotencyLayer;
 use serde_json::{Value, json};
@@ -71,6 +71,7 @@ async fn call(app: &mut Router, req: Request<Body>) -> Duration {
 async fn store_round_trips(store: &MemoryStore, key: &str, replay: bool) -> Duration {
     let scope = Scope::new("bench//tools/create_ticket").unwrap();
     let key = IdempotencyKey::new(key).unwrap();
+    let id = RecordId::new(scope.clone(), key.clone());
     let fingerprint = Fingerprint::of_bytes(b"request");
     let policy = Policy::default();
     let outcome = Outcome::from_json_text(
@@ -81,13 +82,13 @@ async fn store_round_trips(store: &MemoryStore, key: &str, replay: bool) -> Dura
     .unwrap();
     let t = Instant::now();
     let answer = store
-        .claim(&scope, &key, &fingerprint, &policy, Timestamp::now())
+        .claim(&id, &fingerprint, &policy, Timestamp::now())
         .await
         .unwrap();
     match answer {
         ClaimAnswer::Claimed { token, .. } if !replay => {
             store
-                .complete(&scope, &key, token, &outcome, &policy, Timestamp::now())
+                .complete(&id, token, &outcome, &policy, Timestamp::now())
                 .await
                 .unwrap();
         }

@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idem_core::{Executor, IdempotencyKey, KeyStore, MemoryStore, RecordState, Scope};
+use idem_core::{Executor, IdempotencyKey, KeyStore, MemoryStore, RecordId, RecordState, Scope};
 use idem_http::IdempotencyLayer;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, Semaphore};
@@ -63,9 +63,9 @@ fn request(key: &str) -> Request<Body> {
 
 async fn state_of(store: &MemoryStore, key: &str) -> Option<RecordState> {
     let scope = Scope::from_parts(["tenant-a", "/tools/create_ticket"]).unwrap();
-    let key = IdempotencyKey::new(key).unwrap();
+    let id = RecordId::new(scope.clone(), IdempotencyKey::new(key).unwrap());
     store
-        .get(&scope, &key, idem_core::Timestamp::now())
+        .get(&id, idem_core::Timestamp::now())
         .await
         .unwrap()
         .map(|r| r.state)

@@ -9,7 +9,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use idem_conformance::kit::{Fault, FaultStore, Op};
-use idem_core::{Executor, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Policy, Scope};
+use idem_core::{
+    Executor, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Policy, RecordId, Scope,
+};
 use idem_http::IdempotencyLayer;
 use serde_json::{Value, json};
 use tokio::sync::{Barrier, Semaphore};
@@ -336,9 +338,9 @@ async fn refused_input_is_a_problem_and_writes_nothing() {
     let now = idem_core::Clock::now(&s.clock);
     for key in ["k-2", "k-3", "k-4"] {
         let scope = Scope::from_parts(["public", "/tools/create_ticket"]).unwrap();
-        let key = IdempotencyKey::new(key).unwrap();
+        let id = RecordId::new(scope.clone(), IdempotencyKey::new(key).unwrap());
         assert_eq!(
-            s.store.get(&scope, &key, now).await.unwrap(),
+            s.store.get(&id, now).await.unwrap(),
             None,
             "no record written"
         );

@@ -19,7 +19,7 @@ use idem_core::machine::ClaimAnswer;
 use idem_core::reconcile::{Finding, Probe, Reconciler};
 use idem_core::{
     Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, Scope, Timestamp, async_trait,
+    Policy, Record, RecordId, Scope, Timestamp, async_trait,
 };
 use idem_http::IdempotencyLayer;
 use idem_mcp::{IdempotentTools, META_KEY, ToolSettings, is_replay};
@@ -149,6 +149,7 @@ async fn a_full_run_logs_no_stored_body_and_names_every_transition() {
 
     // The executor: executed, replayed, in flight, too large.
     let key = IdempotencyKey::new("wf-1:step-1:create_ticket").unwrap();
+    let id = RecordId::new(scope.clone(), key.clone());
     for _ in 0..2 {
         let run = executor.run(&scope, &key, &fp, |_| async { body(1) }).await;
         tracing::info!(?run, "application: executor answered");
@@ -160,13 +161,18 @@ async fn a_full_run_logs_no_stored_body_and_names_every_transition() {
         })
         .await;
     tracing::info!(?big, "application: executor answered");
-    let record = store.get(&scope, &key, clock.now()).await.unwrap();
+    let record = store.get(&id, clock.now()).await.unwrap();
     tracing::info!(?record, "application: the record");
 
     // The reconciler: a stale claim whose effect happened; then one completed meanwhile.
     let stale = IdempotencyKey::new("wf-1:step-3:create_ticket").unwrap();
     let answer = store
-        .claim(&scope, &stale, &fp, &policy, clock.now())
+        .claim(
+            &RecordId::new(scope.clone(), stale.clone()),
+            &fp,
+            &policy,
+            clock.now(),
+        )
         .await
         .unwrap();
     assert!(matches!(answer, ClaimAnswer::Claimed { .. }));

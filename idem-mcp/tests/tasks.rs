@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::{IdempotencyKey, KeyStore, OutcomeClass, Policy, StalePolicy, Timestamp};
+use idem_core::{IdempotencyKey, KeyStore, OutcomeClass, Policy, RecordId, StalePolicy, Timestamp};
 use idem_mcp::{IdempotentTools, ToolSettings, is_replay};
 use idem_store_sqlite::SqliteStore;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -453,7 +453,12 @@ async fn a_crashed_holder_is_reported_working_with_what_is_known() {
     let fingerprint = idem_core::Fingerprint::of_value("provision", &args).unwrap();
     let past = Timestamp::from_millis(Timestamp::now().as_millis() - 60_000);
     let claim = store
-        .claim(&scope, &key, &fingerprint, &policy(), past)
+        .claim(
+            &RecordId::new(scope.clone(), key.clone()),
+            &fingerprint,
+            &policy(),
+            past,
+        )
         .await
         .unwrap();
     assert!(matches!(

@@ -29,7 +29,7 @@ use idem_core::machine::ClaimAnswer;
 use idem_core::store::columns::{timestamp_to_column, to_column};
 use idem_core::wait::Timer;
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, SystemClock, Timestamp,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, postgres::PgPoolOptions};
@@ -72,9 +72,10 @@ impl Bench {
         let store = &self.store;
         let scope = Scope::new(format!("bench-{}-{variant:?}-{round}", self.run)).unwrap();
         let key = IdempotencyKey::new(format!("k-{i}")).unwrap();
+        let id = RecordId::new(scope.clone(), key.clone());
         let now = Timestamp::now();
         let ClaimAnswer::Claimed { token, .. } = store
-            .claim(&scope, &key, &self.fingerprint, &self.policy, now)
+            .claim(&id, &self.fingerprint, &self.policy, now)
             .await
             .unwrap()
         else {
@@ -107,7 +108,7 @@ impl Bench {
             assert_eq!(updated, 1);
         } else {
             store
-                .complete(&scope, &key, token, &self.outcome, &self.policy, now)
+                .complete(&id, token, &self.outcome, &self.policy, now)
                 .await
                 .unwrap();
         }
@@ -155,19 +156,19 @@ fn micros(d: Duration) -> f64 {
 
 /// Opens `store`'s `LISTEN` session: a wait on a record in flight, then its completion.
 async fn listen(store: &PostgresStore, bench: &Bench) {
-    let (scope, key) = (
+    let id = RecordId::new(
         Scope::new(format!("bench-{}-listen", bench.run)).unwrap(),
         IdempotencyKey::new("k").unwrap(),
     );
     let now = Timestamp::now();
     let ClaimAnswer::Claimed { token, .. } = store
-        .claim(&scope, &key, &bench.fingerprint, &bench.policy, now)
+        .claim(&id, &bench.fingerprint, &bench.policy, now)
         .await
         .unwrap()
     else {
         panic!("fresh key not claimed")
     };
-    let seen = store.get(&scope, &key, now).await.unwrap().unwrap();
+    let seen = store.get(&id, now).await.unwrap().unwrap();
     let waiting = {
         let store = store.clone();
         tokio::spawn(async move {
@@ -181,7 +182,7 @@ async fn listen(store: &PostgresStore, bench: &Bench) {
         tokio::task::yield_now().await;
     }
     store
-        .complete(&scope, &key, token, &bench.outcome, &bench.policy, now)
+        .complete(&id, token, &bench.outcome, &bench.policy, now)
         .await
         .unwrap();
     waiting.await.unwrap();

@@ -18,7 +18,9 @@
 use std::time::{Duration, Instant};
 
 use idem_core::machine::ClaimAnswer;
-use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, Timestamp,
+};
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{
     AssertSqlSafe, postgres::PgConnectOptions, postgres::PgPoolOptions,
@@ -73,15 +75,16 @@ impl Run {
             for i in t * per_task..(t + 1) * per_task {
                 let now = Timestamp::now();
                 let (scope, key) = self.key(setup, if replay { 0 } else { round }, i);
+                let id = RecordId::new(scope.clone(), key.clone());
                 let answer = store
-                    .claim(&scope, &key, &self.fingerprint, &self.policy, now)
+                    .claim(&id, &self.fingerprint, &self.policy, now)
                     .await
                     .unwrap();
                 match (replay, answer) {
                     (true, ClaimAnswer::Replay(_)) => {}
                     (false, ClaimAnswer::Claimed { token, .. }) => {
                         store
-                            .complete(&scope, &key, token, &self.outcome, &self.policy, now)
+                            .complete(&id, token, &self.outcome, &self.policy, now)
                             .await
                             .unwrap();
                     }

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::machine::ClaimAnswer;
-use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, Timestamp,
+};
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, PgPool, postgres::PgPoolOptions};
 
@@ -57,16 +59,17 @@ impl Bench {
         match op {
             Op::IdemFirst => {
                 let (scope, key) = self.key(&format!("idem-{round}"), i);
+                let id = RecordId::new(scope.clone(), key.clone());
                 let ClaimAnswer::Claimed { token, .. } = self
                     .store
-                    .claim(&scope, &key, &self.fingerprint, &self.policy, now)
+                    .claim(&id, &self.fingerprint, &self.policy, now)
                     .await
                     .unwrap()
                 else {
                     panic!("fresh key not claimed")
                 };
                 self.store
-                    .complete(&scope, &key, token, &self.outcome, &self.policy, now)
+                    .complete(&id, token, &self.outcome, &self.policy, now)
                     .await
                     .unwrap();
             }
@@ -108,7 +111,12 @@ impl Bench {
                 let (scope, key) = self.key("idem-0", i);
                 let answer = self
                     .store
-                    .claim(&scope, &key, &self.fingerprint, &self.policy, now)
+                    .claim(
+                        &RecordId::new(scope.clone(), key.clone()),
+                        &self.fingerprint,
+                        &self.policy,
+                        now,
+                    )
                     .await
                     .unwrap();
                 assert!(matches!(answer, ClaimAnswer::Replay(_)), "{answer:?}");

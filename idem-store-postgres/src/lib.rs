@@ -269,8 +269,7 @@ impl PostgresStore {
         let policy = attempt.policy();
         machine::check_outcome_size(outcome, policy)?;
         let held = Held {
-            scope: attempt.scope(),
-            key: attempt.key(),
+            id: attempt.id(),
             token: attempt.token(),
         };
         let answer = self

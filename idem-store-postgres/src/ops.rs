@@ -2,9 +2,7 @@
 //! executor (the pool, or the caller's transaction).
 
 use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer};
-use idem_core::{
-    IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp, Token,
-};
+use idem_core::{Outcome, Policy, Record, RecordId, RecordState, StoreError, Timestamp, Token};
 use sqlx::{PgConnection, Postgres, Row, SqlStr};
 
 use crate::PostgresStore;
@@ -14,8 +12,7 @@ use crate::row::{big, bind_record, record_from_row, ts};
 /// The claim a fenced write is made under: the record's address and the holder's token.
 #[derive(Clone, Copy)]
 pub(crate) struct Held<'a> {
-    pub(crate) scope: &'a Scope,
-    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) id: &'a RecordId,
     pub(crate) token: Token,
 }
 
@@ -34,12 +31,12 @@ impl PostgresStore {
     where
         E: sqlx::Executor<'e, Database = Postgres>,
     {
-        let Held { scope, key, token } = held;
+        let Held { id, token } = held;
         let state = machine::completed_state(outcome, policy);
         let updated = self
             .statement(&self.sql.complete)
-            .bind(scope.as_str())
-            .bind(key.as_str())
+            .bind(id.scope().as_str())
+            .bind(id.key().as_str())
             .bind(big(token.seq))
             .bind(token.id_hex())
             .bind(ts(now))
@@ -48,7 +45,7 @@ impl PostgresStore {
             .bind(outcome.body())
             .bind(outcome.class().as_str())
             .bind(ts(now + policy.ttl()))
-            .bind(self.payload(scope, key))
+            .bind(self.payload(id))
             .execute(executor)
             .await?
             .rows_affected();
@@ -59,23 +56,22 @@ impl PostgresStore {
         })
     }
 
-    /// What a write of (scope, key) notifies its waiters with ([`crate::wake`]).
-    pub(crate) fn payload(&self, scope: &Scope, key: &IdempotencyKey) -> String {
-        crate::wake::payload(&self.sql.qualified, scope, key)
+    /// What a write of `id` notifies its waiters with ([`crate::wake`]).
+    pub(crate) fn payload(&self, id: &RecordId) -> String {
+        crate::wake::payload(&self.sql.qualified, id)
     }
 
-    /// The record stored for (scope, key), expired or not, with its checkpoints column as stored
+    /// The record `id`, expired or not, with its checkpoints column as stored
     /// (what the claim's compare-and-set compares).
     pub(crate) async fn read(
         &self,
         conn: &mut PgConnection,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
     ) -> Result<Option<(Record, Option<String>)>, sqlx::Error> {
         let row = self
             .statement(&self.sql.select_any)
-            .bind(scope.as_str())
-            .bind(key.as_str())
+            .bind(id.scope().as_str())
+            .bind(id.key().as_str())
             .fetch_optional(conn)
             .await?;
         let Some(row) = row else { return Ok(None) };
@@ -88,6 +84,7 @@ impl PostgresStore {
     /// under us and the round must be run again.
     pub(crate) async fn claim_round(
         &self,
+        id: &RecordId,
         req: ClaimRequest<'_>,
         policy: &Policy,
         now: Timestamp,
@@ -97,7 +94,7 @@ impl PostgresStore {
         let mut conn = self.pool.acquire().await?;
         let conn: &mut PgConnection = &mut conn;
         // Read first: a replay (and an in-flight or mismatched request) is this one read.
-        let (found, checkpoints) = match self.read(conn, req.scope, req.key).await? {
+        let (found, checkpoints) = match self.read(conn, id).await? {
             Some(found) => found,
             None => {
                 let fresh = machine::claim(None, req, now, policy);
@@ -114,7 +111,7 @@ impl PostgresStore {
                 // A concurrent claim inserted the key since our read (the insert waited for it
                 // to commit). A new statement takes a new snapshot and sees its row
                 // (idem_core::contract §7).
-                match self.read(conn, req.scope, req.key).await? {
+                match self.read(conn, id).await? {
                     Some(found) => found,
                     None => return Ok(None), // purged meanwhile: start again
                 }
@@ -139,22 +136,18 @@ impl PostgresStore {
             .bind(ts(found.expires_at))
             .bind(checkpoints);
         if notify {
-            replace = replace.bind(self.payload(req.scope, req.key));
+            replace = replace.bind(self.payload(id));
         }
         let replaced = replace.execute(&mut *conn).await?.rows_affected();
         Ok((replaced == 1).then_some(decided.answer))
     }
 
-    /// Marks (scope, key) as waited on, so that its next writes notify ([`crate::wake`]).
-    pub(crate) async fn mark_waited(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<(), StoreError> {
+    /// Marks `id` as waited on, so that its next writes notify ([`crate::wake`]).
+    pub(crate) async fn mark_waited(&self, id: &RecordId) -> Result<(), StoreError> {
         retry_conflicts("mark waited", || {
             self.statement(&self.sql.mark_waited)
-                .bind(scope.as_str())
-                .bind(key.as_str())
+                .bind(id.scope().as_str())
+                .bind(id.key().as_str())
                 .execute(&self.pool)
         })
         .await?;
@@ -166,16 +159,15 @@ impl PostgresStore {
         &self,
         op: &'static str,
         sql: &SqlStr,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
-        let payload = self.payload(scope, key);
+        let payload = self.payload(id);
         let updated = retry_conflicts(op, || {
             self.statement(sql)
-                .bind(scope.as_str())
-                .bind(key.as_str())
+                .bind(id.scope().as_str())
+                .bind(id.key().as_str())
                 .bind(big(token.seq))
                 .bind(token.id_hex())
                 .bind(ts(now))

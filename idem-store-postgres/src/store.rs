@@ -7,11 +7,11 @@ use std::time::Duration;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
-use idem_core::store::ListFilter;
+use idem_core::store::{CheckpointStore, ListFilter};
 use idem_core::wait::Timer;
 use idem_core::{
-    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState,
-    Scope, StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Clock, Fingerprint, KeyStore, Outcome, Policy, Record, RecordId, RecordState,
+    StoreError, Timestamp, Token, async_trait,
 };
 
 use crate::PostgresStore;
@@ -25,22 +25,21 @@ use crate::schema::{self, trusted};
 impl KeyStore for PostgresStore {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        let req = ClaimRequest::new(scope, key, fingerprint);
+        let req = ClaimRequest::new(id, fingerprint);
         for round in 1..=MAX_CLAIM_ROUNDS {
-            match self.claim_round(req, policy, now).await {
+            match self.claim_round(id, req, policy, now).await {
                 Ok(Some(answer)) => return Ok(answer),
                 Ok(None) => continue,
                 Err(e) if is_transient_conflict(&e) => conflict_backoff(round).await,
                 Err(e) => return Err(claim_error(e)),
             }
         }
-        tracing::warn!(%scope, %key, "claim gave up: the record kept changing");
+        tracing::warn!(scope = %id.scope(), key = %id.key(), "claim gave up: the record kept changing");
         Err(StoreError::Unavailable {
             message: format!(
                 "postgres claim: the record changed {MAX_CLAIM_ROUNDS} times while claiming; try again"
@@ -51,8 +50,7 @@ impl KeyStore for PostgresStore {
 
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
@@ -60,7 +58,7 @@ impl KeyStore for PostgresStore {
     ) -> Result<CompleteAnswer, StoreError> {
         machine::check_outcome_size(outcome, policy)?;
         retry_conflicts("complete", || {
-            let held = Held { scope, key, token };
+            let held = Held { id, token };
             self.complete_on(&self.pool, held, outcome, policy, now)
         })
         .await
@@ -68,17 +66,13 @@ impl KeyStore for PostgresStore {
 
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
         let sql = &self.sql.release;
         Ok(
-            if self
-                .fenced_update("release", sql, scope, key, token, now)
-                .await?
-            {
+            if self.fenced_update("release", sql, id, token, now).await? {
                 ReleaseAnswer::Released
             } else {
                 ReleaseAnswer::Fenced
@@ -88,8 +82,7 @@ impl KeyStore for PostgresStore {
 
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
@@ -99,8 +92,8 @@ impl KeyStore for PostgresStore {
         // on a serialization failure or deadlock, as every write is.
         let row = retry_conflicts("extend", || {
             self.statement(&self.sql.extend)
-                .bind(scope.as_str())
-                .bind(key.as_str())
+                .bind(id.scope().as_str())
+                .bind(id.key().as_str())
                 .bind(big(token.seq))
                 .bind(token.id_hex())
                 .bind(ts(now))
@@ -116,16 +109,11 @@ impl KeyStore for PostgresStore {
         })
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
         let row = self
             .statement(&self.sql.get)
-            .bind(scope.as_str())
-            .bind(key.as_str())
+            .bind(id.scope().as_str())
+            .bind(id.key().as_str())
             .bind(ts(now))
             .fetch_optional(&self.pool)
             .await
@@ -227,10 +215,25 @@ impl KeyStore for PostgresStore {
         "postgres"
     }
 
+    fn as_checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
+        Some(self)
+    }
+
+    async fn wait_for_change(
+        &self,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        crate::wake::wait_for_change(self, seen, clock, timer).await
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for PostgresStore {
     async fn checkpoint(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         checkpoint: &Checkpoint,
         policy: &Policy,
@@ -239,8 +242,8 @@ impl KeyStore for PostgresStore {
         let item = idem_core::store::columns::checkpoint_item(checkpoint);
         let updated = retry_conflicts("checkpoint", || {
             self.statement(&self.sql.checkpoint)
-                .bind(scope.as_str())
-                .bind(key.as_str())
+                .bind(id.scope().as_str())
+                .bind(id.key().as_str())
                 .bind(big(token.seq))
                 .bind(token.id_hex())
                 .bind(ts(checkpoint.saved_at()))
@@ -253,18 +256,5 @@ impl KeyStore for PostgresStore {
             0 => CheckpointAnswer::Fenced,
             _ => CheckpointAnswer::Saved,
         })
-    }
-
-    fn supports_checkpoints(&self) -> bool {
-        true
-    }
-
-    async fn wait_for_change(
-        &self,
-        seen: &Record,
-        clock: &dyn Clock,
-        timer: &Timer,
-    ) -> Result<(), StoreError> {
-        crate::wake::wait_for_change(self, seen, clock, timer).await
     }
 }

@@ -25,13 +25,12 @@
 //!   every [`SAFETY_POLL`] races each notified wait too, for a listener that stops hearing
 //!   without an error (a half-open connection, or a pooler in transaction mode).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use idem_core::wait::{Timer, changed, poll_every, poll_for_change};
-use idem_core::{Clock, IdempotencyKey, KeyStore, Record, Scope, StoreError};
+use idem_core::wait::{Timer, Waiter, Waiters, changed, poll_every, poll_for_change};
+use idem_core::{Clock, KeyStore, Record, RecordId, StoreError};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{OnceCell, oneshot};
@@ -45,14 +44,14 @@ pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
 /// The longest pause between two attempts to open the listener.
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
-/// The notification payload of (table, scope, key): FNV-1a 64 in 16 hex digits, stable across
-/// versions and platforms (every process computes it alike).
-pub(crate) fn payload(table: &str, scope: &Scope, key: &IdempotencyKey) -> String {
+/// The notification payload of the record `id` in `table`: FNV-1a 64 of (table, scope, key) in
+/// 16 hex digits, stable across versions and platforms (every process computes it alike).
+pub(crate) fn payload(table: &str, id: &RecordId) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for part in [
         table.as_bytes(),
-        scope.as_str().as_bytes(),
-        key.as_str().as_bytes(),
+        id.scope().as_str().as_bytes(),
+        id.key().as_str().as_bytes(),
     ] {
         for &b in part.iter().chain(&[0x1f]) {
             hash ^= u64::from(b);
@@ -65,7 +64,11 @@ pub(crate) fn payload(table: &str, scope: &Scope, key: &IdempotencyKey) -> Strin
 /// The waits of one store and its listener's state.
 #[derive(Debug, Default)]
 pub(crate) struct Hub {
-    state: Mutex<State>,
+    /// The registered waits, by payload.
+    waiters: Waiters<String>,
+    /// Whether the listener is `LISTEN`ing now: set before every wait is woken, read after a
+    /// wait registers, so a wait that read a stale value is woken and reads again.
+    up: AtomicBool,
     /// Set once the listener task runs and has made its first attempt.
     started: OnceCell<()>,
     /// Dropped with the hub: the listener task ends.
@@ -74,23 +77,10 @@ pub(crate) struct Hub {
     opened: AtomicUsize,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    /// Whether the listener is `LISTEN`ing now.
-    up: bool,
-    next: u64,
-    waits: HashMap<String, HashMap<u64, oneshot::Sender<()>>>,
-}
-
 impl Hub {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The map stays consistent across a panic: every change is one insert or remove.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// How many waits are registered right now.
     pub(crate) fn subscriptions(&self) -> usize {
-        self.lock().waits.values().map(HashMap::len).sum()
+        self.waiters.waiting()
     }
 
     /// How many listener connections this store opened.
@@ -118,74 +108,20 @@ impl Hub {
     }
 
     /// Registers a wait on `payload`; also answers whether the listener is up.
-    fn register(&self, payload: String) -> (Registered<'_>, bool) {
-        let (tx, rx) = oneshot::channel();
-        let mut state = self.lock();
-        state.next += 1;
-        let n = state.next;
-        let up = state.up;
-        state
-            .waits
-            .entry(payload.clone())
-            .or_default()
-            .insert(n, tx);
-        drop(state);
-        (
-            Registered {
-                hub: self,
-                payload,
-                n,
-                rx,
-            },
-            up,
-        )
+    fn register(&self, payload: String) -> (Waiter<String>, bool) {
+        let waiter = self.waiters.register(payload);
+        (waiter, self.up.load(Ordering::SeqCst))
     }
 
     fn wake(&self, payload: &str) {
-        let woken = self.lock().waits.remove(payload);
-        for tx in woken.into_iter().flat_map(HashMap::into_values) {
-            let _ = tx.send(());
-        }
+        self.waiters.wake(payload);
     }
 
     /// Sets whether the listener is up and wakes every wait: what they wait on may have been
     /// missed (down), or can now be heard (up).
     fn wake_all(&self, up: bool) {
-        let woken = {
-            let mut state = self.lock();
-            state.up = up;
-            std::mem::take(&mut state.waits)
-        };
-        for tx in woken.into_values().flat_map(HashMap::into_values) {
-            let _ = tx.send(());
-        }
-    }
-}
-
-/// One registered wait; dropping it unregisters.
-struct Registered<'a> {
-    hub: &'a Hub,
-    payload: String,
-    n: u64,
-    rx: oneshot::Receiver<()>,
-}
-
-impl Registered<'_> {
-    async fn woken(&mut self) {
-        // The sender is only dropped unsent when woken, so either way: woken.
-        let _ = (&mut self.rx).await;
-    }
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        let mut state = self.hub.lock();
-        if let Some(waits) = state.waits.get_mut(&self.payload) {
-            waits.remove(&self.n);
-            if waits.is_empty() {
-                state.waits.remove(&self.payload);
-            }
-        }
+        self.up.store(up, Ordering::SeqCst);
+        self.waiters.wake_all();
     }
 }
 
@@ -259,7 +195,7 @@ pub(crate) async fn wait_for_change(
     clock: &dyn Clock,
     timer: &Timer,
 ) -> Result<(), StoreError> {
-    let (scope, key) = (&seen.scope, &seen.key);
+    let id = seen.id();
     // Behind a transaction pooler `LISTEN` succeeds but hears nothing (the session it ran in is
     // handed to other clients): without a direct connection to listen on, waits poll.
     let options = match (&store.listen, store.notifications, store.pooler) {
@@ -268,11 +204,11 @@ pub(crate) async fn wait_for_change(
         _ => return poll_for_change(store, seen, clock, timer).await,
     };
     store.hub.start(&options).await;
-    let (mut registered, up) = store.hub.register(store.payload(scope, key));
+    let (mut registered, up) = store.hub.register(store.payload(&id));
     if up {
-        store.mark_waited(scope, key).await?;
+        store.mark_waited(&id).await?;
     }
-    if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
+    if changed(seen, store.get(&id, clock.now()).await?.as_ref()) {
         return Ok(());
     }
     if up {

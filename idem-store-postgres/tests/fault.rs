@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, StalePolicy,
-    StoreError, Timestamp, Token,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, RecordState, Scope,
+    StalePolicy, StoreError, Timestamp, Token,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
@@ -118,6 +118,7 @@ async fn killed_connection_is_unavailable_then_recovers() {
         return;
     };
     let key = IdempotencyKey::new("k").unwrap();
+    let id = RecordId::new(scope.clone(), key.clone());
     let policy = Policy::default();
     let now = Timestamp::from_millis(1_000_000_000_000);
     let outcome = Outcome::definitive(200, &serde_json::json!({"charged": true})).unwrap();
@@ -145,37 +146,31 @@ async fn killed_connection_is_unavailable_then_recovers() {
 
     let claimed = after_kill!(
         "claim",
-        store
-            .claim(&scope, &key, &fingerprint(), &policy, now)
-            .await
+        store.claim(&id, &fingerprint(), &policy, now).await
     );
     let ClaimAnswer::Claimed { token, .. } = claimed else {
         panic!("a failed claim writes nothing, so the retry wins: {claimed:?}")
     };
     let extended = after_kill!(
         "extend",
-        store
-            .extend(&scope, &key, token, Duration::from_secs(60), now)
-            .await
+        store.extend(&id, token, Duration::from_secs(60), now).await
     );
     assert!(
         matches!(extended, idem_core::machine::ExtendAnswer::Extended { .. }),
         "{extended:?}"
     );
-    let record = after_kill!("get", store.get(&scope, &key, now).await);
+    let record = after_kill!("get", store.get(&id, now).await);
     assert_eq!(record.map(|r| r.state), Some(RecordState::Processing));
     let completed = after_kill!(
         "complete",
-        store
-            .complete(&scope, &key, token, &outcome, &policy, now)
-            .await
+        store.complete(&id, token, &outcome, &policy, now).await
     );
     assert_eq!(completed, CompleteAnswer::Completed);
     after_kill!("purge_expired", store.purge_expired(now, 1).await);
     after_kill!("list_in_flight", store.list_in_flight(now, 1).await);
     assert!(matches!(
         store
-            .claim(&scope, &key, &fingerprint(), &policy, now)
+            .claim(&id, &fingerprint(), &policy, now)
             .await
             .unwrap(),
         ClaimAnswer::Replay(_)
@@ -205,7 +200,12 @@ async fn killed_inside_the_transaction_runs_the_effect_once() {
     for i in 0..5 {
         let key = IdempotencyKey::new(format!("op-{i}")).unwrap();
         let ClaimAnswer::Claimed { token, .. } = store
-            .claim(&scope, &key, &fingerprint(), &policy, now)
+            .claim(
+                &RecordId::new(scope.clone(), key.clone()),
+                &fingerprint(),
+                &policy,
+                now,
+            )
             .await
             .unwrap()
         else {
@@ -279,12 +279,8 @@ struct Tally {
 /// the completion in one transaction. A claim whose answer was lost leaves an in-flight record
 /// that only this caller could hold; the caller moves its clock past the lease and takes it over
 /// (safe here because the effect commits only together with the completion).
-async fn run_operation(
-    store: &PostgresStore,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    tally: &Tally,
-) -> Token {
+async fn run_operation(store: &PostgresStore, id: &RecordId, tally: &Tally) -> Token {
+    let (scope, key) = (id.scope(), id.key());
     let policy = Policy::builder()
         .stale(StalePolicy::Takeover)
         .lease(Duration::from_secs(30))
@@ -300,13 +296,13 @@ async fn run_operation(
         tally.unavailable.fetch_add(1, Ordering::Relaxed);
     };
     for _ in 0..10_000 {
-        let token = match store.claim(scope, key, &fingerprint(), &policy, now).await {
+        let token = match store.claim(id, &fingerprint(), &policy, now).await {
             Err(e) => {
                 unavailable(e);
                 continue;
             }
             Ok(ClaimAnswer::Replay(_)) => {
-                let record = store.get(scope, key, now).await;
+                let record = store.get(id, now).await;
                 match record {
                     Ok(Some(r)) => return r.token,
                     Ok(None) => panic!("replayed but no record"),
@@ -410,7 +406,7 @@ async fn connections_killed_under_load_every_operation_once() {
                         break;
                     }
                     let key = IdempotencyKey::new(format!("op-{i}")).unwrap();
-                    run_operation(&store, &scope, &key, &tally).await;
+                    run_operation(&store, &RecordId::new(scope.clone(), key.clone()), &tally).await;
                 }
             })
         })
@@ -426,12 +422,13 @@ async fn connections_killed_under_load_every_operation_once() {
     let now = Timestamp::from_millis(1_100_000_000_000);
     for i in 0..OPERATIONS {
         let key = IdempotencyKey::new(format!("op-{i}")).unwrap();
+        let id = RecordId::new(scope.clone(), key.clone());
         assert_eq!(
             common::effects(&admin, scope.as_str(), key.as_str()).await,
             1,
             "effect of {key}"
         );
-        let record = check.get(&scope, &key, now).await.unwrap();
+        let record = check.get(&id, now).await.unwrap();
         assert!(
             record.is_some_and(|r| r.state == RecordState::Completed),
             "{key} completed"

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Maintenance, Outcome, Policy, Scope, StoreError,
-    SystemClock, Timer, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Maintenance, Outcome, Policy, RecordId, Scope,
+    StoreError, SystemClock, Timer, Timestamp,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, PgPool};
@@ -66,19 +66,16 @@ async fn migrate_check_and_claim_through_the_pooler_url() {
     m.check_config().await.unwrap();
 
     let (scope, key, fp) = ids("pooler-claim");
+    let id = RecordId::new(scope.clone(), key.clone());
     let p = Policy::default();
     let now = Timestamp::now();
-    let ClaimAnswer::Claimed { token, .. } = store.claim(&scope, &key, &fp, &p, now).await.unwrap()
-    else {
+    let ClaimAnswer::Claimed { token, .. } = store.claim(&id, &fp, &p, now).await.unwrap() else {
         panic!("expected a claim")
     };
     let body = json!({"ticket": "T-1", "quote": "it's \\ \"fine\" 🎫"});
     let outcome = Outcome::definitive(201, &body).unwrap();
-    store
-        .complete(&scope, &key, token, &outcome, &p, now)
-        .await
-        .unwrap();
-    match store.claim(&scope, &key, &fp, &p, now).await.unwrap() {
+    store.complete(&id, token, &outcome, &p, now).await.unwrap();
+    match store.claim(&id, &fp, &p, now).await.unwrap() {
         ClaimAnswer::Replay(replayed) => assert_eq!(replayed.body(), outcome.body()),
         other => panic!("expected the replay, got {other:?}"),
     }
@@ -108,13 +105,13 @@ async fn without_a_listen_url_a_waiter_behind_the_pooler_polls() {
     .unwrap()
     .with_transaction_pooler(true);
     let (scope, key, fp) = ids("pooler-wait");
+    let id = RecordId::new(scope.clone(), key.clone());
     let p = Policy::default();
     let now = Timestamp::now();
-    let ClaimAnswer::Claimed { token, .. } = a.claim(&scope, &key, &fp, &p, now).await.unwrap()
-    else {
+    let ClaimAnswer::Claimed { token, .. } = a.claim(&id, &fp, &p, now).await.unwrap() else {
         panic!("expected a claim")
     };
-    let seen = b.get(&scope, &key, now).await.unwrap().unwrap();
+    let seen = b.get(&id, now).await.unwrap().unwrap();
     let waiter = {
         let b = b.clone();
         tokio::spawn(async move {
@@ -124,9 +121,7 @@ async fn without_a_listen_url_a_waiter_behind_the_pooler_polls() {
         })
     };
     let outcome = Outcome::definitive(201, &json!({"ticket": "T-1"})).unwrap();
-    a.complete(&scope, &key, token, &outcome, &p, now)
-        .await
-        .unwrap();
+    a.complete(&id, token, &outcome, &p, now).await.unwrap();
     tokio::time::timeout(HANG, waiter).await.unwrap().unwrap();
     assert_eq!(
         b.listen_connections_opened(),
@@ -169,14 +164,15 @@ async fn an_unflagged_store_behind_the_pooler_says_the_url_points_at_a_pooler() 
             .enumerate()
             .map(|(i, store)| {
                 let (store, scope, key) = (store.clone(), scope.clone(), key.clone());
+                let id = RecordId::new(scope.clone(), key.clone());
                 tokio::spawn(async move {
                     let now = Timestamp::now();
                     if i % 2 == 0 {
-                        store.get(&scope, &key, now).await?;
+                        store.get(&id, now).await?;
                         store.list_in_flight(now, 1).await?;
                     } else {
                         store.list_in_flight(now, 1).await?;
-                        store.get(&scope, &key, now).await?;
+                        store.get(&id, now).await?;
                     }
                     Ok::<_, StoreError>(())
                 })

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, RecordState, Scope, Timestamp,
 };
 use idem_store_postgres::sqlx;
 
@@ -110,13 +110,14 @@ async fn race_between_processes_one_winner_per_key() {
     let scope = Scope::new(scope).unwrap();
     for i in 0..KEYS {
         let key = key(i);
+        let id = RecordId::new(scope.clone(), key.clone());
         assert_eq!(
             common::effects(&admin, scope.as_str(), key.as_str()).await,
             1,
             "exactly one effect for {key}"
         );
         let record = store
-            .get(&scope, &key, Timestamp::from_millis(now))
+            .get(&id, Timestamp::from_millis(now))
             .await
             .unwrap()
             .unwrap();
@@ -164,8 +165,9 @@ async fn race_child() {
             let direct = direct.clone();
             tokio::spawn(async move {
                 let key = key(i);
+                let id = RecordId::new(scope.clone(), key.clone());
                 match store
-                    .claim(&scope, &key, &fingerprint(), &policy, now)
+                    .claim(&id, &fingerprint(), &policy, now)
                     .await
                     .unwrap()
                 {
@@ -182,7 +184,7 @@ async fn race_child() {
                         let outcome = Outcome::definitive(201, &serde_json::json!({"by": child}))
                             .unwrap();
                         store
-                            .complete(&scope, &key, token, &outcome, &policy, now)
+                            .complete(&id, token, &outcome, &policy, now)
                             .await
                             .unwrap();
                         1usize

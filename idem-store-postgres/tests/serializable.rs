@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp, Token,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, RecordState, Scope,
+    Timestamp, Token,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, postgres::PgPoolOptions};
@@ -43,14 +44,9 @@ fn outcome(i: usize) -> Outcome {
     Outcome::definitive(201, &serde_json::json!({"charge": i})).unwrap()
 }
 
-async fn claim(
-    store: &PostgresStore,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    now: Timestamp,
-) -> Token {
+async fn claim(store: &PostgresStore, id: &RecordId, now: Timestamp) -> Token {
     match store
-        .claim(scope, key, &fingerprint(), &Policy::default(), now)
+        .claim(id, &fingerprint(), &Policy::default(), now)
         .await
         .unwrap()
     {
@@ -78,7 +74,8 @@ async fn conflict_then_right_answer(op: Op) {
     let admin = common::pool(&url, "idem-ser-admin", 2).await;
     let key = IdempotencyKey::new("k-1").unwrap();
     let now = Timestamp::from_millis(1_700_000_000_000);
-    let token = claim(&store, &scope, &key, now).await;
+    let id = RecordId::new(scope.clone(), key.clone());
+    let token = claim(&store, &id, now).await;
 
     let mut blocker = admin.begin().await.unwrap();
     sqlx::query(AssertSqlSafe(format!(
@@ -92,20 +89,20 @@ async fn conflict_then_right_answer(op: Op) {
     .unwrap();
 
     let task = {
-        let (store, scope, key) = (store.clone(), scope.clone(), key.clone());
+        let (store, id) = (store.clone(), id.clone());
         tokio::spawn(async move {
             let later = now + Duration::from_secs(1);
             match op {
                 Op::Complete => store
-                    .complete(&scope, &key, token, &outcome(7), &Policy::default(), later)
+                    .complete(&id, token, &outcome(7), &Policy::default(), later)
                     .await
                     .map(|a| format!("{a:?}")),
                 Op::Release => store
-                    .release(&scope, &key, token, later)
+                    .release(&id, token, later)
                     .await
                     .map(|a| format!("{a:?}")),
                 Op::Extend => store
-                    .extend(&scope, &key, token, Duration::from_secs(600), later)
+                    .extend(&id, token, Duration::from_secs(600), later)
                     .await
                     .map(|a| format!("{a:?}")),
             }
@@ -115,7 +112,7 @@ async fn conflict_then_right_answer(op: Op) {
     blocker.commit().await.unwrap();
     let answer = task.await.unwrap();
     let record = store
-        .get(&scope, &key, now + Duration::from_secs(2))
+        .get(&id, now + Duration::from_secs(2))
         .await
         .unwrap()
         .unwrap();
@@ -166,32 +163,35 @@ async fn concurrent_completes_extends_and_claims_lose_no_outcome() {
     let now = Timestamp::from_millis(1_700_000_000_000);
     let mut tokens = Vec::new();
     for i in 0..KEYS {
-        let key = IdempotencyKey::new(format!("k-{i}")).unwrap();
-        tokens.push((key.clone(), claim(&store, &scope, &key, now).await));
+        let id = RecordId::new(
+            scope.clone(),
+            IdempotencyKey::new(format!("k-{i}")).unwrap(),
+        );
+        let token = claim(&store, &id, now).await;
+        tokens.push((id, token));
     }
     let gate = Arc::new(Barrier::new(KEYS * 3));
     let later = now + Duration::from_secs(1);
     let mut tasks = tokio::task::JoinSet::new();
-    for (i, (key, token)) in tokens.iter().cloned().enumerate() {
+    for (i, (id, token)) in tokens.iter().cloned().enumerate() {
         for role in 0..3 {
-            let (store, scope, key, gate) =
-                (store.clone(), scope.clone(), key.clone(), gate.clone());
+            let (store, id, gate) = (store.clone(), id.clone(), gate.clone());
             tasks.spawn(async move {
                 gate.wait().await;
                 let answer = match role {
                     0 => store
-                        .complete(&scope, &key, token, &outcome(i), &Policy::default(), later)
+                        .complete(&id, token, &outcome(i), &Policy::default(), later)
                         .await
                         .map(|a| format!("{a:?}")),
                     1 => store
-                        .extend(&scope, &key, token, Duration::from_secs(60), later)
+                        .extend(&id, token, Duration::from_secs(60), later)
                         .await
                         .map(|a| match a {
                             ExtendAnswer::Extended { .. } => "Extended".to_owned(),
                             other => format!("{other:?}"),
                         }),
                     _ => store
-                        .claim(&scope, &key, &fingerprint(), &Policy::default(), later)
+                        .claim(&id, &fingerprint(), &Policy::default(), later)
                         .await
                         .map(|a| match a {
                             ClaimAnswer::InFlight { .. } => "InFlight".to_owned(),
@@ -220,12 +220,8 @@ async fn concurrent_completes_extends_and_claims_lose_no_outcome() {
         "{} operations failed: {errors:?}",
         errors.len()
     );
-    for (i, (key, _)) in tokens.iter().enumerate() {
-        let record = store
-            .get(&scope, key, later)
-            .await
-            .unwrap()
-            .expect("the record");
+    for (i, (id, _)) in tokens.iter().enumerate() {
+        let record = store.get(id, later).await.unwrap().expect("the record");
         assert_eq!(record.state, RecordState::Completed, "key {i}");
         assert_eq!(record.outcome.unwrap().body(), outcome(i).body(), "key {i}");
     }

@@ -4,12 +4,13 @@
 
 mod common;
 
+use idem_core::store::CheckpointStore;
 use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
     ClaimKind, Fingerprint, IdempotencyKey, KeyStore, Maintenance, Outcome, OutcomeClass, Policy,
-    RecordState, Scope, StoreError, Timestamp,
+    RecordId, RecordState, Scope, StoreError, Timestamp,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx::{self, AssertSqlSafe, postgres::PgPoolOptions};
@@ -32,13 +33,14 @@ async fn claim_complete_replay_round_trip() {
     let Some(url) = common::url() else { return };
     let store = common::store(&url, "idem-test-basic").await;
     let (scope, key, fp) = names("basic");
+    let id = RecordId::new(scope.clone(), key.clone());
     let policy = Policy::default();
     let now = t0();
     let ClaimAnswer::Claimed {
         token,
         attempt: 1,
         kind: ClaimKind::New,
-    } = store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+    } = store.claim(&id, &fp, &policy, now).await.unwrap()
     else {
         panic!("first claim must win")
     };
@@ -46,18 +48,17 @@ async fn claim_complete_replay_round_trip() {
     let outcome = Outcome::from_json_text(201, body, OutcomeClass::Definitive).unwrap();
     assert_eq!(
         store
-            .complete(&scope, &key, token, &outcome, &policy, now)
+            .complete(&id, token, &outcome, &policy, now)
             .await
             .unwrap(),
         CompleteAnswer::Completed
     );
-    let ClaimAnswer::Replay(replayed) = store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
-    else {
+    let ClaimAnswer::Replay(replayed) = store.claim(&id, &fp, &policy, now).await.unwrap() else {
         panic!("repeat must replay")
     };
     assert_eq!(replayed.body(), body, "byte for byte");
     assert_eq!(replayed.status(), 201);
-    let record = store.get(&scope, &key, now).await.unwrap().unwrap();
+    let record = store.get(&id, now).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.token, token);
     assert_eq!(record.expires_at, now + policy.ttl());
@@ -69,15 +70,15 @@ async fn replays_write_nothing() {
     let Some(url) = common::url() else { return };
     let store = common::store(&url, "idem-test-readonly").await;
     let (scope, key, fp) = names("readonly");
+    let id = RecordId::new(scope.clone(), key.clone());
     let policy = Policy::default();
-    let ClaimAnswer::Claimed { token, .. } =
-        store.claim(&scope, &key, &fp, &policy, t0()).await.unwrap()
+    let ClaimAnswer::Claimed { token, .. } = store.claim(&id, &fp, &policy, t0()).await.unwrap()
     else {
         panic!()
     };
     let outcome = Outcome::definitive(200, &serde_json::json!({"ok": true})).unwrap();
     store
-        .complete(&scope, &key, token, &outcome, &policy, t0())
+        .complete(&id, token, &outcome, &policy, t0())
         .await
         .unwrap();
     let xmin = || async {
@@ -93,7 +94,7 @@ async fn replays_write_nothing() {
     let before = xmin().await;
     for _ in 0..5 {
         assert!(matches!(
-            store.claim(&scope, &key, &fp, &policy, t0()).await.unwrap(),
+            store.claim(&id, &fp, &policy, t0()).await.unwrap(),
             ClaimAnswer::Replay(_)
         ));
     }
@@ -112,12 +113,12 @@ async fn transactional_completion_rolls_back_with_the_effect() {
     let store = common::store(&url, "idem-test-tx").await;
     common::effects_table(store.pool()).await;
     let (scope, key, fp) = names("tx");
+    let id = RecordId::new(scope.clone(), key.clone());
     let policy = Policy::default();
     let now = t0();
     let outcome = Outcome::definitive(201, &serde_json::json!({"ticket": 7})).unwrap();
 
-    let ClaimAnswer::Claimed { token, .. } =
-        store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+    let ClaimAnswer::Claimed { token, .. } = store.claim(&id, &fp, &policy, now).await.unwrap()
     else {
         panic!()
     };
@@ -130,7 +131,7 @@ async fn transactional_completion_rolls_back_with_the_effect() {
         common::effects(store.pool(), scope.as_str(), key.as_str()).await,
         0
     );
-    let record = store.get(&scope, &key, now).await.unwrap().unwrap();
+    let record = store.get(&id, now).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Processing, "no completed record");
     assert!(record.outcome.is_none());
 
@@ -141,8 +142,7 @@ async fn transactional_completion_rolls_back_with_the_effect() {
 
     // Later repeats replay; the effect exists exactly once.
     for _ in 0..3 {
-        let ClaimAnswer::Replay(o) = store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
-        else {
+        let ClaimAnswer::Replay(o) = store.claim(&id, &fp, &policy, now).await.unwrap() else {
             panic!("must replay")
         };
         assert_eq!(o, outcome);
@@ -215,7 +215,16 @@ async fn claim_waiting_on_an_uncommitted_inserter() {
         let claimer = {
             let store = store.clone();
             let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
-            tokio::spawn(async move { store.claim(&scope, &key, &fp, &policy, now).await })
+            tokio::spawn(async move {
+                store
+                    .claim(
+                        &RecordId::new(scope.clone(), key.clone()),
+                        &fp,
+                        &policy,
+                        now,
+                    )
+                    .await
+            })
         };
         // Wait (by condition, not by time) until the claim's INSERT is blocked on our row.
         let admin = common::pool(&url, "idem-test-admin", 1).await;
@@ -254,19 +263,14 @@ async fn a_server_that_does_not_answer_is_unavailable() {
         .unwrap();
     let store = PostgresStore::new(pool);
     let (scope, key, fp) = names("down");
+    let id = RecordId::new(scope.clone(), key.clone());
     let err = store
-        .claim(&scope, &key, &fp, &Policy::default(), t0())
+        .claim(&id, &fp, &Policy::default(), t0())
         .await
         .unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
     assert!(store.migrate().await.unwrap_err().is_unavailable());
-    assert!(
-        store
-            .get(&scope, &key, t0())
-            .await
-            .unwrap_err()
-            .is_unavailable()
-    );
+    assert!(store.get(&id, t0()).await.unwrap_err().is_unavailable());
     let debug = format!("{store:?} {err:?} {err}");
     assert!(!debug.contains("s3cr3t-pw"), "{debug}");
 }
@@ -297,7 +301,12 @@ async fn unmigrated_table_is_misconfigured_and_bad_names_are_refused() {
     let store = PostgresStore::with_table(pool, "idem_test", "never_migrated_here").unwrap();
     let (scope, key, fp) = names("unmigrated");
     let err = store
-        .claim(&scope, &key, &fp, &Policy::default(), t0())
+        .claim(
+            &RecordId::new(scope.clone(), key.clone()),
+            &fp,
+            &Policy::default(),
+            t0(),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "misconfigured", "{err:?}");
@@ -400,38 +409,32 @@ async fn a_version_2_table_upgrades_in_place() {
     assert_eq!(store.schema_version().await.unwrap(), 2);
     let (scope, _, fp) = names("upgrade");
     let (done, held) = (
-        IdempotencyKey::new("done").unwrap(),
-        IdempotencyKey::new("held").unwrap(),
+        RecordId::new(scope.clone(), IdempotencyKey::new("done").unwrap()),
+        RecordId::new(scope.clone(), IdempotencyKey::new("held").unwrap()),
     );
     let policy = Policy::default();
     let now = t0();
     // Records made by the rules every store runs (on a `MemoryStore`), written as version 2's
     // columns: what an existing user's table holds.
     let memory = idem_core::MemoryStore::new();
-    let ClaimAnswer::Claimed { token, .. } = memory
-        .claim(&scope, &done, &fp, &policy, now)
-        .await
-        .unwrap()
+    let ClaimAnswer::Claimed { token, .. } = memory.claim(&done, &fp, &policy, now).await.unwrap()
     else {
         panic!()
     };
     let outcome = Outcome::definitive(201, &serde_json::json!({"ticket": 7})).unwrap();
     memory
-        .complete(&scope, &done, token, &outcome, &policy, now)
+        .complete(&done, token, &outcome, &policy, now)
         .await
         .unwrap();
     let ClaimAnswer::Claimed {
         token: held_token, ..
-    } = memory
-        .claim(&scope, &held, &fp, &policy, now)
-        .await
-        .unwrap()
+    } = memory.claim(&held, &fp, &policy, now).await.unwrap()
     else {
         panic!()
     };
-    let before = memory.get(&scope, &done, now).await.unwrap().unwrap();
-    for k in [&done, &held] {
-        let record = memory.get(&scope, k, now).await.unwrap().unwrap();
+    let before = memory.get(&done, now).await.unwrap().unwrap();
+    for id in [&done, &held] {
+        let record = memory.get(id, now).await.unwrap().unwrap();
         let r = idem_core::store::columns::RawRecord::from_record(&record);
         sqlx::query(AssertSqlSafe(format!(
             r#"INSERT INTO idem_test."{table}" VALUES
@@ -483,36 +486,31 @@ async fn a_version_2_table_upgrades_in_place() {
         ]
     );
 
-    assert_eq!(store.get(&scope, &done, now).await.unwrap(), Some(before));
+    assert_eq!(store.get(&done, now).await.unwrap(), Some(before));
     assert_eq!(
-        store.claim(&scope, &done, &fp, &policy, now).await.unwrap(),
+        store.claim(&done, &fp, &policy, now).await.unwrap(),
         ClaimAnswer::Replay(outcome.clone())
     );
     let later = now + policy.lease();
     let stale = store.list_in_flight(later, 10).await.unwrap();
     assert_eq!(stale.len(), 1);
-    assert_eq!(stale[0].key, held);
+    assert_eq!(stale[0].id(), held);
     assert!(stale[0].checkpoints.is_empty());
     let step = idem_core::Checkpoint::new("charged", "{\"id\": 1}", later).unwrap();
     assert_eq!(
         store
-            .checkpoint(&scope, &held, held_token, &step, &policy)
+            .checkpoint(&held, held_token, &step, &policy)
             .await
             .unwrap(),
         idem_core::machine::CheckpointAnswer::Saved
     );
     assert_eq!(
-        store
-            .get(&scope, &held, later)
-            .await
-            .unwrap()
-            .unwrap()
-            .checkpoints,
+        store.get(&held, later).await.unwrap().unwrap().checkpoints,
         vec![step]
     );
     assert_eq!(
         store
-            .complete(&scope, &held, held_token, &outcome, &policy, later)
+            .complete(&held, held_token, &outcome, &policy, later)
             .await
             .unwrap(),
         CompleteAnswer::Completed
@@ -626,9 +624,9 @@ async fn corrupt_rows_are_reported_not_guessed() {
     let Some(url) = common::url() else { return };
     let store = common::store(&url, "idem-test-corrupt").await;
     let (scope, key, fp) = names("corrupt");
+    let id = RecordId::new(scope.clone(), key.clone());
     let policy = Policy::default();
-    let ClaimAnswer::Claimed { .. } = store.claim(&scope, &key, &fp, &policy, t0()).await.unwrap()
-    else {
+    let ClaimAnswer::Claimed { .. } = store.claim(&id, &fp, &policy, t0()).await.unwrap() else {
         panic!()
     };
     sqlx::query(
@@ -639,12 +637,9 @@ async fn corrupt_rows_are_reported_not_guessed() {
     .execute(store.pool())
     .await
     .unwrap();
-    let err = store.get(&scope, &key, t0()).await.unwrap_err();
+    let err = store.get(&id, t0()).await.unwrap_err();
     assert_eq!(err.kind(), "corrupt", "{err:?}");
-    let err = store
-        .claim(&scope, &key, &fp, &policy, t0())
-        .await
-        .unwrap_err();
+    let err = store.claim(&id, &fp, &policy, t0()).await.unwrap_err();
     assert_eq!(err.kind(), "corrupt", "{err:?}");
 }
 
@@ -658,11 +653,12 @@ async fn oversized_outcome_is_refused_before_sql() {
         .unwrap();
     let store = PostgresStore::new(pool);
     let (scope, key, _) = names("big");
+    let id = RecordId::new(scope.clone(), key.clone());
     let policy = Policy::builder().max_outcome_bytes(8).build().unwrap();
     let outcome = Outcome::definitive(200, &serde_json::json!({"long": "0123456789"})).unwrap();
     let token = idem_core::Token::new(1);
     let err = store
-        .complete(&scope, &key, token, &outcome, &policy, t0())
+        .complete(&id, token, &outcome, &policy, t0())
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::OutcomeTooLarge(_)), "{err:?}");
@@ -690,21 +686,20 @@ async fn concurrent_rewrites_have_one_winner() {
         ("expired", t + policy.ttl(), ClaimKind::ExpiredReplaced),
     ] {
         let (scope, key, fp) = names(case);
-        let ClaimAnswer::Claimed { token, .. } = handles[0]
-            .claim(&scope, &key, &fp, &policy, t)
-            .await
-            .unwrap()
+        let id = RecordId::new(scope.clone(), key.clone());
+        let ClaimAnswer::Claimed { token, .. } =
+            handles[0].claim(&id, &fp, &policy, t).await.unwrap()
         else {
             panic!()
         };
         if case == "retry" {
-            handles[0].release(&scope, &key, token, t).await.unwrap();
+            handles[0].release(&id, token, t).await.unwrap();
         }
         let claims: Vec<_> = (0..24)
             .map(|i| {
                 let store = handles[i % handles.len()].clone();
-                let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
-                tokio::spawn(async move { store.claim(&scope, &key, &fp, &policy, later).await })
+                let (id, fp) = (id.clone(), fp.clone());
+                tokio::spawn(async move { store.claim(&id, &fp, &policy, later).await })
             })
             .collect();
         let mut winners = Vec::new();
@@ -728,7 +723,7 @@ async fn concurrent_rewrites_have_one_winner() {
         assert_eq!(kind, expected, "{case}");
         assert_eq!(won.seq, token.seq + 1, "{case}: the token continues upward");
         assert_eq!(attempt, if case == "expired" { 1 } else { 2 }, "{case}");
-        let record = handles[1].get(&scope, &key, later).await.unwrap().unwrap();
+        let record = handles[1].get(&id, later).await.unwrap().unwrap();
         assert_eq!((record.state, record.token), (RecordState::Processing, won));
     }
 }
@@ -741,6 +736,7 @@ async fn purge_spares_a_record_replaced_while_it_waited() {
     let app = common::unique("idem-test-purge");
     let store = common::store(&url, &app).await;
     let (scope, key, fp) = names("purge-race");
+    let id = RecordId::new(scope.clone(), key.clone());
     // 1971, a few seconds of ttl: no other test has records that expire this early.
     let t = Timestamp::from_millis(40_000_000_000 + u64::from(rand::random::<u16>()) * 1000);
     let policy = Policy::builder()
@@ -748,8 +744,7 @@ async fn purge_spares_a_record_replaced_while_it_waited() {
         .ttl(Duration::from_secs(2))
         .build()
         .unwrap();
-    let ClaimAnswer::Claimed { .. } = store.claim(&scope, &key, &fp, &policy, t).await.unwrap()
-    else {
+    let ClaimAnswer::Claimed { .. } = store.claim(&id, &fp, &policy, t).await.unwrap() else {
         panic!()
     };
     let later = t + Duration::from_secs(5); // expired at `later`
@@ -778,7 +773,7 @@ async fn purge_spares_a_record_replaced_while_it_waited() {
     common::wait_until_blocked_on_a_lock(&admin, &app).await;
     sqlx::query("COMMIT").execute(&mut *replacer).await.unwrap();
     purge.await.unwrap().unwrap();
-    let record = store.get(&scope, &key, later).await.unwrap();
+    let record = store.get(&id, later).await.unwrap();
     assert!(
         record.is_some_and(|r| r.token.seq == 2),
         "the replaced record must survive the purge"

@@ -11,7 +11,7 @@ mod common;
 use std::error::Error as _;
 
 use idem_core::machine::ClaimAnswer;
-use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Policy, Scope, StoreError};
+use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Policy, RecordId, Scope, StoreError};
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx;
 
@@ -40,9 +40,10 @@ async fn connect_and_claim(url: &str) -> Result<bool, StoreError> {
     let fp = Fingerprint::of("tls", &serde_json::json!({})).unwrap();
     let policy = Policy::default();
     let now = idem_core::Timestamp::now();
-    let first = store.claim(&scope, &key, &fp, &policy, now).await?;
+    let id = RecordId::new(scope.clone(), key.clone());
+    let first = store.claim(&id, &fp, &policy, now).await?;
     assert!(matches!(first, ClaimAnswer::Claimed { .. }), "{first:?}");
-    let second = store.claim(&scope, &key, &fp, &policy, now).await?;
+    let second = store.claim(&id, &fp, &policy, now).await?;
     assert!(matches!(second, ClaimAnswer::InFlight { .. }), "{second:?}");
     let ssl: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
         .fetch_one(store.pool())

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
 use idem_core::{
-    Attempt, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Scope,
-    StalePolicy, SystemClock, Timer, Timestamp, Token,
+    Attempt, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy,
+    RecordId, Scope, StalePolicy, SystemClock, Timer, Timestamp, Token,
 };
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::sqlx;
@@ -70,7 +70,11 @@ async fn claim(
     p: &Policy,
     now: Timestamp,
 ) -> Token {
-    match store.claim(&ids.0, &ids.1, &ids.2, p, now).await.unwrap() {
+    match store
+        .claim(&RecordId::new(ids.0.clone(), ids.1.clone()), &ids.2, p, now)
+        .await
+        .unwrap()
+    {
         ClaimAnswer::Claimed { token, .. } => token,
         other => panic!("expected a claim, got {other:?}"),
     }
@@ -84,7 +88,7 @@ async fn wait_on(
 ) -> tokio::task::JoinHandle<()> {
     use idem_core::Clock;
     let seen = b
-        .get(&ids.0, &ids.1, clock.now())
+        .get(&RecordId::new(ids.0.clone(), ids.1.clone()), clock.now())
         .await
         .unwrap()
         .expect("a record");
@@ -119,7 +123,13 @@ async fn a_waiter_on_another_store_wakes_on_completion_release_and_takeover() {
     let token = claim(&a, &ids, &p, clock.now()).await;
     let waiter = wait_on(&b, &ids, &clock).await;
     let done = a
-        .complete(&ids.0, &ids.1, token, &ticket(), &p, clock.now())
+        .complete(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            token,
+            &ticket(),
+            &p,
+            clock.now(),
+        )
         .await
         .unwrap();
     assert_eq!(done, CompleteAnswer::Completed);
@@ -129,7 +139,14 @@ async fn a_waiter_on_another_store_wakes_on_completion_release_and_takeover() {
     let ids = self::ids("wait-release");
     let token = claim(&a, &ids, &p, clock.now()).await;
     let waiter = wait_on(&b, &ids, &clock).await;
-    let released = a.release(&ids.0, &ids.1, token, clock.now()).await.unwrap();
+    let released = a
+        .release(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            token,
+            clock.now(),
+        )
+        .await
+        .unwrap();
     assert_eq!(released, ReleaseAnswer::Released);
     woken(waiter, "release").await;
 
@@ -183,7 +200,13 @@ async fn a_rolled_back_completion_wakes_nobody_and_a_later_release_does() {
     tx.rollback().await.unwrap();
     let early = tokio::time::timeout(Duration::from_millis(300), &mut waiter).await;
     assert!(early.is_err(), "woken by a rolled-back completion");
-    a.release(&ids.0, &ids.1, token, clock.now()).await.unwrap();
+    a.release(
+        &RecordId::new(ids.0.clone(), ids.1.clone()),
+        token,
+        clock.now(),
+    )
+    .await
+    .unwrap();
     woken(waiter, "release").await;
 }
 
@@ -295,7 +318,13 @@ async fn a_dropped_waiter_leaves_no_record_change_and_no_registration() {
     let ids = ids("wait-drop");
     let p = policy(StalePolicy::Reconcile);
     let token = claim(&a, &ids, &p, SystemClock.now()).await;
-    let before = a.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+    let before = a
+        .get(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            SystemClock.now(),
+        )
+        .await
+        .unwrap();
     let sink = Arc::new(Sink::default());
     let waiter = {
         let exec = Executor::new(b.clone())
@@ -319,12 +348,24 @@ async fn a_dropped_waiter_leaves_no_record_change_and_no_registration() {
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
     assert_eq!(b.wait_subscriptions(), 0, "unregistered");
-    let after = a.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+    let after = a
+        .get(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            SystemClock.now(),
+        )
+        .await
+        .unwrap();
     assert_eq!(before, after, "no record change");
     assert_eq!(sink.0.load(Ordering::SeqCst), 0, "nothing ran");
     // The holder still completes as usual.
     let done = a
-        .complete(&ids.0, &ids.1, token, &ticket(), &p, SystemClock.now())
+        .complete(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            token,
+            &ticket(),
+            &p,
+            SystemClock.now(),
+        )
         .await
         .unwrap();
     assert_eq!(done, CompleteAnswer::Completed);
@@ -344,7 +385,11 @@ async fn a_waiter_survives_its_listen_connection_being_killed() {
     let p = policy(StalePolicy::Reconcile);
     let ids = ids("wait-kill");
     let token = claim(&a, &ids, &p, clock.now()).await;
-    let seen = b.get(&ids.0, &ids.1, clock.now()).await.unwrap().unwrap();
+    let seen = b
+        .get(&RecordId::new(ids.0.clone(), ids.1.clone()), clock.now())
+        .await
+        .unwrap()
+        .unwrap();
     let waiter = {
         let (b, ids) = (b.clone(), ids.clone());
         tokio::spawn(async move {
@@ -354,7 +399,13 @@ async fn a_waiter_survives_its_listen_connection_being_killed() {
                 b.wait_for_change(&seen, &SystemClock, &Timer::tokio())
                     .await
                     .unwrap();
-                let now = b.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+                let now = b
+                    .get(
+                        &RecordId::new(ids.0.clone(), ids.1.clone()),
+                        SystemClock.now(),
+                    )
+                    .await
+                    .unwrap();
                 if idem_core::wait::changed(&seen, now.as_ref()) {
                     return;
                 }
@@ -373,9 +424,15 @@ async fn a_waiter_survives_its_listen_connection_being_killed() {
     .await
     .unwrap();
     assert_eq!(killed, 1);
-    a.complete(&ids.0, &ids.1, token, &ticket(), &p, clock.now())
-        .await
-        .unwrap();
+    a.complete(
+        &RecordId::new(ids.0.clone(), ids.1.clone()),
+        token,
+        &ticket(),
+        &p,
+        clock.now(),
+    )
+    .await
+    .unwrap();
     tokio::time::timeout(HANG, waiter)
         .await
         .expect("the waiter did not hang")
@@ -397,7 +454,10 @@ async fn without_notifications_a_waiter_polls() {
     let ids = ids("wait-poll");
     let token = claim(&a, &ids, &p, SystemClock.now()).await;
     let seen = b
-        .get(&ids.0, &ids.1, SystemClock.now())
+        .get(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            SystemClock.now(),
+        )
         .await
         .unwrap()
         .unwrap();
@@ -409,9 +469,15 @@ async fn without_notifications_a_waiter_polls() {
                 .unwrap()
         })
     };
-    a.complete(&ids.0, &ids.1, token, &ticket(), &p, SystemClock.now())
-        .await
-        .unwrap();
+    a.complete(
+        &RecordId::new(ids.0.clone(), ids.1.clone()),
+        token,
+        &ticket(),
+        &p,
+        SystemClock.now(),
+    )
+    .await
+    .unwrap();
     tokio::time::timeout(HANG, waiter).await.unwrap().unwrap();
     assert_eq!(b.listen_connections_opened(), 0, "no LISTEN connection");
 }
@@ -680,13 +746,23 @@ async fn only_the_writes_of_a_record_a_waiter_marked_notify() {
     let (done, released, taken) = (ids("quiet-done"), ids("quiet-released"), ids("quiet-taken"));
     let token = claim(&a, &done, &p, clock.now()).await;
     let answer = a
-        .complete(&done.0, &done.1, token, &ticket(), &p, clock.now())
+        .complete(
+            &RecordId::new(done.0.clone(), done.1.clone()),
+            token,
+            &ticket(),
+            &p,
+            clock.now(),
+        )
         .await
         .unwrap();
     assert_eq!(answer, CompleteAnswer::Completed);
     let token = claim(&a, &released, &p, clock.now()).await;
     let answer = a
-        .release(&released.0, &released.1, token, clock.now())
+        .release(
+            &RecordId::new(released.0.clone(), released.1.clone()),
+            token,
+            clock.now(),
+        )
         .await
         .unwrap();
     assert_eq!(answer, ReleaseAnswer::Released);
@@ -731,9 +807,15 @@ async fn only_the_writes_of_a_record_a_waiter_marked_notify() {
     tokio::time::timeout(HANG, marked)
         .await
         .expect("the waiter marks the record");
-    a.complete(&loud.0, &loud.1, token, &ticket(), &p, clock.now())
-        .await
-        .unwrap();
+    a.complete(
+        &RecordId::new(loud.0.clone(), loud.1.clone()),
+        token,
+        &ticket(),
+        &p,
+        clock.now(),
+    )
+    .await
+    .unwrap();
     notified_before(&mut listener, &payload(&loud.0, &loud.1)).await;
     woken(waiter, "completion of a marked record").await;
 }

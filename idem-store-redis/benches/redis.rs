@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use idem_core::machine::ClaimAnswer;
-use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, Timestamp,
+};
 use idem_store_redis::RedisStore;
 use idem_store_redis::redis::{self, Script, aio::ConnectionManager};
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
@@ -72,14 +74,14 @@ async fn run(url: &str, n: usize, callers: usize) {
     // Each returns how long its claim took (the rest of the first execution is the completion).
     let idem_first = async |key: &IdempotencyKey| {
         let t = Instant::now();
-        let ClaimAnswer::Claimed { token, .. } =
-            store.claim(&scope, key, &fp, &policy, now).await.unwrap()
+        let id = RecordId::new(scope.clone(), key.clone());
+        let ClaimAnswer::Claimed { token, .. } = store.claim(&id, &fp, &policy, now).await.unwrap()
         else {
             panic!("fresh key")
         };
         let claimed = t.elapsed();
         store
-            .complete(&scope, key, token, &outcome, &policy, now)
+            .complete(&id, token, &outcome, &policy, now)
             .await
             .unwrap();
         claimed
@@ -176,7 +178,12 @@ async fn run(url: &str, n: usize, callers: usize) {
                 match which {
                     0 => {
                         let answer = store
-                            .claim(&scope, &keys[i], &fp, &policy, now)
+                            .claim(
+                                &RecordId::new(scope.clone(), (keys[i]).clone()),
+                                &fp,
+                                &policy,
+                                now,
+                            )
                             .await
                             .unwrap();
                         assert!(matches!(answer, ClaimAnswer::Replay(_)));
@@ -285,22 +292,29 @@ async fn run(url: &str, n: usize, callers: usize) {
     let started = Instant::now();
     for (i, key) in keys.iter().enumerate() {
         let key = IdempotencyKey::new(format!("{}-w{i}", key.as_str())).unwrap();
-        let ClaimAnswer::Claimed { token, .. } = waiting
-            .claim(&scope, &key, &fp, &policy, now)
-            .await
-            .unwrap()
+        let id = RecordId::new(scope.clone(), key.clone());
+        let ClaimAnswer::Claimed { token, .. } =
+            waiting.claim(&id, &fp, &policy, now).await.unwrap()
         else {
             panic!("fresh key")
         };
         waiting
-            .complete(&scope, &key, token, &outcome, &policy, now)
+            .complete(&id, token, &outcome, &policy, now)
             .await
             .unwrap();
     }
     let first_wait = per_call(started.elapsed(), n);
     let started = Instant::now();
     for key in &keys {
-        let answer = waiting.claim(&scope, key, &fp, &policy, now).await.unwrap();
+        let answer = waiting
+            .claim(
+                &RecordId::new(scope.clone(), key.clone()),
+                &fp,
+                &policy,
+                now,
+            )
+            .await
+            .unwrap();
         assert!(matches!(answer, ClaimAnswer::Replay(_)));
     }
     let replay_wait = per_call(started.elapsed(), n);

@@ -17,6 +17,8 @@
 //! Hex keeps the names injective: no `{`, `}` or `:` of a scope or key can reach the name's
 //! structure.
 
+use idem_core::RecordId;
+#[cfg(test)]
 use idem_core::{IdempotencyKey, Scope};
 
 /// How many buckets records are spread over. Part of the stored format: every handle on the same
@@ -140,9 +142,9 @@ impl BucketKeys {
 }
 
 impl RecordKeys {
-    pub(crate) fn new(prefix: &str, scope: &Scope, key: &IdempotencyKey) -> Self {
+    pub(crate) fn new(prefix: &str, id: &RecordId) -> Self {
         use std::fmt::Write;
-        let (scope, key) = (scope.as_str().as_bytes(), key.as_str().as_bytes());
+        let (scope, key) = (id.scope().as_str().as_bytes(), id.key().as_str().as_bytes());
         let bucket = bucket_of_bytes(scope, key);
         let mut base = String::with_capacity(prefix.len() + 6);
         let _ = write!(base, "{prefix}:{{b{bucket:02}}}");
@@ -208,8 +210,10 @@ mod tests {
     fn keys(scope: &str, key: &str) -> RecordKeys {
         RecordKeys::new(
             "idem",
-            &Scope::new(scope).unwrap(),
-            &IdempotencyKey::new(key).unwrap(),
+            &RecordId::new(
+                Scope::new(scope).unwrap(),
+                IdempotencyKey::new(key).unwrap(),
+            ),
         )
     }
 

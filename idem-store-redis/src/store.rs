@@ -6,11 +6,11 @@ use std::time::Duration;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
-use idem_core::store::ListFilter;
+use idem_core::store::{CheckpointStore, ListFilter};
 use idem_core::wait::Timer;
 use idem_core::{
-    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState,
-    Scope, StalePolicy, StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Clock, Fingerprint, KeyStore, Outcome, Policy, Record, RecordId, RecordState,
+    StalePolicy, StoreError, Timestamp, Token, async_trait,
 };
 use redis::{Cmd, Value};
 
@@ -64,13 +64,12 @@ impl RedisStore {
 impl KeyStore for RedisStore {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let keys = RecordKeys::new(&self.prefix, id);
         let token_id = Hex32::random();
         let takeover = match policy.stale() {
             StalePolicy::Takeover => "1",
@@ -109,15 +108,14 @@ impl KeyStore for RedisStore {
 
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
         machine::check_outcome_size(outcome, policy)?;
-        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let keys = RecordKeys::new(&self.prefix, id);
         let state = match machine::completed_state(outcome, policy) {
             RecordState::Completed => "c",
             _ => "f",
@@ -157,12 +155,11 @@ impl KeyStore for RedisStore {
 
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let keys = RecordKeys::new(&self.prefix, id);
         let nonce = Hex32::random();
         let reply = self.release_script(&keys, token, now, nonce).await?;
         if reply == "released" {
@@ -179,14 +176,13 @@ impl KeyStore for RedisStore {
 
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
         machine::check_lease(lease)?;
-        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let keys = RecordKeys::new(&self.prefix, id);
         let lease_until = now + lease;
         let nonce = Hex32::random();
         let mut cmd = evalsha(&EXTEND_SCRIPT, &keys);
@@ -217,19 +213,14 @@ impl KeyStore for RedisStore {
         }
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        let keys = RecordKeys::new(&self.prefix, scope, key);
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        let keys = RecordKeys::new(&self.prefix, id);
         let fields: Fields = redis::cmd("HGETALL")
             .arg(&keys.record)
             .query_async(&mut self.conn())
             .await
             .map_err(|e| classify("get", e))?;
-        let names = || Ok((scope.as_str().to_owned(), key.as_str().to_owned()));
+        let names = || Ok((id.scope().as_str().to_owned(), id.key().as_str().to_owned()));
         Ok(record::record(fields, names)?.filter(|r| !r.is_expired(now)))
     }
 
@@ -258,16 +249,31 @@ impl KeyStore for RedisStore {
         "redis"
     }
 
+    fn as_checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
+        Some(self)
+    }
+
+    async fn wait_for_change(
+        &self,
+        seen: &Record,
+        clock: &dyn Clock,
+        timer: &Timer,
+    ) -> Result<(), StoreError> {
+        crate::wake::wait_for_change(self, seen, clock, timer).await
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for RedisStore {
     async fn checkpoint(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         checkpoint: &Checkpoint,
         policy: &Policy,
     ) -> Result<CheckpointAnswer, StoreError> {
         machine::check_checkpoint_size(checkpoint, policy)?;
-        let keys = RecordKeys::new(&self.prefix, scope, key);
+        let keys = RecordKeys::new(&self.prefix, id);
         let nonce = Hex32::random();
         let mut cmd = evalsha(&CHECKPOINT_SCRIPT, &keys);
         cmd.arg(nonce)
@@ -287,18 +293,5 @@ impl KeyStore for RedisStore {
                 "redis checkpoint script: unknown answer {other:?}"
             ))),
         }
-    }
-
-    fn supports_checkpoints(&self) -> bool {
-        true
-    }
-
-    async fn wait_for_change(
-        &self,
-        seen: &Record,
-        clock: &dyn Clock,
-        timer: &Timer,
-    ) -> Result<(), StoreError> {
-        crate::wake::wait_for_change(self, seen, clock, timer).await
     }
 }

@@ -16,18 +16,17 @@
 //!   stops hearing without an error. A store made from a caller's [`ConnectionManager`]
 //!   ([`RedisStore::from_connection_manager`]) always polls: it has no client to subscribe with.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use idem_core::wait::{Timer, changed, poll_every, poll_for_change};
+use idem_core::wait::{Timer, Waiters, changed, poll_every, poll_for_change};
 use idem_core::{Clock, KeyStore, Record, StoreError};
 use redis::aio::ConnectionManager;
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::sync::oneshot;
 
 use crate::RedisStore;
 use crate::keys::RecordKeys;
@@ -75,26 +74,14 @@ pub(crate) struct Hub {
     subscriber: tokio::sync::OnceCell<Subscriber>,
     /// Set when the source cannot subscribe at all (e.g. a cluster client speaking RESP2).
     unable: AtomicBool,
-    state: Mutex<State>,
+    /// The registered waits, by channel name.
+    waiters: Waiters<String>,
+    /// The channels the server confirmed a subscription to, since the last disconnection.
+    subscribed: Mutex<HashSet<String>>,
     /// Orders subscribe and unsubscribe commands with the decisions that send them.
     order: tokio::sync::Mutex<()>,
     /// How many subscriber connections were made (tests count them).
     opened: AtomicUsize,
-}
-
-#[derive(Default)]
-struct State {
-    next: u64,
-    channels: HashMap<String, Channel>,
-}
-
-#[derive(Default)]
-struct Channel {
-    /// Waits registered on it.
-    holders: usize,
-    /// Whether the server confirmed a subscription (and no disconnection happened since).
-    subscribed: bool,
-    woken: HashMap<u64, oneshot::Sender<()>>,
 }
 
 impl Hub {
@@ -103,20 +90,21 @@ impl Hub {
             source,
             subscriber: tokio::sync::OnceCell::new(),
             unable: AtomicBool::new(false),
-            state: Mutex::default(),
+            waiters: Waiters::new(),
+            subscribed: Mutex::default(),
             order: tokio::sync::Mutex::new(()),
             opened: AtomicUsize::new(0),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The map stays consistent across a panic: every change is one insert or remove.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn subscribed(&self) -> MutexGuard<'_, HashSet<String>> {
+        // The set stays consistent across a panic: every change is one insert or remove.
+        self.subscribed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// How many waits are registered right now, one per waited key.
     pub(crate) fn subscriptions(&self) -> usize {
-        self.lock().channels.values().map(|c| c.holders).sum()
+        self.waiters.waiting()
     }
 
     /// How many subscriber connections this store made.
@@ -200,49 +188,22 @@ impl Hub {
     }
 
     fn wake(&self, name: &str, unsubscribed: bool) {
-        let woken = match self.lock().channels.get_mut(name) {
-            Some(channel) if channel.holders > 0 || !unsubscribed => {
-                if unsubscribed {
-                    channel.subscribed = false;
-                }
-                std::mem::take(&mut channel.woken)
+        if unsubscribed {
+            // Our own unsubscribe of a channel nobody waits on is no news.
+            if !self.waiters.is_waited(name) {
+                return;
             }
-            _ => return,
-        };
-        for tx in woken.into_values() {
-            let _ = tx.send(());
+            self.subscribed().remove(name);
         }
+        self.waiters.wake(name);
     }
 
     /// After a disconnection: what was published meanwhile is lost, so every wait reads again,
     /// and subscribes again.
     fn wake_all(&self) {
-        let mut woken = Vec::new();
-        for channel in self.lock().channels.values_mut() {
-            if channel.holders > 0 {
-                channel.subscribed = false;
-            }
-            woken.extend(std::mem::take(&mut channel.woken).into_values());
-        }
-        for tx in woken {
-            let _ = tx.send(());
-        }
-    }
-
-    fn register(&self, name: &str) -> Registered<'_> {
-        let (tx, rx) = oneshot::channel();
-        let mut state = self.lock();
-        state.next += 1;
-        let n = state.next;
-        let channel = state.channels.entry(name.to_owned()).or_default();
-        channel.holders += 1;
-        channel.woken.insert(n, tx);
-        Registered {
-            hub: self,
-            name: name.to_owned(),
-            n,
-            rx,
-        }
+        self.subscribed()
+            .retain(|name| !self.waiters.is_waited(name));
+        self.waiters.wake_all();
     }
 
     /// Subscribes to `name` unless it is already; unsubscribes the channels nobody waits on.
@@ -250,17 +211,16 @@ impl Hub {
     async fn subscribe(&self, subscriber: &mut Subscriber, name: &str) -> bool {
         let _order = self.order.lock().await;
         let (idle, subscribed) = {
-            let mut state = self.lock();
-            let idle: Vec<String> = state
-                .channels
+            let mut set = self.subscribed();
+            let idle: Vec<String> = set
                 .iter()
-                .filter(|(_, c)| c.holders == 0)
-                .map(|(n, _)| n.clone())
+                .filter(|n| !self.waiters.is_waited(n.as_str()))
+                .cloned()
                 .collect();
             for n in &idle {
-                state.channels.remove(n);
+                set.remove(n);
             }
-            (idle, state.channels.get(name).is_some_and(|c| c.subscribed))
+            (idle, set.contains(name))
         };
         let command = async {
             if !idle.is_empty() {
@@ -285,9 +245,7 @@ impl Hub {
         };
         match tokio::time::timeout(SUBSCRIBE_TIMEOUT, command).await {
             Ok(Ok(())) => {
-                if let Some(channel) = self.lock().channels.get_mut(name) {
-                    channel.subscribed = true;
-                }
+                self.subscribed().insert(name.to_owned());
                 true
             }
             Ok(Err(error)) => {
@@ -303,30 +261,6 @@ impl Hub {
     }
 }
 
-/// One registered wait; dropping it unregisters (the channel is unsubscribed later).
-struct Registered<'a> {
-    hub: &'a Hub,
-    name: String,
-    n: u64,
-    rx: oneshot::Receiver<()>,
-}
-
-impl Registered<'_> {
-    async fn woken(&mut self) {
-        // The sender is only dropped unsent when woken, so either way: woken.
-        let _ = (&mut self.rx).await;
-    }
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        if let Some(channel) = self.hub.lock().channels.get_mut(&self.name) {
-            channel.holders = channel.holders.saturating_sub(1);
-            channel.woken.remove(&self.n);
-        }
-    }
-}
-
 /// [`KeyStore::wait_for_change`] for Redis: register and subscribe, read, then the first of a
 /// message and a poll (every [`SAFETY_POLL`] when subscribed, the portable backoff when not).
 pub(crate) async fn wait_for_change(
@@ -335,14 +269,16 @@ pub(crate) async fn wait_for_change(
     clock: &dyn Clock,
     timer: &Timer,
 ) -> Result<(), StoreError> {
-    let (scope, key) = (&seen.scope, &seen.key);
+    let id = seen.id();
     let Some(mut subscriber) = store.hub.subscriber().await else {
         return poll_for_change(store, seen, clock, timer).await;
     };
-    let name = RecordKeys::new(&store.prefix, scope, key).record;
-    let mut registered = store.hub.register(&name);
+    let name = RecordKeys::new(&store.prefix, &id).record;
+    // Registered before the subscription and the read; dropped, it leaves the channel to be
+    // unsubscribed by a later subscription.
+    let mut registered = store.hub.waiters.register(name.clone());
     let subscribed = store.hub.subscribe(&mut subscriber, &name).await;
-    if changed(seen, store.get(scope, key, clock.now()).await?.as_ref()) {
+    if changed(seen, store.get(&id, clock.now()).await?.as_ref()) {
         return Ok(());
     }
     if subscribed {

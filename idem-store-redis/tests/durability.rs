@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::server::TestServer;
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Maintenance, Outcome, Policy, RecordState, Scope,
-    Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Maintenance, Outcome, Policy, RecordId, RecordState,
+    Scope, Timestamp,
 };
 use idem_store_redis::{InvalidWait, RedisStore, redis};
 
@@ -83,56 +83,58 @@ async fn an_unconfirmed_write_is_unavailable_and_the_claim_is_given_back() {
     let now = Timestamp::from_millis(1_800_000_000_000);
 
     // No replica can confirm the claim: Unavailable, and the claim is given back.
+    let id = RecordId::new(scope.clone(), key.clone());
     let err = waiting
-        .claim(&scope, &key, &fingerprint(), &policy, now)
+        .claim(&id, &fingerprint(), &policy, now)
         .await
         .unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
-    let record = plain.get(&scope, &key, now).await.unwrap().unwrap();
+    let record = plain.get(&id, now).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::FailedRetryable);
     // The next retry (without the option here) claims at once: nothing is stuck.
     assert!(matches!(
         plain
-            .claim(&scope, &key, &fingerprint(), &policy, now)
+            .claim(&id, &fingerprint(), &policy, now)
             .await
             .unwrap(),
         ClaimAnswer::Claimed { attempt: 2, .. }
     ));
 
+    let id = RecordId::new(scope.clone(), done.clone());
     // A completion, a release and an extension that write are unconfirmed too.
     let ClaimAnswer::Claimed { token, .. } = plain
-        .claim(&scope, &done, &fingerprint(), &policy, now)
+        .claim(&id, &fingerprint(), &policy, now)
         .await
         .unwrap()
     else {
         panic!("fresh key")
     };
     let err = waiting
-        .extend(&scope, &done, token, Duration::from_secs(60), now)
+        .extend(&id, token, Duration::from_secs(60), now)
         .await
         .unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
     let err = waiting
-        .complete(&scope, &done, token, &outcome(), &policy, now)
+        .complete(&id, token, &outcome(), &policy, now)
         .await
         .unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
     // (The write itself reached the master: the record is completed there, unconfirmed.)
     assert_eq!(
-        plain.get(&scope, &done, now).await.unwrap().unwrap().state,
+        plain.get(&id, now).await.unwrap().unwrap().state,
         RecordState::Completed
     );
     // A replay writes nothing and is not waited for.
     assert!(matches!(
         waiting
-            .claim(&scope, &done, &fingerprint(), &policy, now)
+            .claim(&id, &fingerprint(), &policy, now)
             .await
             .unwrap(),
         ClaimAnswer::Replay(_)
     ));
     // A fenced release writes nothing either: its answer stands.
     assert_eq!(
-        waiting.release(&scope, &done, token, now).await.unwrap(),
+        waiting.release(&id, token, now).await.unwrap(),
         ReleaseAnswer::Fenced
     );
 }
@@ -179,10 +181,11 @@ async fn with_the_replica_online_every_write_is_confirmed() {
     );
     let scope = Scope::new(common::unique("wait-ok")).unwrap();
     let key = IdempotencyKey::new("charge-1").unwrap();
+    let id = RecordId::new(scope.clone(), key.clone());
     let policy = Policy::default();
     let now = Timestamp::from_millis(1_800_000_000_000);
     let ClaimAnswer::Claimed { token, .. } = waiting
-        .claim(&scope, &key, &fingerprint(), &policy, now)
+        .claim(&id, &fingerprint(), &policy, now)
         .await
         .unwrap()
     else {
@@ -190,17 +193,17 @@ async fn with_the_replica_online_every_write_is_confirmed() {
     };
     assert!(matches!(
         waiting
-            .extend(&scope, &key, token, Duration::from_secs(60), now)
+            .extend(&id, token, Duration::from_secs(60), now)
             .await
             .unwrap(),
         ExtendAnswer::Extended { .. }
     ));
     assert_eq!(
-        waiting.release(&scope, &key, token, now).await.unwrap(),
+        waiting.release(&id, token, now).await.unwrap(),
         ReleaseAnswer::Released
     );
     let ClaimAnswer::Claimed { token, .. } = waiting
-        .claim(&scope, &key, &fingerprint(), &policy, now)
+        .claim(&id, &fingerprint(), &policy, now)
         .await
         .unwrap()
     else {
@@ -208,7 +211,7 @@ async fn with_the_replica_online_every_write_is_confirmed() {
     };
     assert_eq!(
         waiting
-            .complete(&scope, &key, token, &outcome(), &policy, now)
+            .complete(&id, token, &outcome(), &policy, now)
             .await
             .unwrap(),
         CompleteAnswer::Completed
@@ -216,7 +219,7 @@ async fn with_the_replica_online_every_write_is_confirmed() {
     // The replica has it.
     let replica = RedisStore::connect(&replica_server.url()).await.unwrap();
     assert_eq!(
-        replica.get(&scope, &key, now).await.unwrap().unwrap().state,
+        replica.get(&id, now).await.unwrap().unwrap().state,
         RecordState::Completed
     );
 }

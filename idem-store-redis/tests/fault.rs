@@ -17,7 +17,7 @@ use common::server::TestServer;
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
     Error, Executor, Fingerprint, IdempotencyKey, KeyStore, Maintenance, ManualClock, Outcome,
-    Policy, RecordState, Scope, Timestamp,
+    Policy, RecordId, RecordState, Scope, Timestamp,
 };
 use idem_store_redis::RedisStore;
 
@@ -39,7 +39,10 @@ fn fingerprint() -> Fingerprint {
 async fn until_available(store: &RedisStore, scope: &Scope, now: Timestamp) {
     let key = IdempotencyKey::new("probe").unwrap();
     for _ in 0..500 {
-        match store.get(scope, &key, now).await {
+        match store
+            .get(&RecordId::new(scope.clone(), key.clone()), now)
+            .await
+        {
             Ok(_) => return,
             Err(e) => assert!(e.is_unavailable(), "while reconnecting: {e:?}"),
         }
@@ -58,16 +61,14 @@ async fn every_call_is_unavailable_while_down_then_recovers() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let scope = Scope::new(common::unique("fault")).unwrap();
     let (a, b) = (
-        IdempotencyKey::new("a").unwrap(),
-        IdempotencyKey::new("b").unwrap(),
+        RecordId::new(scope.clone(), IdempotencyKey::new("a").unwrap()),
+        RecordId::new(scope.clone(), IdempotencyKey::new("b").unwrap()),
     );
     let policy = Policy::default();
     let now = Timestamp::from_millis(1_700_000_000_000);
     let outcome = Outcome::definitive(200, &serde_json::json!({"charged": true})).unwrap();
-    let ClaimAnswer::Claimed { token, .. } = store
-        .claim(&scope, &a, &fingerprint(), &policy, now)
-        .await
-        .unwrap()
+    let ClaimAnswer::Claimed { token, .. } =
+        store.claim(&a, &fingerprint(), &policy, now).await.unwrap()
     else {
         panic!("a fresh key is claimed")
     };
@@ -79,29 +80,26 @@ async fn every_call_is_unavailable_while_down_then_recovers() {
     unavailable(
         "claim",
         store
-            .claim(&scope, &b, &fingerprint(), &policy, now)
+            .claim(&b, &fingerprint(), &policy, now)
             .await
             .unwrap_err(),
     );
     unavailable(
         "complete",
         store
-            .complete(&scope, &a, token, &outcome, &policy, now)
+            .complete(&a, token, &outcome, &policy, now)
             .await
             .unwrap_err(),
     );
-    unavailable(
-        "release",
-        store.release(&scope, &a, token, now).await.unwrap_err(),
-    );
+    unavailable("release", store.release(&a, token, now).await.unwrap_err());
     unavailable(
         "extend",
         store
-            .extend(&scope, &a, token, Duration::from_secs(60), now)
+            .extend(&a, token, Duration::from_secs(60), now)
             .await
             .unwrap_err(),
     );
-    unavailable("get", store.get(&scope, &a, now).await.unwrap_err());
+    unavailable("get", store.get(&a, now).await.unwrap_err());
     unavailable(
         "list_in_flight",
         store.list_in_flight(now, 10).await.unwrap_err(),
@@ -116,30 +114,24 @@ async fn every_call_is_unavailable_while_down_then_recovers() {
     until_available(&store, &scope, now).await;
     // The script cache died with the server: EVALSHA meets NOSCRIPT and loads the script again.
     let r = store
-        .get(&scope, &a, now)
+        .get(&a, now)
         .await
         .unwrap()
         .expect("the claim survived");
     assert_eq!((r.state, r.token), (RecordState::Processing, token));
     assert_eq!(
         store
-            .complete(&scope, &a, token, &outcome, &policy, now)
+            .complete(&a, token, &outcome, &policy, now)
             .await
             .unwrap(),
         CompleteAnswer::Completed
     );
     assert_eq!(
-        store
-            .claim(&scope, &a, &fingerprint(), &policy, now)
-            .await
-            .unwrap(),
+        store.claim(&a, &fingerprint(), &policy, now).await.unwrap(),
         ClaimAnswer::Replay(outcome)
     );
     assert!(matches!(
-        store
-            .claim(&scope, &b, &fingerprint(), &policy, now)
-            .await
-            .unwrap(),
+        store.claim(&b, &fingerprint(), &policy, now).await.unwrap(),
         ClaimAnswer::Claimed { .. }
     ));
 }
@@ -250,7 +242,10 @@ async fn restart_mid_run_runs_each_operation_at_most_once() {
         *tally.entry(*end).or_default() += 1;
         let n = effects.get(key.as_str()).copied().unwrap_or(0);
         assert!(n <= 1, "{key}: the effect happened {n} times");
-        let record = store.get(&scope, key, now).await.unwrap();
+        let record = store
+            .get(&RecordId::new(scope.clone(), key.clone()), now)
+            .await
+            .unwrap();
         match end {
             End::Done => {
                 assert_eq!(n, 1, "{key}: answered, so it happened exactly once");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use idem_core::machine::ClaimAnswer;
 use idem_core::store::ListFilter;
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, RecordState, Scope, Timestamp,
 };
 use idem_store_redis::{RedisStore, redis};
 
@@ -42,10 +42,21 @@ async fn purge_skips_stale_processing_records_which_stay_listed() {
     let n = 256;
     for i in 0..n {
         let key = IdempotencyKey::new(format!("stale-{i}")).unwrap();
-        let answer = store.claim(&scope, &key, &fp, &long, t0).await.unwrap();
+        let answer = store
+            .claim(&RecordId::new(scope.clone(), key.clone()), &fp, &long, t0)
+            .await
+            .unwrap();
         assert!(matches!(answer, ClaimAnswer::Claimed { .. }));
         let key = IdempotencyKey::new(format!("done-{i}")).unwrap();
-        claim_and_complete(&store, &scope, &key, &fp, [&short, &short], t0, i).await;
+        claim_and_complete(
+            &store,
+            &RecordId::new(scope.clone(), key.clone()),
+            &fp,
+            [&short, &short],
+            t0,
+            i,
+        )
+        .await;
     }
     let now = t0 + Duration::from_secs(50);
     // One deletion per call, each answering exactly how many it deleted.
@@ -73,25 +84,23 @@ async fn purge_skips_stale_processing_records_which_stay_listed() {
 }
 
 /// The names under `prefix` matching `pattern` (`SCAN`, the whole keyspace).
-/// Claims the fresh `key` under `policies[0]` and completes it under `policies[1]` with the
+/// Claims the fresh record `id` under `policies[0]` and completes it under `policies[1]` with the
 /// outcome `{"i": i}`, both at `now`.
 async fn claim_and_complete(
     store: &RedisStore,
-    scope: &Scope,
-    key: &IdempotencyKey,
+    id: &RecordId,
     fp: &Fingerprint,
     policies: [&Policy; 2],
     now: Timestamp,
     i: usize,
 ) {
-    let ClaimAnswer::Claimed { token, .. } =
-        store.claim(scope, key, fp, policies[0], now).await.unwrap()
+    let ClaimAnswer::Claimed { token, .. } = store.claim(id, fp, policies[0], now).await.unwrap()
     else {
         panic!("a fresh key is claimed")
     };
     let outcome = Outcome::definitive(200, &serde_json::json!({"i": i})).unwrap();
     store
-        .complete(scope, key, token, &outcome, policies[1], now)
+        .complete(id, token, &outcome, policies[1], now)
         .await
         .unwrap();
 }
@@ -164,7 +173,15 @@ async fn the_expiry_index_is_slice_lists_which_purge_drains_and_unregisters() {
     for i in 0..n {
         for (name, p) in [("short", &short), ("long", &long)] {
             let key = IdempotencyKey::new(format!("{name}-{i}")).unwrap();
-            claim_and_complete(&store, &scope, &key, &fp, [p, p], t0, i).await;
+            claim_and_complete(
+                &store,
+                &RecordId::new(scope.clone(), key.clone()),
+                &fp,
+                [p, p],
+                t0,
+                i,
+            )
+            .await;
         }
     }
     // Every record is filed once, in a list of its expiry's slice; nothing in the sorted index
@@ -263,7 +280,15 @@ async fn a_completion_that_expires_earlier_files_and_registers_the_earlier_slice
     let n = 64;
     for i in 0..n {
         let key = IdempotencyKey::new(format!("k-{i}")).unwrap();
-        claim_and_complete(&store, &scope, &key, &fp, [&long, &short], t0, i).await;
+        claim_and_complete(
+            &store,
+            &RecordId::new(scope.clone(), key.clone()),
+            &fp,
+            [&long, &short],
+            t0,
+            i,
+        )
+        .await;
     }
     let slice = |ms: u64| ms / idem_store_redis::SLICE_MS;
     let lists = names(&mut conn, &format!("{prefix}:*:x:*")).await;

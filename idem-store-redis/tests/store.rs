@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::server::TestServer;
 use idem_core::machine::ClaimAnswer;
-use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Maintenance, Policy, Scope, Timestamp};
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, Maintenance, Policy, RecordId, Scope, Timestamp,
+};
 use idem_store_redis::{RedisStore, redis};
 
 fn fingerprint() -> Fingerprint {
@@ -140,8 +142,9 @@ async fn native_expiry_is_relative_to_the_callers_clock() {
         ("future", Timestamp::from_millis(230 * year)),
     ] {
         let key = IdempotencyKey::new(name).unwrap();
+        let id = RecordId::new(scope.clone(), key.clone());
         let answer = store
-            .claim(&scope, &key, &fingerprint(), &policy, now)
+            .claim(&id, &fingerprint(), &policy, now)
             .await
             .unwrap();
         assert!(matches!(answer, ClaimAnswer::Claimed { .. }));
@@ -165,7 +168,7 @@ async fn native_expiry_is_relative_to_the_callers_clock() {
                 .all(|t| *t > expected - 60_000 && *t <= expected),
             "{name}: native ttls {ttls:?}, expected about {expected} ms"
         );
-        assert!(store.get(&scope, &key, now).await.unwrap().is_some());
+        assert!(store.get(&id, now).await.unwrap().is_some());
     }
 }
 
@@ -186,7 +189,12 @@ async fn debug_never_prints_the_password() {
     let now = Timestamp::now();
     assert!(matches!(
         store
-            .claim(&scope, &key, &fingerprint(), &Policy::default(), now)
+            .claim(
+                &RecordId::new(scope.clone(), key.clone()),
+                &fingerprint(),
+                &Policy::default(),
+                now
+            )
             .await
             .unwrap(),
         ClaimAnswer::Claimed { .. }

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError, Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, StoreError, Timestamp,
 };
 use idem_store_redis::RedisStore;
 
@@ -20,6 +20,7 @@ use idem_store_redis::RedisStore;
 async fn claim_complete_replay(store: &RedisStore) -> (usize, bool) {
     let scope = Scope::new(common::unique("tls")).unwrap();
     let key = IdempotencyKey::new("k").unwrap();
+    let id = RecordId::new(scope.clone(), key.clone());
     let fp = Fingerprint::of("tls", &serde_json::json!({})).unwrap();
     let policy = Policy::default();
     let now = Timestamp::now();
@@ -27,7 +28,7 @@ async fn claim_complete_replay(store: &RedisStore) -> (usize, bool) {
     let mut token = None;
     for _ in 0..2 {
         if let ClaimAnswer::Claimed { token: t, .. } =
-            store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+            store.claim(&id, &fp, &policy, now).await.unwrap()
         {
             runs += 1;
             token = Some(t);
@@ -35,18 +36,11 @@ async fn claim_complete_replay(store: &RedisStore) -> (usize, bool) {
     }
     let outcome = Outcome::definitive(200, &serde_json::json!({"ok": true})).unwrap();
     let done = store
-        .complete(
-            &scope,
-            &key,
-            token.expect("claimed once"),
-            &outcome,
-            &policy,
-            now,
-        )
+        .complete(&id, token.expect("claimed once"), &outcome, &policy, now)
         .await
         .unwrap();
     assert_eq!(done, CompleteAnswer::Completed);
-    let replay = store.claim(&scope, &key, &fp, &policy, now).await.unwrap();
+    let replay = store.claim(&id, &fp, &policy, now).await.unwrap();
     (
         runs,
         matches!(replay, ClaimAnswer::Replay(o) if o.body() == outcome.body()),

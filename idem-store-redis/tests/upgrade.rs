@@ -6,6 +6,7 @@
 
 mod common;
 
+use idem_core::store::CheckpointStore;
 use std::time::Duration;
 
 use idem_core::machine::ClaimAnswer;
@@ -14,8 +15,8 @@ use idem_core::machine::{
 };
 use idem_core::store::ListFilter;
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope,
-    Timestamp, Token,
+    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, RecordState,
+    Scope, Timestamp, Token,
 };
 use idem_store_redis::{BUCKETS, redis};
 
@@ -158,7 +159,12 @@ async fn format_1_records_keep_working() {
     )
     .await;
     let ClaimAnswer::Replay(o) = store
-        .claim(&scope, &k("done"), &fingerprint(), &policy, now)
+        .claim(
+            &RecordId::new(scope.clone(), k("done")),
+            &fingerprint(),
+            &policy,
+            now,
+        )
         .await
         .unwrap()
     else {
@@ -168,12 +174,21 @@ async fn format_1_records_keep_working() {
     let other = Fingerprint::of("create_ticket", &serde_json::json!({"title": "new"})).unwrap();
     assert!(matches!(
         store
-            .claim(&scope, &k("done"), &other, &policy, now)
+            .claim(
+                &RecordId::new(scope.clone(), k("done")),
+                &other,
+                &policy,
+                now
+            )
             .await
             .unwrap(),
         ClaimAnswer::FingerprintMismatch
     ));
-    let r = store.get(&scope, &k("done"), now).await.unwrap().unwrap();
+    let r = store
+        .get(&RecordId::new(scope.clone(), k("done")), now)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(r.state, RecordState::Completed);
     assert_eq!(r.token, old_token);
     assert_eq!(r.created_at, Timestamp::from_millis(NOW - 5000));
@@ -192,7 +207,12 @@ async fn format_1_records_keep_working() {
     .await;
     assert!(matches!(
         store
-            .claim(&scope, &k("running"), &fingerprint(), &policy, now)
+            .claim(
+                &RecordId::new(scope.clone(), k("running")),
+                &fingerprint(),
+                &policy,
+                now
+            )
             .await
             .unwrap(),
         ClaimAnswer::InFlight { stale: false, .. }
@@ -204,8 +224,7 @@ async fn format_1_records_keep_working() {
     assert!(matches!(
         store
             .extend(
-                &scope,
-                &k("running"),
+                &RecordId::new(scope.clone(), k("running")),
                 old_token,
                 Duration::from_secs(60),
                 now
@@ -219,13 +238,24 @@ async fn format_1_records_keep_working() {
     let outcome = Outcome::definitive(200, &serde_json::json!({"ok": 1})).unwrap();
     assert_eq!(
         store
-            .complete(&scope, &k("running"), old_token, &outcome, &policy, now)
+            .complete(
+                &RecordId::new(scope.clone(), k("running")),
+                old_token,
+                &outcome,
+                &policy,
+                now
+            )
             .await
             .unwrap(),
         CompleteAnswer::Completed
     );
     let ClaimAnswer::Replay(o) = store
-        .claim(&scope, &k("running"), &fingerprint(), &policy, now)
+        .claim(
+            &RecordId::new(scope.clone(), k("running")),
+            &fingerprint(),
+            &policy,
+            now,
+        )
         .await
         .unwrap()
     else {
@@ -233,7 +263,7 @@ async fn format_1_records_keep_working() {
     };
     assert_eq!(o.body(), outcome.body());
     let r = store
-        .get(&scope, &k("running"), now)
+        .get(&RecordId::new(scope.clone(), k("running")), now)
         .await
         .unwrap()
         .unwrap();
@@ -254,7 +284,13 @@ async fn format_1_records_keep_working() {
     .await;
     assert_eq!(
         store
-            .complete(&scope, &k("quick"), old_token, &outcome, &policy, now)
+            .complete(
+                &RecordId::new(scope.clone(), k("quick")),
+                old_token,
+                &outcome,
+                &policy,
+                now
+            )
             .await
             .unwrap(),
         CompleteAnswer::Completed
@@ -275,8 +311,7 @@ async fn format_1_records_keep_working() {
     assert_eq!(
         store
             .complete(
-                &scope,
-                &k("fenced"),
+                &RecordId::new(scope.clone(), k("fenced")),
                 Token::with_id(1, 99),
                 &outcome,
                 &policy,
@@ -305,7 +340,11 @@ async fn format_1_records_keep_working() {
     .await;
     assert_eq!(
         store
-            .release(&scope, &k("given-back"), old_token, now)
+            .release(
+                &RecordId::new(scope.clone(), k("given-back")),
+                old_token,
+                now
+            )
             .await
             .unwrap(),
         ReleaseAnswer::Released
@@ -316,7 +355,12 @@ async fn format_1_records_keep_working() {
         attempt,
         kind,
     } = store
-        .claim(&scope, &k("given-back"), &fingerprint(), &policy, now)
+        .claim(
+            &RecordId::new(scope.clone(), k("given-back")),
+            &fingerprint(),
+            &policy,
+            now,
+        )
         .await
         .unwrap()
     else {
@@ -340,7 +384,12 @@ async fn format_1_records_keep_working() {
         attempt,
         kind,
     } = store
-        .claim(&scope, &k("failed"), &fingerprint(), &policy, now)
+        .claim(
+            &RecordId::new(scope.clone(), k("failed")),
+            &fingerprint(),
+            &policy,
+            now,
+        )
         .await
         .unwrap()
     else {
@@ -348,7 +397,11 @@ async fn format_1_records_keep_working() {
     };
     assert_eq!((token.seq, attempt, kind), (2, 2, ClaimKind::Retry));
     assert_eq!(fields(&mut conn, &prefix, "failed").await, ["m"]);
-    let r = store.get(&scope, &k("failed"), now).await.unwrap().unwrap();
+    let r = store
+        .get(&RecordId::new(scope.clone(), k("failed")), now)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(r.outcome.is_none());
     assert_eq!(r.created_at, Timestamp::from_millis(NOW - 5000));
 
@@ -364,7 +417,12 @@ async fn format_1_records_keep_working() {
     )
     .await;
     let ClaimAnswer::Claimed { token, kind, .. } = store
-        .claim(&scope, &k("old"), &fingerprint(), &policy, now)
+        .claim(
+            &RecordId::new(scope.clone(), k("old")),
+            &fingerprint(),
+            &policy,
+            now,
+        )
         .await
         .unwrap()
     else {
@@ -398,7 +456,13 @@ async fn format_1_records_keep_working() {
         ]
     );
     assert_eq!(store.purge_expired(now, 100).await.unwrap(), 1);
-    assert!(store.get(&scope, &k("gone"), now).await.unwrap().is_none());
+    assert!(
+        store
+            .get(&RecordId::new(scope.clone(), k("gone")), now)
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // Clean up what is left.
     let end = Timestamp::from_millis(u64::MAX - 1);
@@ -445,19 +509,28 @@ async fn outcomes_without_the_replay_header_keep_working() {
         .await
         .unwrap();
     let ClaimAnswer::Replay(o) = store
-        .claim(&scope, &k("old-o"), &fp, &policy, now)
+        .claim(&RecordId::new(scope.clone(), k("old-o")), &fp, &policy, now)
         .await
         .unwrap()
     else {
         panic!("an outcome without the header replays")
     };
     assert_eq!((o.status(), o.body()), (201, body));
-    let r = store.get(&scope, &k("old-o"), now).await.unwrap().unwrap();
+    let r = store
+        .get(&RecordId::new(scope.clone(), k("old-o")), now)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(r.outcome.as_ref().map(|o| o.body()), Some(body));
     let other = Fingerprint::of("create_ticket", &serde_json::json!({"title": "new"})).unwrap();
     assert!(matches!(
         store
-            .claim(&scope, &k("old-o"), &other, &policy, now)
+            .claim(
+                &RecordId::new(scope.clone(), k("old-o")),
+                &other,
+                &policy,
+                now
+            )
             .await
             .unwrap(),
         ClaimAnswer::FingerprintMismatch
@@ -465,7 +538,7 @@ async fn outcomes_without_the_replay_header_keep_working() {
 
     // A new completion stores the header: state, fingerprint, expires_at in 20 digits.
     let ClaimAnswer::Claimed { token, .. } = store
-        .claim(&scope, &k("new-o"), &fp, &policy, now)
+        .claim(&RecordId::new(scope.clone(), k("new-o")), &fp, &policy, now)
         .await
         .unwrap()
     else {
@@ -474,7 +547,13 @@ async fn outcomes_without_the_replay_header_keep_working() {
     let outcome = Outcome::definitive(201, &serde_json::json!({"ticket_id": "T-8"})).unwrap();
     assert_eq!(
         store
-            .complete(&scope, &k("new-o"), token, &outcome, &policy, now)
+            .complete(
+                &RecordId::new(scope.clone(), k("new-o")),
+                token,
+                &outcome,
+                &policy,
+                now
+            )
             .await
             .unwrap(),
         CompleteAnswer::Completed
@@ -493,7 +572,7 @@ async fn outcomes_without_the_replay_header_keep_working() {
         format!("{header}201|d|{}", outcome.body())
     );
     let ClaimAnswer::Replay(o) = store
-        .claim(&scope, &k("new-o"), &fp, &policy, now)
+        .claim(&RecordId::new(scope.clone(), k("new-o")), &fp, &policy, now)
         .await
         .unwrap()
     else {
@@ -504,7 +583,12 @@ async fn outcomes_without_the_replay_header_keep_working() {
     let at_expiry = Timestamp::from_millis(expires_at);
     assert!(matches!(
         store
-            .claim(&scope, &k("new-o"), &fp, &policy, at_expiry)
+            .claim(
+                &RecordId::new(scope.clone(), k("new-o")),
+                &fp,
+                &policy,
+                at_expiry
+            )
             .await
             .unwrap(),
         ClaimAnswer::Claimed {
@@ -528,7 +612,7 @@ async fn format_1_records_take_checkpoints() {
         return;
     };
     let scope = Scope::new("tenant/tool").unwrap();
-    let key = IdempotencyKey::new("charging").unwrap();
+    let id = RecordId::new(scope.clone(), IdempotencyKey::new("charging").unwrap());
     let now = Timestamp::from_millis(NOW);
     let policy = Policy::builder()
         .ttl(Duration::from_secs(600))
@@ -548,10 +632,7 @@ async fn format_1_records_take_checkpoints() {
     let token = Token::with_id(1, TID);
     let first = Checkpoint::new("charged", r#"{ "id": "ch_1", "n": "é" }"#, now).unwrap();
     assert_eq!(
-        store
-            .checkpoint(&scope, &key, token, &first, &policy)
-            .await
-            .unwrap(),
+        store.checkpoint(&id, token, &first, &policy).await.unwrap(),
         CheckpointAnswer::Saved
     );
     assert_eq!(fields(&mut conn, &prefix, "charging").await, ["c", "m"]);
@@ -561,24 +642,21 @@ async fn format_1_records_take_checkpoints() {
     );
     let second = Checkpoint::new("emailed", "true", now).unwrap();
     store
-        .checkpoint(&scope, &key, token, &second, &policy)
+        .checkpoint(&id, token, &second, &policy)
         .await
         .unwrap();
-    let r = store.get(&scope, &key, now).await.unwrap().unwrap();
+    let r = store.get(&id, now).await.unwrap().unwrap();
     assert_eq!(r.checkpoints, vec![first, second]);
     let stale = Token::with_id(1, TID ^ 1);
     let late = Checkpoint::new("late", "1", now).unwrap();
     assert_eq!(
-        store
-            .checkpoint(&scope, &key, stale, &late, &policy)
-            .await
-            .unwrap(),
+        store.checkpoint(&id, stale, &late, &policy).await.unwrap(),
         CheckpointAnswer::Fenced
     );
     let outcome = Outcome::definitive(200, &serde_json::json!({"ok": true})).unwrap();
     assert_eq!(
         store
-            .complete(&scope, &key, token, &outcome, &policy, now)
+            .complete(&id, token, &outcome, &policy, now)
             .await
             .unwrap(),
         CompleteAnswer::Completed
@@ -586,7 +664,7 @@ async fn format_1_records_take_checkpoints() {
     assert_eq!(fields(&mut conn, &prefix, "charging").await, ["m", "o"]);
     assert!(
         store
-            .get(&scope, &key, now)
+            .get(&id, now)
             .await
             .unwrap()
             .unwrap()

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
 use idem_core::{
-    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, Scope,
-    StalePolicy, SystemClock, Timer, Timestamp, Token,
+    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, Outcome, Policy, RecordId,
+    Scope, StalePolicy, SystemClock, Timer, Timestamp, Token,
 };
 use idem_store_redis::RedisStore;
 use serde_json::json;
@@ -60,7 +60,11 @@ async fn handle(cluster: bool, prefix: &str) -> Option<RedisStore> {
 }
 
 async fn claim(store: &RedisStore, ids: &Ids, p: &Policy, now: Timestamp) -> Token {
-    match store.claim(&ids.0, &ids.1, &ids.2, p, now).await.unwrap() {
+    match store
+        .claim(&RecordId::new(ids.0.clone(), ids.1.clone()), &ids.2, p, now)
+        .await
+        .unwrap()
+    {
         ClaimAnswer::Claimed { token, .. } => token,
         other => panic!("expected a claim, got {other:?}"),
     }
@@ -69,7 +73,7 @@ async fn claim(store: &RedisStore, ids: &Ids, p: &Policy, now: Timestamp) -> Tok
 /// Starts `b`'s wait on the record as it is now; returns once it is registered.
 async fn wait_on(b: &RedisStore, ids: &Ids, clock: &ManualClock) -> tokio::task::JoinHandle<()> {
     let seen = b
-        .get(&ids.0, &ids.1, clock.now())
+        .get(&RecordId::new(ids.0.clone(), ids.1.clone()), clock.now())
         .await
         .unwrap()
         .expect("a record");
@@ -106,7 +110,13 @@ async fn wakes_on_completion_release_and_takeover(cluster: bool) {
     let token = claim(&a, &ids, &p, clock.now()).await;
     let waiter = wait_on(&b, &ids, &clock).await;
     let done = a
-        .complete(&ids.0, &ids.1, token, &ticket(), &p, clock.now())
+        .complete(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            token,
+            &ticket(),
+            &p,
+            clock.now(),
+        )
         .await
         .unwrap();
     assert_eq!(done, CompleteAnswer::Completed);
@@ -115,7 +125,14 @@ async fn wakes_on_completion_release_and_takeover(cluster: bool) {
     let ids = self::ids("release");
     let token = claim(&a, &ids, &p, clock.now()).await;
     let waiter = wait_on(&b, &ids, &clock).await;
-    let released = a.release(&ids.0, &ids.1, token, clock.now()).await.unwrap();
+    let released = a
+        .release(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            token,
+            clock.now(),
+        )
+        .await
+        .unwrap();
     assert_eq!(released, ReleaseAnswer::Released);
     woken(waiter, "release").await;
 
@@ -259,7 +276,13 @@ async fn a_dropped_waiter_leaves_no_record_change_and_no_subscription() {
     let ids = ids("drop");
     let p = policy(StalePolicy::Reconcile);
     let token = claim(&a, &ids, &p, SystemClock.now()).await;
-    let before = a.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+    let before = a
+        .get(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            SystemClock.now(),
+        )
+        .await
+        .unwrap();
     let sink = Arc::new(Sink::default());
     let waiter = {
         let exec = Executor::new(b.clone())
@@ -283,11 +306,23 @@ async fn a_dropped_waiter_leaves_no_record_change_and_no_subscription() {
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
     assert_eq!(b.wait_subscriptions(), 0, "unsubscribed");
-    let after = a.get(&ids.0, &ids.1, SystemClock.now()).await.unwrap();
+    let after = a
+        .get(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            SystemClock.now(),
+        )
+        .await
+        .unwrap();
     assert_eq!(before, after, "no record change");
     assert_eq!(sink.0.load(Ordering::SeqCst), 0, "nothing ran");
     let done = a
-        .complete(&ids.0, &ids.1, token, &ticket(), &p, SystemClock.now())
+        .complete(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            token,
+            &ticket(),
+            &p,
+            SystemClock.now(),
+        )
         .await
         .unwrap();
     assert_eq!(done, CompleteAnswer::Completed);
@@ -308,7 +343,10 @@ async fn a_store_on_a_callers_connection_manager_polls() {
     let p = policy(StalePolicy::Reconcile);
     let token = claim(&a, &ids, &p, SystemClock.now()).await;
     let seen = b
-        .get(&ids.0, &ids.1, SystemClock.now())
+        .get(
+            &RecordId::new(ids.0.clone(), ids.1.clone()),
+            SystemClock.now(),
+        )
         .await
         .unwrap()
         .unwrap();
@@ -320,9 +358,15 @@ async fn a_store_on_a_callers_connection_manager_polls() {
                 .unwrap()
         })
     };
-    a.complete(&ids.0, &ids.1, token, &ticket(), &p, SystemClock.now())
-        .await
-        .unwrap();
+    a.complete(
+        &RecordId::new(ids.0.clone(), ids.1.clone()),
+        token,
+        &ticket(),
+        &p,
+        SystemClock.now(),
+    )
+    .await
+    .unwrap();
     tokio::time::timeout(HANG, waiter).await.unwrap().unwrap();
     assert_eq!(b.subscriber_connections_opened(), 0, "no subscriber");
 }

@@ -19,7 +19,9 @@
 use std::time::{Duration, Instant};
 
 use idem_core::machine::ClaimAnswer;
-use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
+use idem_core::{
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, Timestamp,
+};
 use std::sync::{Arc, Mutex};
 
 use idem_store_sqlite::rusqlite::{Connection, params};
@@ -130,13 +132,14 @@ fn bench(sync: Synchronous, writes: usize, replays: usize) -> Figures {
             for i in 0..writes {
                 let k = key(round, i);
                 let t = Instant::now();
+                let id = RecordId::new(scope.clone(), k.clone());
                 let ClaimAnswer::Claimed { token, .. } =
-                    store.claim(&scope, &k, &fp, &policy, now).await.unwrap()
+                    store.claim(&id, &fp, &policy, now).await.unwrap()
                 else {
                     panic!("new key")
                 };
                 store
-                    .complete(&scope, &k, token, &outcome, &policy, now)
+                    .complete(&id, token, &outcome, &policy, now)
                     .await
                     .unwrap();
                 iw += t.elapsed();
@@ -147,7 +150,10 @@ fn bench(sync: Synchronous, writes: usize, replays: usize) -> Figures {
             for i in 0..replays {
                 let k = key(round, i % writes);
                 let t = Instant::now();
-                let answer = store.claim(&scope, &k, &fp, &policy, now).await.unwrap();
+                let answer = store
+                    .claim(&RecordId::new(scope.clone(), k.clone()), &fp, &policy, now)
+                    .await
+                    .unwrap();
                 ir += t.elapsed();
                 assert!(matches!(answer, ClaimAnswer::Replay(_)));
                 let t = Instant::now();

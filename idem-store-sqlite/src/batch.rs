@@ -192,7 +192,7 @@ mod tests {
     use std::time::Duration;
 
     use idem_core::machine::ClaimAnswer;
-    use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Policy, Scope, Timestamp};
+    use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Policy, RecordId, Scope, Timestamp};
 
     use crate::SqliteStore;
 
@@ -220,9 +220,13 @@ mod tests {
 
         // Another write holds the file's turn: the claim queues, and its caller gives up.
         let turn = store.inner.writer.clone().lock_owned().await;
+        let (left, next) = (
+            RecordId::new(scope.clone(), left),
+            RecordId::new(scope.clone(), next),
+        );
         let waited = tokio::time::timeout(
             Duration::from_millis(200),
-            store.claim(&scope, &left, &fp, &policy(), NOW),
+            store.claim(&left, &fp, &policy(), NOW),
         )
         .await;
         assert!(waited.is_err(), "the claim ran while the turn was held");
@@ -231,17 +235,15 @@ mod tests {
 
         // The next queued write (a release: a claim that finds the turn free goes alone) takes
         // the queue: the abandoned claim is dropped, not run.
-        let ClaimAnswer::Claimed { token, .. } = store
-            .claim(&scope, &next, &fp, &policy(), NOW)
-            .await
-            .unwrap()
+        let ClaimAnswer::Claimed { token, .. } =
+            store.claim(&next, &fp, &policy(), NOW).await.unwrap()
         else {
             panic!("not claimed")
         };
-        store.release(&scope, &next, token, NOW).await.unwrap();
+        store.release(&next, token, NOW).await.unwrap();
         assert!(store.inner.batch.0.lock().unwrap().is_empty());
-        assert!(store.get(&scope, &left, NOW).await.unwrap().is_none());
-        assert!(store.get(&scope, &next, NOW).await.unwrap().is_some());
+        assert!(store.get(&left, NOW).await.unwrap().is_none());
+        assert!(store.get(&next, NOW).await.unwrap().is_some());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,8 +273,8 @@ mod tests {
             .map(|i| {
                 let (store, scope, fp) = (store.clone(), scope.clone(), fp.clone());
                 tokio::spawn(async move {
-                    let key = IdempotencyKey::new(format!("k{i}")).unwrap();
-                    store.claim(&scope, &key, &fp, &policy(), NOW).await
+                    let id = RecordId::new(scope, IdempotencyKey::new(format!("k{i}")).unwrap());
+                    store.claim(&id, &fp, &policy(), NOW).await
                 })
             })
             .collect();
@@ -289,8 +291,8 @@ mod tests {
         // Two commits (MAX_BATCH claims, then the rest), and every claim is in the file.
         assert_eq!(commits.load(Ordering::SeqCst), 2);
         for i in 0..n {
-            let key = IdempotencyKey::new(format!("k{i}")).unwrap();
-            assert!(store.get(&scope, &key, NOW).await.unwrap().is_some());
+            let id = RecordId::new(scope.clone(), IdempotencyKey::new(format!("k{i}")).unwrap());
+            assert!(store.get(&id, NOW).await.unwrap().is_some());
         }
     }
 }

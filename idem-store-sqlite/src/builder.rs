@@ -75,7 +75,7 @@ impl SqliteStoreBuilder {
             permits: Arc::new(Semaphore::new(self.max_connections)),
             writer: file_write_lock(canonical.clone()),
             batch: Default::default(),
-            notifier: crate::wake::file_notifier(canonical),
+            waiters: crate::wake::file_waiters(canonical),
         };
         Ok(SqliteStore {
             inner: Arc::new(inner),

@@ -136,16 +136,14 @@ impl SqliteStore {
             });
         }
         let held = ops::Held {
-            scope: attempt.scope(),
-            key: attempt.key(),
+            id: attempt.id(),
             token: attempt.token(),
         };
         let answer = ops::complete_on(conn, &self.inner.sql, held, outcome, policy, now)?;
         if answer != CompleteAnswer::Fenced {
             // Written, not committed: the waiters wake when the caller reports the commit.
-            let notifier = self.inner.notifier.clone();
-            let (scope, key) = (attempt.scope().clone(), attempt.key().clone());
-            wake_when_recorded(attempt, move || notifier.notify(&scope, &key));
+            let (waiters, id) = (self.inner.waiters.clone(), attempt.id().clone());
+            wake_when_recorded(attempt, move || waiters.wake(&id));
         }
         Ok(answer)
     }

@@ -5,8 +5,7 @@ use idem_core::machine::{self, CheckpointAnswer, CompleteAnswer};
 use idem_core::store::columns::RawRecord;
 use idem_core::store::columns::checkpoint_item;
 use idem_core::{
-    Checkpoint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope, StoreError, Timestamp,
-    Token,
+    Checkpoint, Outcome, Policy, Record, RecordId, RecordState, StoreError, Timestamp, Token,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -14,16 +13,15 @@ use crate::error::at;
 use crate::row::{big, columns, read_row, ts};
 use crate::schema::Statements;
 
-/// The record stored for (scope, key), expired or not.
+/// The record `id`, expired or not.
 pub(crate) fn read(
     conn: &Connection,
     sql: &Statements,
-    scope: &Scope,
-    key: &IdempotencyKey,
+    id: &RecordId,
 ) -> Result<Option<Record>, StoreError> {
     conn.prepare_cached(&sql.select_any)
         .map_err(at("read: prepare"))?
-        .query_row(params![scope.as_str(), key.as_str()], read_row)
+        .query_row(params![id.scope().as_str(), id.key().as_str()], read_row)
         .optional()
         .map_err(at("read"))?
         .map(RawRecord::into_record)
@@ -104,8 +102,7 @@ pub(crate) fn insert_new(
 /// The claim a fenced write is made under: the record's address and the holder's token.
 #[derive(Clone, Copy)]
 pub(crate) struct Held<'a> {
-    pub(crate) scope: &'a Scope,
-    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) id: &'a RecordId,
     pub(crate) token: Token,
 }
 
@@ -120,15 +117,15 @@ pub(crate) fn complete_on(
     policy: &Policy,
     now: Timestamp,
 ) -> Result<CompleteAnswer, StoreError> {
-    let Held { scope, key, token } = held;
+    let Held { id, token } = held;
     machine::check_outcome_size(outcome, policy)?;
     let state = machine::completed_state(outcome, policy);
     let updated = conn
         .prepare_cached(&sql.complete)
         .map_err(at("complete: prepare"))?
         .execute(params![
-            scope.as_str(),
-            key.as_str(),
+            id.scope().as_str(),
+            id.key().as_str(),
             big(token.seq),
             token.id_hex(),
             ts(now),
@@ -154,13 +151,13 @@ pub(crate) fn checkpoint(
     held: Held<'_>,
     checkpoint: &Checkpoint,
 ) -> Result<CheckpointAnswer, StoreError> {
-    let Held { scope, key, token } = held;
+    let Held { id, token } = held;
     let updated = conn
         .prepare_cached(&sql.checkpoint)
         .map_err(at("checkpoint: prepare"))?
         .execute(params![
-            scope.as_str(),
-            key.as_str(),
+            id.scope().as_str(),
+            id.key().as_str(),
             big(token.seq),
             token.id_hex(),
             checkpoint_item(checkpoint),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use idem_core::machine::Transition;
-use idem_core::{IdempotencyKey, Record, Scope, StoreError};
+use idem_core::{Record, RecordId, StoreError};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, Semaphore};
 
@@ -27,7 +27,7 @@ pub(crate) struct Inner {
     /// Writes waiting to share a transaction (`batch`).
     pub(crate) batch: crate::batch::Queue,
     /// Wakes this process's waiters on a record after each write (`wake`).
-    pub(crate) notifier: idem_core::wait::LocalNotifier,
+    pub(crate) waiters: idem_core::wait::Waiters,
 }
 
 /// The process-wide write lock of a database file: one turn at a time among this process's
@@ -107,11 +107,10 @@ impl Inner {
     pub(crate) fn apply<A>(
         &self,
         conn: &Connection,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         rule: impl FnOnce(Option<&Record>) -> Result<Transition<A>, StoreError>,
     ) -> Result<A, StoreError> {
-        let found = ops::read(conn, &self.sql, scope, key)?;
+        let found = ops::read(conn, &self.sql, id)?;
         let transition = rule(found.as_ref())?;
         if let Some(record) = &transition.write {
             ops::write(conn, &self.sql, record, found.as_ref())?;

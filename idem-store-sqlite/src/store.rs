@@ -6,10 +6,10 @@ use std::time::Duration;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
-use idem_core::store::ListFilter;
+use idem_core::store::{CheckpointStore, ListFilter};
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, KeyStore, Outcome, Policy, Record, RecordId, StoreError, Timestamp,
+    Token, async_trait,
 };
 use rusqlite::params;
 
@@ -21,21 +21,19 @@ use crate::{SqliteStore, ops, row};
 impl KeyStore for SqliteStore {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        let (scope, key, fingerprint, policy) =
-            (scope.clone(), key.clone(), fingerprint.clone(), *policy);
+        let (id, fingerprint, policy) = (id.clone(), fingerprint.clone(), *policy);
         let first = self
             .run(move |inner, conn| {
-                let req = ClaimRequest::new(&scope, &key, &fingerprint);
+                let req = ClaimRequest::new(&id, &fingerprint);
                 // Read-only answers (replay, in flight, mismatch) are decided from one SELECT,
                 // which sees one committed state: no write lock, so replays do not queue behind
                 // writers.
-                let found = ops::read(conn, &inner.sql, &scope, &key)?;
+                let found = ops::read(conn, &inner.sql, &id)?;
                 let first = machine::claim(found.as_ref(), req, now, &policy);
                 if first.write.is_none() {
                     return Ok(Ok(first.answer));
@@ -44,7 +42,7 @@ impl KeyStore for SqliteStore {
                 // the connection back (and its arguments, uncloned) and waits for its turn below,
                 // holding none.
                 let Some(turn) = inner.try_write_turn() else {
-                    return Ok(Err((scope, key, fingerprint)));
+                    return Ok(Err((id, fingerprint)));
                 };
                 let answer = inner.write_tx(conn, &turn, |tx| {
                     // A key that was absent is inserted unless a record appeared meanwhile (one
@@ -54,104 +52,89 @@ impl KeyStore for SqliteStore {
                     {
                         return Ok(first.answer);
                     }
-                    inner.apply(tx, &scope, &key, |found| {
+                    inner.apply(tx, &id, |found| {
                         Ok(machine::claim(found, req, now, &policy))
                     })
                 })?;
-                claimed(inner, &scope, &key, &answer);
+                claimed(inner, &id, &answer);
                 Ok(Ok(answer))
             })
             .await?;
-        let (scope, key, fingerprint) = match first {
+        let (id, fingerprint) = match first {
             Ok(answer) => return Ok(answer),
             Err(queued) => queued,
         };
-        let (notify_scope, notify_key) = (scope.clone(), key.clone());
+        let notify = id.clone();
         let answer = self
             .run_batched(move |inner, tx| {
-                let req = ClaimRequest::new(&scope, &key, &fingerprint);
-                inner.apply(tx, &scope, &key, |found| {
+                let req = ClaimRequest::new(&id, &fingerprint);
+                inner.apply(tx, &id, |found| {
                     Ok(machine::claim(found, req, now, &policy))
                 })
             })
             .await?;
-        claimed(&self.inner, &notify_scope, &notify_key, &answer);
+        claimed(&self.inner, &notify, &answer);
         Ok(answer)
     }
 
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
         machine::check_outcome_size(outcome, policy)?;
-        let (owned_scope, owned_key, outcome, policy) =
-            (scope.clone(), key.clone(), outcome.clone(), *policy);
+        let (owned, outcome, policy) = (id.clone(), outcome.clone(), *policy);
         let answer = self
             .run_batched(move |inner, tx| {
-                let held = ops::Held {
-                    scope: &owned_scope,
-                    key: &owned_key,
-                    token,
-                };
+                let held = ops::Held { id: &owned, token };
                 ops::complete_on(tx, &inner.sql, held, &outcome, &policy, now)
             })
             .await?;
-        self.inner.notifier.notify(scope, key);
+        self.inner.waiters.wake(id);
         Ok(answer)
     }
 
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        let (owned_scope, owned_key) = (scope.clone(), key.clone());
+        let owned = id.clone();
         let answer = self
             .run_batched(move |inner, tx| {
-                inner.apply(tx, &owned_scope, &owned_key, |found| {
-                    Ok(machine::release(found, token, now))
-                })
+                inner.apply(tx, &owned, |found| Ok(machine::release(found, token, now)))
             })
             .await?;
-        self.inner.notifier.notify(scope, key);
+        self.inner.waiters.wake(id);
         Ok(answer)
     }
 
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
         // Refused before any transaction is opened.
         machine::check_lease(lease)?;
-        let (scope, key) = (scope.clone(), key.clone());
+        let id = id.clone();
         self.run_batched(move |inner, tx| {
-            inner.apply(tx, &scope, &key, |found| {
+            inner.apply(tx, &id, |found| {
                 Ok(machine::extend(found, token, lease, now)?)
             })
         })
         .await
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        let (scope, key) = (scope.clone(), key.clone());
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        let id = id.clone();
         self.run(move |inner, conn| {
-            Ok(ops::read(conn, &inner.sql, &scope, &key)?.filter(|r| !r.is_expired(now)))
+            Ok(ops::read(conn, &inner.sql, &id)?.filter(|r| !r.is_expired(now)))
         })
         .await
     }
@@ -202,29 +185,8 @@ impl KeyStore for SqliteStore {
         "sqlite"
     }
 
-    async fn checkpoint(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        checkpoint: &Checkpoint,
-        policy: &Policy,
-    ) -> Result<CheckpointAnswer, StoreError> {
-        machine::check_checkpoint_size(checkpoint, policy)?;
-        let (scope, key, checkpoint) = (scope.clone(), key.clone(), checkpoint.clone());
-        self.run_batched(move |inner, tx| {
-            let held = ops::Held {
-                scope: &scope,
-                key: &key,
-                token,
-            };
-            ops::checkpoint(tx, &inner.sql, held, &checkpoint)
-        })
-        .await
-    }
-
-    fn supports_checkpoints(&self) -> bool {
-        true
+    fn as_checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
+        Some(self)
     }
 
     async fn wait_for_change(
@@ -237,9 +199,28 @@ impl KeyStore for SqliteStore {
     }
 }
 
+#[async_trait]
+impl CheckpointStore for SqliteStore {
+    async fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        let (id, checkpoint) = (id.clone(), checkpoint.clone());
+        self.run_batched(move |inner, tx| {
+            let held = ops::Held { id: &id, token };
+            ops::checkpoint(tx, &inner.sql, held, &checkpoint)
+        })
+        .await
+    }
+}
+
 /// A claim that won rewrote the record (a retry, a takeover): its waiters look again.
-fn claimed(inner: &Inner, scope: &Scope, key: &IdempotencyKey, answer: &ClaimAnswer) {
+fn claimed(inner: &Inner, id: &RecordId, answer: &ClaimAnswer) {
     if matches!(answer, ClaimAnswer::Claimed { .. }) {
-        inner.notifier.notify(scope, key);
+        inner.waiters.wake(id);
     }
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, StoreError,
-    Timestamp, Token,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, RecordState, Scope,
+    StoreError, Timestamp, Token,
 };
 use idem_store_sqlite::SqliteStore;
 use idem_store_sqlite::rusqlite::Connection;
@@ -46,18 +46,24 @@ async fn setup(dir: &Path) -> (PathBuf, Token) {
     store.migrate().unwrap();
     let policy = Policy::default();
     let ClaimAnswer::Claimed { token, .. } = store
-        .claim(&scope(), &key("k-done"), &fp(), &policy, NOW)
+        .claim(&RecordId::new(scope(), key("k-done")), &fp(), &policy, NOW)
         .await
         .unwrap()
     else {
         panic!("claimed")
     };
     store
-        .complete(&scope(), &key("k-done"), token, &outcome(), &policy, NOW)
+        .complete(
+            &RecordId::new(scope(), key("k-done")),
+            token,
+            &outcome(),
+            &policy,
+            NOW,
+        )
         .await
         .unwrap();
     let ClaimAnswer::Claimed { token, .. } = store
-        .claim(&scope(), &key("k-held"), &fp(), &policy, NOW)
+        .claim(&RecordId::new(scope(), key("k-held")), &fp(), &policy, NOW)
         .await
         .unwrap()
     else {
@@ -95,26 +101,33 @@ async fn writes_under_a_foreign_write_lock_are_unavailable() {
     unavailable(
         "claim",
         store
-            .claim(&scope(), &key("k-new"), &fp(), &policy, NOW)
+            .claim(&RecordId::new(scope(), key("k-new")), &fp(), &policy, NOW)
             .await,
     );
     let later = NOW + Duration::from_secs(1);
     unavailable(
         "complete",
         store
-            .complete(&scope(), &key("k-held"), token, &outcome(), &policy, later)
+            .complete(
+                &RecordId::new(scope(), key("k-held")),
+                token,
+                &outcome(),
+                &policy,
+                later,
+            )
             .await,
     );
     unavailable(
         "release",
-        store.release(&scope(), &key("k-held"), token, later).await,
+        store
+            .release(&RecordId::new(scope(), key("k-held")), token, later)
+            .await,
     );
     unavailable(
         "extend",
         store
             .extend(
-                &scope(),
-                &key("k-held"),
+                &RecordId::new(scope(), key("k-held")),
                 token,
                 Duration::from_secs(60),
                 later,
@@ -131,7 +144,7 @@ async fn writes_under_a_foreign_write_lock_are_unavailable() {
     // WAL: readers are not blocked by a writer.
     assert!(matches!(
         store
-            .claim(&scope(), &key("k-done"), &fp(), &policy, NOW)
+            .claim(&RecordId::new(scope(), key("k-done")), &fp(), &policy, NOW)
             .await
             .unwrap(),
         ClaimAnswer::Replay(_)
@@ -139,7 +152,7 @@ async fn writes_under_a_foreign_write_lock_are_unavailable() {
 
     blocker.execute_batch("ROLLBACK").unwrap();
     let record = store
-        .get(&scope(), &key("k-held"), later)
+        .get(&RecordId::new(scope(), key("k-held")), later)
         .await
         .unwrap()
         .unwrap();
@@ -147,7 +160,7 @@ async fn writes_under_a_foreign_write_lock_are_unavailable() {
     assert_eq!(record.token, token);
     assert!(
         store
-            .get(&scope(), &key("k-new"), NOW)
+            .get(&RecordId::new(scope(), key("k-new")), NOW)
             .await
             .unwrap()
             .is_none()
@@ -176,7 +189,7 @@ async fn opening_under_an_exclusive_file_lock_is_unavailable() {
     // Once the lock is gone the store opens and answers, and nothing was written.
     let store = busy_store(&path).unwrap();
     let record = store
-        .get(&scope(), &key("k-held"), NOW)
+        .get(&RecordId::new(scope(), key("k-held")), NOW)
         .await
         .unwrap()
         .unwrap();
@@ -218,14 +231,19 @@ async fn reads_answer_while_writes_wait_for_the_write_lock() {
             tokio::spawn(async move {
                 let policy = Policy::default();
                 store
-                    .claim(&scope(), &key(&format!("k-new-{i}")), &fp(), &policy, NOW)
+                    .claim(
+                        &RecordId::new(scope(), key(&format!("k-new-{i}"))),
+                        &fp(),
+                        &policy,
+                        NOW,
+                    )
                     .await
             })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let found = tokio::time::timeout(HANG, store.get(&scope(), &key("k-done"), NOW))
+    let found = tokio::time::timeout(HANG, store.get(&RecordId::new(scope(), key("k-done")), NOW))
         .await
         .expect("a read queued behind the writes waiting for the lock")
         .unwrap()
@@ -233,7 +251,7 @@ async fn reads_answer_while_writes_wait_for_the_write_lock() {
     assert_eq!(found.state, RecordState::Completed);
     let replay = tokio::time::timeout(
         HANG,
-        store.claim(&scope(), &key("k-done"), &fp(), &policy, NOW),
+        store.claim(&RecordId::new(scope(), key("k-done")), &fp(), &policy, NOW),
     )
     .await
     .expect("a replay queued behind the writes waiting for the lock")

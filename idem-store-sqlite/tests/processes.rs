@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordState, Scope, StalePolicy,
-    Timestamp,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, RecordState, Scope,
+    StalePolicy, Timestamp,
 };
 use idem_store_sqlite::SqliteStore;
 use idem_store_sqlite::rusqlite::params;
@@ -159,7 +159,8 @@ fn race_child(worker: i64) {
         let (mut won, mut fenced) = (0, 0);
         for k in 0..KEYS {
             let key = IdempotencyKey::new(format!("wf-1:step-{k}:create_ticket")).unwrap();
-            match store.claim(&scope, &key, &fp, &policy, NOW).await.unwrap() {
+            let id = RecordId::new(scope.clone(), key.clone());
+            match store.claim(&id, &fp, &policy, NOW).await.unwrap() {
                 ClaimAnswer::Claimed { token, .. } => {
                     // The effect commits on its own, as an external effect would: only the
                     // claim stands between it and a second execution.
@@ -176,7 +177,7 @@ fn race_child(worker: i64) {
                         .unwrap();
                     let outcome = Outcome::definitive(201, &k).unwrap();
                     match store
-                        .complete(&scope, &key, token, &outcome, &policy, NOW)
+                        .complete(&id, token, &outcome, &policy, NOW)
                         .await
                         .unwrap()
                     {
@@ -213,19 +214,16 @@ fn crash_after_claim_leaves_in_flight() {
     let rt = runtime();
     rt.block_on(async {
         let (scope, key, fp, policy) = (scope(), key(), fp(), policy());
+        let id = RecordId::new(scope.clone(), key.clone());
         let later = NOW + Duration::from_secs(1);
-        match store
-            .claim(&scope, &key, &fp, &policy, later)
-            .await
-            .unwrap()
-        {
+        match store.claim(&id, &fp, &policy, later).await.unwrap() {
             ClaimAnswer::InFlight {
                 stale: false,
                 retry_after,
             } => assert_eq!(retry_after, Duration::from_secs(29)),
             other => panic!("after the crash the next attempt must be in flight: {other:?}"),
         }
-        let record = store.get(&scope, &key, later).await.unwrap().unwrap();
+        let record = store.get(&id, later).await.unwrap().unwrap();
         assert_eq!(record.state, RecordState::Processing);
         assert_eq!(record.token.to_string(), token, "the dead holder's claim");
         assert!(
@@ -239,10 +237,7 @@ fn crash_after_claim_leaves_in_flight() {
         assert_eq!((&stale[0].scope, &stale[0].key), (&scope, &key));
         assert_eq!(stale[0].token, record.token);
         assert!(matches!(
-            store
-                .claim(&scope, &key, &fp, &policy, elapsed)
-                .await
-                .unwrap(),
+            store.claim(&id, &fp, &policy, elapsed).await.unwrap(),
             ClaimAnswer::InFlight { stale: true, .. }
         ));
         // Under `Takeover` the next attempt may run it again, with the next token.
@@ -251,11 +246,7 @@ fn crash_after_claim_leaves_in_flight() {
             .stale(StalePolicy::Takeover)
             .build()
             .unwrap();
-        match store
-            .claim(&scope, &key, &fp, &takeover, elapsed)
-            .await
-            .unwrap()
-        {
+        match store.claim(&id, &fp, &takeover, elapsed).await.unwrap() {
             ClaimAnswer::Claimed { token, attempt, .. } => {
                 assert_eq!((token.seq, attempt), (2, 2));
             }
@@ -272,7 +263,7 @@ fn crash_child() {
     let rt = runtime();
     let store = SqliteStore::open(child_db()).unwrap();
     let answer = rt
-        .block_on(store.claim(&scope(), &key(), &fp(), &policy(), NOW))
+        .block_on(store.claim(&RecordId::new(scope(), key()), &fp(), &policy(), NOW))
         .unwrap();
     let ClaimAnswer::Claimed { token, .. } = answer else {
         panic!("the first claim wins: {answer:?}");

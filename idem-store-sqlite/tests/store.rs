@@ -2,13 +2,14 @@
 //! transaction, migrations and table names, durability settings, error classification and
 //! corrupt rows. Real files in temporary directories; time is injected.
 
+use idem_core::store::CheckpointStore;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
     Attempt, Executor, Fingerprint, IdempotencyKey, KeyStore, Maintenance, ManualClock, Outcome,
-    Policy, RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
+    Policy, RecordId, RecordState, Scope, StalePolicy, StoreError, Timestamp, Token,
 };
 use idem_store_sqlite::rusqlite::{Connection, TransactionBehavior, params};
 use idem_store_sqlite::{SCHEMA_TABLE, SqliteStore, Synchronous, TableName, TableNameError};
@@ -125,7 +126,7 @@ async fn transactional_completion_rolled_back_leaves_nothing_and_retry_runs_once
     let k = key("wf-1:step-1:create_ticket");
 
     let claim = store
-        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
         .await
         .unwrap();
     let (token, attempt) = claimed(claim.clone());
@@ -142,14 +143,21 @@ async fn transactional_completion_rolled_back_leaves_nothing_and_retry_runs_once
         0,
         "no effect row"
     );
-    let record = store.get(&scope(), &k, NOW).await.unwrap().unwrap();
+    let record = store
+        .get(&RecordId::new(scope(), k.clone()), NOW)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state, RecordState::Processing, "no completed record");
     assert_eq!(record.outcome, None);
 
     // The holder gives up; the retry claims again, and its effect and completion commit.
-    store.release(&scope(), &k, token, NOW).await.unwrap();
+    store
+        .release(&RecordId::new(scope(), k.clone()), token, NOW)
+        .await
+        .unwrap();
     let claim = store
-        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
         .await
         .unwrap();
     assert_eq!(claimed(claim.clone()).1, 2);
@@ -161,7 +169,7 @@ async fn transactional_completion_rolled_back_leaves_nothing_and_retry_runs_once
     // Every later call replays; the effect happened exactly once.
     for _ in 0..3 {
         let answer = store
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
             .await
             .unwrap();
         assert_eq!(answer, ClaimAnswer::Replay(ticket("T-1")));
@@ -182,12 +190,12 @@ async fn transactional_completion_fenced_holder_rolls_back_its_effect() {
         .unwrap();
 
     let old = store
-        .claim(&scope(), &k, &fp(), &takeover, NOW)
+        .claim(&RecordId::new(scope(), k.clone()), &fp(), &takeover, NOW)
         .await
         .unwrap();
     let later = NOW + Duration::from_secs(31);
     let new = store
-        .claim(&scope(), &k, &fp(), &takeover, later)
+        .claim(&RecordId::new(scope(), k.clone()), &fp(), &takeover, later)
         .await
         .unwrap();
     let (old, new) = (
@@ -205,7 +213,11 @@ async fn transactional_completion_fenced_holder_rolls_back_its_effect() {
         CompleteAnswer::Completed
     );
     assert_eq!(count(&conn, "SELECT count(*) FROM tickets"), 1);
-    let record = store.get(&scope(), &k, later).await.unwrap().unwrap();
+    let record = store
+        .get(&RecordId::new(scope(), k.clone()), later)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (record.state, record.token),
         (RecordState::Completed, new.token())
@@ -218,7 +230,7 @@ async fn transactional_completion_on_a_pooled_connection() {
     effects_table(&store.connection().unwrap());
     let k = key("wf-3:step-1:create_ticket");
     let claim = store
-        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
         .await
         .unwrap();
     let (s, a) = (store.clone(), attempt_of(store, &k, &claim, &policy(), NOW));
@@ -229,7 +241,7 @@ async fn transactional_completion_on_a_pooled_connection() {
     assert_eq!(answer, CompleteAnswer::Completed);
     assert!(matches!(
         store
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
             .await
             .unwrap(),
         ClaimAnswer::Replay(_)
@@ -241,7 +253,7 @@ async fn complete_in_outside_a_transaction_is_refused() {
     let Db { store, .. } = &db();
     let k = key("wf-4:step-1:create_ticket");
     let claim = store
-        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
         .await
         .unwrap();
     let attempt = attempt_of(store, &k, &claim, &policy(), NOW);
@@ -250,7 +262,11 @@ async fn complete_in_outside_a_transaction_is_refused() {
         .complete_in(&conn, &attempt, &ticket("T"))
         .unwrap_err();
     assert!(matches!(err, StoreError::Misconfigured { .. }), "{err:?}");
-    let record = store.get(&scope(), &k, NOW).await.unwrap().unwrap();
+    let record = store
+        .get(&RecordId::new(scope(), k.clone()), NOW)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state, RecordState::Processing, "nothing written");
 }
 
@@ -259,7 +275,10 @@ async fn complete_in_refuses_an_outcome_over_the_limit() {
     let Db { store, .. } = &db();
     let small = policy().to_builder().max_outcome_bytes(8).build().unwrap();
     let k = key("wf-5:step-1:create_ticket");
-    let claim = store.claim(&scope(), &k, &fp(), &small, NOW).await.unwrap();
+    let claim = store
+        .claim(&RecordId::new(scope(), k.clone()), &fp(), &small, NOW)
+        .await
+        .unwrap();
     let attempt = attempt_of(store, &k, &claim, &small, NOW);
     let mut conn = store.connection().unwrap();
     let tx = conn.transaction().unwrap();
@@ -335,29 +354,39 @@ async fn a_version_2_file_upgrades_in_place() {
     let p = policy();
     let (done, _) = claimed(
         memory
-            .claim(&scope(), &key("done"), &fp(), &p, NOW)
+            .claim(&RecordId::new(scope(), key("done")), &fp(), &p, NOW)
             .await
             .unwrap(),
     );
     memory
-        .complete(&scope(), &key("done"), done, &ticket("T-1"), &p, NOW)
+        .complete(
+            &RecordId::new(scope(), key("done")),
+            done,
+            &ticket("T-1"),
+            &p,
+            NOW,
+        )
         .await
         .unwrap();
     let (held, _) = claimed(
         memory
-            .claim(&scope(), &key("held"), &fp(), &p, NOW)
+            .claim(&RecordId::new(scope(), key("held")), &fp(), &p, NOW)
             .await
             .unwrap(),
     );
     let before = memory
-        .get(&scope(), &key("done"), NOW)
+        .get(&RecordId::new(scope(), key("done")), NOW)
         .await
         .unwrap()
         .unwrap();
     {
         let conn = Connection::open(&path).unwrap();
         for k in ["done", "held"] {
-            let record = memory.get(&scope(), &key(k), NOW).await.unwrap().unwrap();
+            let record = memory
+                .get(&RecordId::new(scope(), key(k)), NOW)
+                .await
+                .unwrap()
+                .unwrap();
             let r = idem_core::store::columns::RawRecord::from_record(&record);
             conn.execute(
                 "INSERT INTO idem_records VALUES \
@@ -416,14 +445,14 @@ async fn a_version_2_file_upgrades_in_place() {
 
     assert_eq!(
         store
-            .get(&scope(), &key("done"), NOW)
+            .get(&RecordId::new(scope(), key("done")), NOW)
             .await
             .unwrap()
             .as_ref(),
         Some(&before)
     );
     assert!(matches!(
-        store.claim(&scope(), &key("done"), &fp(), &p, NOW).await.unwrap(),
+        store.claim(&RecordId::new(scope(), key("done")), &fp(), &p, NOW).await.unwrap(),
         ClaimAnswer::Replay(o) if o == ticket("T-1")
     ));
     let later = NOW + Duration::from_secs(60);
@@ -434,20 +463,26 @@ async fn a_version_2_file_upgrades_in_place() {
     let step = idem_core::Checkpoint::new("charged", "{\"id\": 1}", later).unwrap();
     assert_eq!(
         store
-            .checkpoint(&scope(), &key("held"), held, &step, &p)
+            .checkpoint(&RecordId::new(scope(), key("held")), held, &step, &p)
             .await
             .unwrap(),
         idem_core::machine::CheckpointAnswer::Saved
     );
     let with_step = store
-        .get(&scope(), &key("held"), later)
+        .get(&RecordId::new(scope(), key("held")), later)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(with_step.checkpoints, vec![step]);
     assert_eq!(
         store
-            .complete(&scope(), &key("held"), held, &ticket("T-2"), &p, later)
+            .complete(
+                &RecordId::new(scope(), key("held")),
+                held,
+                &ticket("T-2"),
+                &p,
+                later
+            )
             .await
             .unwrap(),
         CompleteAnswer::Completed
@@ -504,13 +539,13 @@ async fn custom_tables_are_independent_in_one_file() {
     let k = key("wf-6:step-1:create_ticket");
     claimed(
         store
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
             .await
             .unwrap(),
     );
     claimed(
         other
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
             .await
             .unwrap(),
     );
@@ -574,7 +609,12 @@ async fn a_write_lock_held_past_the_busy_timeout_is_unavailable() {
     let blocker = Connection::open(path).unwrap();
     blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
     let err = store
-        .claim(&scope(), &key("wf-7:step-1:x"), &fp(), &policy(), NOW)
+        .claim(
+            &RecordId::new(scope(), key("wf-7:step-1:x")),
+            &fp(),
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
@@ -582,7 +622,12 @@ async fn a_write_lock_held_past_the_busy_timeout_is_unavailable() {
     // The store recovers once the lock is gone.
     claimed(
         store
-            .claim(&scope(), &key("wf-7:step-1:x"), &fp(), &policy(), NOW)
+            .claim(
+                &RecordId::new(scope(), key("wf-7:step-1:x")),
+                &fp(),
+                &policy(),
+                NOW,
+            )
             .await
             .unwrap(),
     );
@@ -600,7 +645,7 @@ async fn before_migrate_operations_fail_as_backend_errors() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("fresh.sqlite3")).unwrap();
     let err = store
-        .claim(&scope(), &key("k"), &fp(), &policy(), NOW)
+        .claim(&RecordId::new(scope(), key("k")), &fp(), &policy(), NOW)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
@@ -623,12 +668,18 @@ async fn rows_that_do_not_parse_are_corrupt() {
         let k = key(&format!("wf-8:step-{i}"));
         let (token, _) = claimed(
             store
-                .claim(&scope(), &k, &fp(), &policy(), NOW)
+                .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
                 .await
                 .unwrap(),
         );
         store
-            .complete(&scope(), &k, token, &ticket("T"), &policy(), NOW)
+            .complete(
+                &RecordId::new(scope(), k.clone()),
+                token,
+                &ticket("T"),
+                &policy(),
+                NOW,
+            )
             .await
             .unwrap();
         conn.execute(
@@ -636,13 +687,16 @@ async fn rows_that_do_not_parse_are_corrupt() {
             [k.as_str()],
         )
         .unwrap();
-        let err = store.get(&scope(), &k, NOW).await.unwrap_err();
+        let err = store
+            .get(&RecordId::new(scope(), k.clone()), NOW)
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, StoreError::Corrupt { .. }),
             "{column}: {err:?}"
         );
         let err = store
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
             .await
             .unwrap_err();
         assert!(
@@ -660,12 +714,18 @@ async fn the_outcome_body_is_stored_as_the_exact_text() {
     let outcome = Outcome::from_json_text(200, text, idem_core::OutcomeClass::Definitive).unwrap();
     let (token, _) = claimed(
         store
-            .claim(&scope(), &k, &fp(), &policy(), NOW)
+            .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
             .await
             .unwrap(),
     );
     store
-        .complete(&scope(), &k, token, &outcome, &policy(), NOW)
+        .complete(
+            &RecordId::new(scope(), k.clone()),
+            token,
+            &outcome,
+            &policy(),
+            NOW,
+        )
         .await
         .unwrap();
     let stored: String = store
@@ -679,7 +739,7 @@ async fn the_outcome_body_is_stored_as_the_exact_text() {
         .unwrap();
     assert_eq!(stored, text, "the column holds the body as given");
     match store
-        .claim(&scope(), &k, &fp(), &policy(), NOW)
+        .claim(&RecordId::new(scope(), k.clone()), &fp(), &policy(), NOW)
         .await
         .unwrap()
     {
@@ -699,11 +759,15 @@ async fn timestamps_at_the_far_end_of_time_round_trip() {
     let k = key("wf-10:step-1:create_ticket");
     claimed(
         store
-            .claim(&scope(), &k, &fp(), &forever, NOW)
+            .claim(&RecordId::new(scope(), k.clone()), &fp(), &forever, NOW)
             .await
             .unwrap(),
     );
-    let record = store.get(&scope(), &k, NOW).await.unwrap().unwrap();
+    let record = store
+        .get(&RecordId::new(scope(), k.clone()), NOW)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.expires_at, Timestamp::from_millis(u64::MAX));
     assert_eq!(record.lease_until, NOW + Duration::from_secs(30));
     assert_eq!(record.created_at, NOW);

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
-    Execution, Executor, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timer,
+    Execution, Executor, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope,
+    Timer,
 };
 use idem_store_sqlite::SqliteStore;
 use idem_store_sqlite::rusqlite::{TransactionBehavior, params};
@@ -39,8 +40,8 @@ async fn a_completion_in_this_process_wakes_a_waiter_parked_1200ms_on_another_ha
     );
     let fp = Fingerprint::of("create_ticket", &json!({"title": "t"})).unwrap();
     let now = idem_core::Timestamp::now();
-    let ClaimAnswer::Claimed { token, .. } =
-        holder.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+    let id = RecordId::new(scope.clone(), key.clone());
+    let ClaimAnswer::Claimed { token, .. } = holder.claim(&id, &fp, &policy, now).await.unwrap()
     else {
         panic!("claimed")
     };
@@ -61,14 +62,7 @@ async fn a_completion_in_this_process_wakes_a_waiter_parked_1200ms_on_another_ha
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let outcome = Outcome::definitive(201, &json!({"ticket_id": "T-1"})).unwrap();
     holder
-        .complete(
-            &scope,
-            &key,
-            token,
-            &outcome,
-            &policy,
-            idem_core::Timestamp::now(),
-        )
+        .complete(&id, token, &outcome, &policy, idem_core::Timestamp::now())
         .await
         .unwrap();
     let completed = Instant::now();

@@ -1,7 +1,9 @@
 //! A custom `KeyStore` running the public conformance suite, as your own store would.
 //!
 //! `AuditedStore` wraps `MemoryStore` and counts the calls it forwards for a record (a
-//! stand-in for the metrics, tracing or tenancy checks a real wrapper adds). The example runs
+//! stand-in for the metrics, tracing or tenancy checks a real wrapper adds). Every call names its
+//! record by one `RecordId`; checkpoints are a capability the store opts into with
+//! `CheckpointStore`. The example runs
 //! every case of `idem-conformance` against it and checks they all pass and went through the
 //! wrapper. Then it shows the suite failing a broken variant that lower-cases scopes (two
 //! tenants `Acme` and `acme` would share records).
@@ -18,11 +20,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idemkit::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
-use idemkit::store::ListFilter;
+use idemkit::machine::{
+    CheckpointAnswer, ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+};
+use idemkit::store::{CheckpointStore, ListFilter};
 use idemkit::{
-    Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, Record, Scope, StoreError,
-    Timestamp, Token, async_trait,
+    Checkpoint, Fingerprint, KeyStore, MemoryStore, Outcome, Policy, Record, RecordId, Scope,
+    StoreError, Timestamp, Token, async_trait,
 };
 
 /// Forwards every call to a `MemoryStore`, counting those for a record. Clones share the records.
@@ -35,14 +39,16 @@ struct AuditedStore {
 }
 
 impl AuditedStore {
-    fn scope(&self, scope: &Scope) -> Scope {
+    /// The record the inner store keeps for `id` (counting the call).
+    fn id(&self, id: &RecordId) -> RecordId {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        if self.lowercase_scopes {
-            // Lower case keeps a scope valid; were it not, the scope as it was.
-            Scope::new(scope.as_str().to_lowercase()).unwrap_or_else(|_| scope.clone())
-        } else {
-            scope.clone()
+        if !self.lowercase_scopes {
+            return id.clone();
         }
+        // Lower case keeps a scope valid; were it not, the scope as it was.
+        let scope =
+            Scope::new(id.scope().as_str().to_lowercase()).unwrap_or_else(|_| id.scope().clone());
+        RecordId::new(scope, id.key().clone())
     }
 }
 
@@ -50,63 +56,50 @@ impl AuditedStore {
 impl KeyStore for AuditedStore {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
         self.inner
-            .claim(&self.scope(scope), key, fingerprint, policy, now)
+            .claim(&self.id(id), fingerprint, policy, now)
             .await
     }
 
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
         self.inner
-            .complete(&self.scope(scope), key, token, outcome, policy, now)
+            .complete(&self.id(id), token, outcome, policy, now)
             .await
     }
 
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        self.inner
-            .release(&self.scope(scope), key, token, now)
-            .await
+        self.inner.release(&self.id(id), token, now).await
     }
 
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        self.inner
-            .extend(&self.scope(scope), key, token, lease, now)
-            .await
+        self.inner.extend(&self.id(id), token, lease, now).await
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        self.inner.get(&self.scope(scope), key, now).await
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.inner.get(&self.id(id), now).await
     }
 
     async fn list_in_flight(
@@ -132,6 +125,28 @@ impl KeyStore for AuditedStore {
 
     fn backend(&self) -> &'static str {
         "audited-memory"
+    }
+
+    // It keeps checkpoints (the capability below): say so, or nobody asks it to.
+    fn as_checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
+        Some(self)
+    }
+}
+
+/// Checkpoints are a capability of their own: a store that cannot keep them leaves this out
+/// (and `as_checkpoint_store` to its default), and is never asked for one.
+#[async_trait]
+impl CheckpointStore for AuditedStore {
+    async fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        self.inner
+            .checkpoint(&self.id(id), token, checkpoint, policy)
+            .await
     }
 }
 

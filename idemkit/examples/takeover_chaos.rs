@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use idemkit::{
     Attempt, CheckpointError, Error, Executor, Fingerprint, IdempotencyKey, OpenOptions, Outcome,
-    Policy, Scope, StalePolicy,
+    Policy, RecordId, Scope, StalePolicy,
 };
 use serde_json::json;
 
@@ -363,8 +363,9 @@ pub async fn chaos(url: &str, worker_args: &[&str], orders: usize) -> Result<Fig
     figures.unfinished = 0;
     for order in 0..orders {
         let (scope, key, _) = names(&run, order)?;
+        let id = RecordId::new(scope.clone(), key.clone());
         let now = idemkit::Timestamp::now();
-        let record = store.get(&scope, &key, now).await?;
+        let record = store.get(&id, now).await?;
         if record.is_none_or(|r| r.state != idemkit::RecordState::Completed) {
             figures.unfinished += 1;
         }

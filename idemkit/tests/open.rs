@@ -7,30 +7,27 @@ use idem_conformance::kit;
 use idemkit::machine::ClaimAnswer;
 use idemkit::open::{OpenError, OpenOptions};
 use idemkit::sqlite::SqliteStore;
-use idemkit::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, Timestamp};
+use idemkit::{Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, Timestamp};
 use serde_json::json;
 
 /// One claim and completion, then a replay: the store behind the URL works.
 async fn round_trip(store: &dyn KeyStore, scope: &str) {
     let scope = Scope::new(scope).unwrap();
     let key = IdempotencyKey::new("k").unwrap();
+    let id = RecordId::new(scope.clone(), key.clone());
     let fp = Fingerprint::of("t", &json!({})).unwrap();
     let policy = Policy::builder()
         .lease(Duration::from_secs(30))
         .build()
         .unwrap();
     let now = Timestamp::now();
-    let ClaimAnswer::Claimed { token, .. } =
-        store.claim(&scope, &key, &fp, &policy, now).await.unwrap()
+    let ClaimAnswer::Claimed { token, .. } = store.claim(&id, &fp, &policy, now).await.unwrap()
     else {
         panic!("a new key is claimed")
     };
     let ok = Outcome::definitive(201, &json!({"id": 1})).unwrap();
-    store
-        .complete(&scope, &key, token, &ok, &policy, now)
-        .await
-        .unwrap();
-    let again = store.claim(&scope, &key, &fp, &policy, now).await.unwrap();
+    store.complete(&id, token, &ok, &policy, now).await.unwrap();
+    let again = store.claim(&id, &fp, &policy, now).await.unwrap();
     assert!(matches!(again, ClaimAnswer::Replay(_)), "{again:?}");
 }
 

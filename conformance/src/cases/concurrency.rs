@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_core::machine::ClaimAnswer;
-use idem_core::{Executor, IdempotencyKey, Policy, Scope, Timestamp};
+use idem_core::{Executor, Policy, Scope, Timestamp};
 use tokio::sync::Barrier;
 use tokio::task::JoinHandle;
 
@@ -78,21 +78,15 @@ where
     answers
 }
 
-/// A claim of (scope, key) at `now` with the request `a`, owning what it needs to be spawned.
+/// A claim of `id` at `now` with the request `a`, owning what it needs to be spawned.
 fn claim_of(
     store: &Arc<dyn KeyStore>,
-    scope: &Scope,
-    key: &IdempotencyKey,
+    id: &RecordId,
     policy: &Policy,
     now: Timestamp,
 ) -> impl Future<Output = ClaimAnswer> + Send + use<> {
-    let (store, scope, key, policy) = (store.clone(), scope.clone(), key.clone(), *policy);
-    async move {
-        store
-            .claim(&scope, &key, &fp("a"), &policy, now)
-            .await
-            .unwrap()
-    }
+    let (store, id, policy) = (store.clone(), id.clone(), *policy);
+    async move { store.claim(&id, &fp("a"), &policy, now).await.unwrap() }
 }
 
 /// 64 claims of one key, released together through a barrier across 8 handles: exactly one
@@ -100,9 +94,9 @@ fn claim_of(
 pub(crate) async fn concurrency_64_claims_one_key_one_winner(h: Harness) {
     const CLAIMS: usize = 64;
     let stores = handles(&h).await;
-    let (scope, key, now) = (h.scope("race"), h.key("wf-1:step-1:create_ticket"), h.now());
+    let (id, now) = (h.id("race", "wf-1:step-1:create_ticket"), h.now());
     let answers = race(&Gate::new(CLAIMS), CLAIMS, |i| {
-        claim_of(&stores[i % HANDLES], &scope, &key, &policy(), now)
+        claim_of(&stores[i % HANDLES], &id, &policy(), now)
     })
     .await;
     let mut winners = Vec::new();
@@ -118,7 +112,7 @@ pub(crate) async fn concurrency_64_claims_one_key_one_winner(h: Harness) {
         1,
         "exactly one of {CLAIMS} concurrent claims wins: {winners:?}"
     );
-    let r = stores[1].get(&scope, &key, now).await.unwrap().unwrap();
+    let r = stores[1].get(&id, now).await.unwrap().unwrap();
     assert_eq!(r.token, winners[0], "the stored token is the winner's");
 }
 
@@ -131,8 +125,8 @@ pub(crate) async fn concurrency_200_keys_one_winner_each(h: Harness) {
     // Claim `i` is the `i % PER_KEY`th of key `i / PER_KEY`.
     let answers = race(&Gate::new(KEYS * PER_KEY), KEYS * PER_KEY, |i| {
         let k = i / PER_KEY;
-        let key = h.key(&format!("key-{k}"));
-        let claim = claim_of(&stores[i % HANDLES], &scope, &key, &policy(), now);
+        let id = RecordId::new(scope.clone(), h.key(&format!("key-{k}")));
+        let claim = claim_of(&stores[i % HANDLES], &id, &policy(), now);
         async move { (k, claim.await) }
     })
     .await;

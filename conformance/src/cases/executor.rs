@@ -138,17 +138,13 @@ pub(crate) async fn executor_expired_record_runs_once_more(h: Harness) {
 pub(crate) async fn executor_retryable_failure_then_one_success(h: Harness) {
     let (exec, sink) = (executor(&h, policy()).await, Arc::new(Sink::default()));
     let (scope, key) = (h.scope("tool"), h.key("k"));
+    let id = RecordId::new(scope.clone(), key.clone());
     let failed = exec
         .run(&scope, &key, &fp("a"), |_| async { retryable() })
         .await
         .unwrap();
     assert_eq!(failed.outcome(), &retryable());
-    let r = exec
-        .store()
-        .get(&scope, &key, h.now())
-        .await
-        .unwrap()
-        .unwrap();
+    let r = exec.store().get(&id, h.now()).await.unwrap().unwrap();
     assert_eq!(r.state, RecordState::FailedRetryable);
     let sink2 = sink.clone();
     let success = exec
@@ -203,7 +199,8 @@ pub(crate) async fn executor_fenced_holder_cannot_overwrite(h: Harness) {
         Err(Error::Fenced { outcome }) => assert_eq!(*outcome, ok("from-A")),
         other => panic!("the stale holder must be fenced, got {other:?}"),
     }
-    let r = b.store().get(&scope, &key, h.now()).await.unwrap().unwrap();
+    let id = RecordId::new(scope.clone(), key.clone());
+    let r = b.store().get(&id, h.now()).await.unwrap().unwrap();
     assert_eq!(
         r.outcome,
         Some(ok("from-B")),
@@ -222,6 +219,7 @@ pub(crate) async fn executor_fenced_holder_cannot_overwrite(h: Harness) {
 pub(crate) async fn executor_slow_holder_past_its_lease_is_recorded(h: Harness) {
     let (exec, sink) = (executor(&h, policy()).await, Arc::new(Sink::default()));
     let (scope, key) = (h.scope("tool"), h.key("wf-3:step-1:create_ticket"));
+    let id = RecordId::new(scope.clone(), key.clone());
     let first = exec
         .run(&scope, &key, &fp("a"), |_| {
             let (h, sink) = (h.clone(), sink.clone());
@@ -236,7 +234,7 @@ pub(crate) async fn executor_slow_holder_past_its_lease_is_recorded(h: Harness) 
         Ok(e) if !e.is_replay() => assert_eq!(e.outcome(), &ok("T-1")),
         other => panic!("a holder whose lease elapsed, not taken over, completes: {other:?}"),
     }
-    let r = read_back(&h, &scope, &key).await;
+    let r = read_back(&h, &id).await;
     assert_eq!(
         (r.state, r.outcome),
         (RecordState::Completed, Some(ok("T-1")))

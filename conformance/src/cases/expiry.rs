@@ -32,48 +32,42 @@ pub(crate) use inspect::{
 
 /// An expired record is absent to `get`, from any handle.
 pub(crate) async fn expiry_expired_record_is_absent_to_get(h: Harness) {
-    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
+    let (store, id, token) = one_claimed(&h, &policy()).await;
     store
-        .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
+        .complete(&id, token, &ok("T"), &policy(), h.now())
         .await
         .unwrap();
     h.advance(TTL + Duration::from_secs(1));
-    assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);
-    assert_eq!(
-        h.store().await.get(&scope, &key, h.now()).await.unwrap(),
-        None
-    );
+    assert_eq!(store.get(&id, h.now()).await.unwrap(), None);
+    assert_eq!(h.store().await.get(&id, h.now()).await.unwrap(), None);
 }
 
 /// `now == expires_at` is expired; one millisecond before is not.
 pub(crate) async fn expiry_boundary_is_exact(h: Harness) {
-    let (store, scope, key) = one(&h).await;
+    let (store, id) = one(&h).await;
     let t0 = h.now();
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), t0).await;
+    let token = claim_new(&store, &id, &fp("a"), &policy(), t0).await;
     store
-        .complete(&scope, &key, token, &ok("T"), &policy(), t0)
+        .complete(&id, token, &ok("T"), &policy(), t0)
         .await
         .unwrap();
     let expires = t0 + TTL;
     let before = expires - Duration::from_millis(1);
     assert!(
-        store.get(&scope, &key, before).await.unwrap().is_some(),
+        store.get(&id, before).await.unwrap().is_some(),
         "alive 1 ms before expires_at"
     );
     assert_eq!(
-        store
-            .claim(&scope, &key, &fp("a"), &policy(), before)
-            .await
-            .unwrap(),
+        store.claim(&id, &fp("a"), &policy(), before).await.unwrap(),
         ClaimAnswer::Replay(ok("T"))
     );
     assert_eq!(
-        store.get(&scope, &key, expires).await.unwrap(),
+        store.get(&id, expires).await.unwrap(),
         None,
         "gone at expires_at"
     );
     let answer = store
-        .claim(&scope, &key, &fp("a"), &policy(), expires)
+        .claim(&id, &fp("a"), &policy(), expires)
         .await
         .unwrap();
     assert!(
@@ -92,14 +86,14 @@ pub(crate) async fn expiry_boundary_is_exact(h: Harness) {
 /// An expired completed record is replaced by a new claim (even for another request), whose
 /// token continues upward; the old outcome is gone.
 pub(crate) async fn expiry_expired_completed_is_claimed_again(h: Harness) {
-    let (store, scope, key, old) = one_claimed(&h, &policy()).await;
+    let (store, id, old) = one_claimed(&h, &policy()).await;
     store
-        .complete(&scope, &key, old, &ok("T-old"), &policy(), h.now())
+        .complete(&id, old, &ok("T-old"), &policy(), h.now())
         .await
         .unwrap();
     h.advance(TTL + Duration::from_secs(60));
     let answer = store
-        .claim(&scope, &key, &fp("b"), &policy(), h.now())
+        .claim(&id, &fp("b"), &policy(), h.now())
         .await
         .unwrap();
     let (token, attempt, kind) = won(&answer, "expired record");
@@ -108,7 +102,7 @@ pub(crate) async fn expiry_expired_completed_is_claimed_again(h: Harness) {
         token > old,
         "the token continues upward: {token:?} after {old:?}"
     );
-    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    let r = store.get(&id, h.now()).await.unwrap().unwrap();
     assert_eq!(
         (r.state, r.fingerprint, r.outcome),
         (RecordState::Processing, fp("b"), None)
@@ -118,10 +112,10 @@ pub(crate) async fn expiry_expired_completed_is_claimed_again(h: Harness) {
 
 /// A holder whose record expired can no longer complete, release or extend.
 pub(crate) async fn expiry_holder_cannot_act_after_expiry(h: Harness) {
-    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
+    let (store, id, token) = one_claimed(&h, &policy()).await;
     h.advance(TTL);
-    assert_all_fenced(&store, &scope, &key, token, h.now()).await;
-    assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);
+    assert_all_fenced(&store, &id, token, h.now()).await;
+    assert_eq!(store.get(&id, h.now()).await.unwrap(), None);
 }
 
 /// `purge_expired` deletes expired records in batches of at most `limit` and never a live one.
@@ -132,10 +126,11 @@ pub(crate) async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
     let mut expired = Vec::new();
     for i in 0..5 {
         let key = h.key(&format!("old-{i}"));
-        let t = claim_new(&store, &scope, &key, &fp("a"), &policy(), base).await;
+        let id = RecordId::new(scope.clone(), key.clone());
+        let t = claim_new(&store, &id, &fp("a"), &policy(), base).await;
         if i % 2 == 0 {
             store
-                .complete(&scope, &key, t, &ok("T"), &policy(), base)
+                .complete(&id, t, &ok("T"), &policy(), base)
                 .await
                 .unwrap();
         }
@@ -149,9 +144,10 @@ pub(crate) async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
         .unwrap();
     let live = h.key("live");
     let live_at = base + Duration::from_secs(5400);
-    let t = claim_new(&store, &scope, &live, &fp("a"), &long, live_at).await;
+    let id = RecordId::new(scope.clone(), live.clone());
+    let t = claim_new(&store, &id, &fp("a"), &long, live_at).await;
     store
-        .complete(&scope, &live, t, &ok("L"), &long, live_at)
+        .complete(&id, t, &ok("L"), &long, live_at)
         .await
         .unwrap();
 
@@ -174,7 +170,12 @@ pub(crate) async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
         }
         let mut left = Vec::new();
         for key in &expired {
-            if store.get(&scope, key, base).await.unwrap().is_some() {
+            if store
+                .get(&RecordId::new(scope.clone(), key.clone()), base)
+                .await
+                .unwrap()
+                .is_some()
+            {
                 left.push(key.to_string());
             }
         }
@@ -188,7 +189,7 @@ pub(crate) async fn expiry_purge_deletes_in_batches_and_keeps_live(h: Harness) {
         tokio::task::yield_now().await;
     }
     let r = store
-        .get(&scope, &live, purge_at)
+        .get(&id, purge_at)
         .await
         .unwrap()
         .expect("live record purged");
@@ -216,17 +217,18 @@ pub(crate) async fn expiry_purge_returns_exactly_what_it_deleted(h: Harness) {
         let mut expiring = Vec::new();
         for i in 0..EXPIRING {
             let key = h.key(&format!("expiring-{i}"));
-            let t = claim_new(&store, &scope, &key, &fp("a"), &policy(), base).await;
+            let id = RecordId::new(scope.clone(), key.clone());
+            let t = claim_new(&store, &id, &fp("a"), &policy(), base).await;
             match i {
                 0 => assert_eq!(
                     store
-                        .complete(&scope, &key, t, &ok("T"), &policy(), base)
+                        .complete(&id, t, &ok("T"), &policy(), base)
                         .await
                         .unwrap(),
                     CompleteAnswer::Completed
                 ),
                 2 => {
-                    store.release(&scope, &key, t, base).await.unwrap();
+                    store.release(&id, t, base).await.unwrap();
                 }
                 _ => {}
             }
@@ -237,10 +239,11 @@ pub(crate) async fn expiry_purge_returns_exactly_what_it_deleted(h: Harness) {
         let mut live = Vec::new();
         for i in 0..2 {
             let key = h.key(&format!("live-{i}"));
-            let t = claim_new(&store, &scope, &key, &fp("a"), &policy(), later).await;
+            let id = RecordId::new(scope.clone(), key.clone());
+            let t = claim_new(&store, &id, &fp("a"), &policy(), later).await;
             if i == 0 {
                 store
-                    .complete(&scope, &key, t, &ok("L"), &policy(), later)
+                    .complete(&id, t, &ok("L"), &policy(), later)
                     .await
                     .unwrap();
             }
@@ -251,7 +254,12 @@ pub(crate) async fn expiry_purge_returns_exactly_what_it_deleted(h: Harness) {
             async move {
                 let mut n = 0;
                 for key in &keys {
-                    if store.get(&scope, key, at).await.unwrap().is_some() {
+                    if store
+                        .get(&RecordId::new(scope.clone(), key.clone()), at)
+                        .await
+                        .unwrap()
+                        .is_some()
+                    {
                         n += 1;
                     }
                 }
@@ -293,14 +301,14 @@ pub(crate) async fn expiry_purge_returns_exactly_what_it_deleted(h: Harness) {
 /// fenced out of the new record.
 pub(crate) async fn expiry_tokens_never_reused_after_purge(h: Harness) {
     let store = h.store().await;
-    let (scope, key) = (h.scope("s"), h.key("k"));
+    let id = h.id("s", "k");
     let base = ancient(1974, 1975);
-    let old = claim_new(&store, &scope, &key, &fp("a"), &policy(), base).await;
+    let old = claim_new(&store, &id, &fp("a"), &policy(), base).await;
     let later = base + TTL + Duration::from_secs(1);
     // Purge until the record is gone: a concurrent purge of a later window may hold it a moment.
     let mut rounds = 0;
     while store.purge_expired(later, 1000).await.unwrap() == 1000
-        || store.get(&scope, &key, base).await.unwrap().is_some()
+        || store.get(&id, base).await.unwrap().is_some()
     {
         rounds += 1;
         assert!(
@@ -316,27 +324,24 @@ pub(crate) async fn expiry_tokens_never_reused_after_purge(h: Harness) {
         .build()
         .unwrap();
     let (new, attempt) = claimed(
-        &store
-            .claim(&scope, &key, &fp("a"), &long, later)
-            .await
-            .unwrap(),
+        &store.claim(&id, &fp("a"), &long, later).await.unwrap(),
         "after purge",
     );
     assert_eq!(attempt, 1);
     assert_ne!(new, old, "a token is never reused, even after a purge");
     assert_eq!(
         store
-            .complete(&scope, &key, old, &ok("old"), &long, later)
+            .complete(&id, old, &ok("old"), &long, later)
             .await
             .unwrap(),
         CompleteAnswer::Fenced
     );
-    let r = store.get(&scope, &key, later).await.unwrap().unwrap();
+    let r = store.get(&id, later).await.unwrap().unwrap();
     assert_eq!((r.state, r.token), (RecordState::Processing, new));
     // The new holder can; and its record leaves the stale-processing lists of other cases.
     assert_eq!(
         store
-            .complete(&scope, &key, new, &ok("new"), &long, later)
+            .complete(&id, new, &ok("new"), &long, later)
             .await
             .unwrap(),
         CompleteAnswer::Completed

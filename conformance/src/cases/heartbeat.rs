@@ -191,7 +191,7 @@ pub(crate) async fn heartbeat_keeps_a_holder_twice_its_lease(h: Harness) {
         beaten += beats.beat().await;
         let stored = taker
             .store()
-            .get(&h.scope("tool"), &h.key("k"), h.now())
+            .get(&h.id("tool", "k"), h.now())
             .await
             .unwrap()
             .expect("the record");
@@ -207,7 +207,7 @@ pub(crate) async fn heartbeat_keeps_a_holder_twice_its_lease(h: Harness) {
     let ran = holder.await.unwrap().expect("the holder completes");
     assert_eq!(ran.outcome(), &ok("from-holder"));
     assert_eq!(sink.count(), 1, "one ticket at the sink");
-    let stored = read_back(&h, &h.scope("tool"), &h.key("k")).await;
+    let stored = read_back(&h, &h.id("tool", "k")).await;
     assert_eq!(stored.state, RecordState::Completed);
     assert_eq!(stored.attempt, 1, "never taken over");
 }
@@ -263,7 +263,7 @@ pub(crate) async fn heartbeat_late_renewal_tells_the_holder_it_lost(h: Harness) 
     assert!(attempt.is_lost(), "the holder learned it lost the claim");
     assert_eq!(beats.asked(), 1, "the heartbeat stopped at the fence");
     assert_eq!(sink.count(), 1, "only the taker's ticket");
-    let stored = read_back(&h, &h.scope("tool"), &h.key("k")).await;
+    let stored = read_back(&h, &h.id("tool", "k")).await;
     assert_eq!(
         (stored.state, stored.outcome),
         (RecordState::Completed, Some(ok("from-taker")))

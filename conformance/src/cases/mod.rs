@@ -8,8 +8,8 @@ use std::panic::Location;
 
 use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    ClaimKind, Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Record, Scope,
-    StalePolicy, Timestamp, Token,
+    ClaimKind, Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Policy, Record,
+    RecordId, StalePolicy, Timestamp, Token,
 };
 
 use crate::harness::{Case, Harness};
@@ -207,13 +207,9 @@ fn ancient(from_year: u64, to_year: u64) -> Timestamp {
     Timestamp::from_millis((from_year - 1970) * YEAR_MS + rand::random::<u64>() % span)
 }
 
-/// A store handle and the harness's scope/key for one record.
-async fn one(h: &Harness) -> (Arc<dyn KeyStore>, Scope, IdempotencyKey) {
-    (
-        h.store().await,
-        h.scope("s"),
-        h.key("wf-1:step-1:create_ticket"),
-    )
+/// A store handle and the harness's address for one record.
+async fn one(h: &Harness) -> (Arc<dyn KeyStore>, RecordId) {
+    (h.store().await, h.id("s", "wf-1:step-1:create_ticket"))
 }
 
 /// [`one`] record, claimed now with the request `a` under `policy`: the store handle, the
@@ -222,12 +218,12 @@ async fn one(h: &Harness) -> (Arc<dyn KeyStore>, Scope, IdempotencyKey) {
 fn one_claimed<'a>(
     h: &'a Harness,
     policy: &'a Policy,
-) -> impl Future<Output = (Arc<dyn KeyStore>, Scope, IdempotencyKey, Token)> + Send + 'a {
+) -> impl Future<Output = (Arc<dyn KeyStore>, RecordId, Token)> + Send + 'a {
     let caller = Location::caller();
     async move {
-        let (store, scope, key) = one(h).await;
-        let token = claim_absent(caller, &store, &scope, &key, &fp("a"), policy, h.now()).await;
-        (store, scope, key, token)
+        let (store, id) = one(h).await;
+        let token = claim_absent(caller, &store, &id, &fp("a"), policy, h.now()).await;
+        (store, id, token)
     }
 }
 
@@ -235,88 +231,61 @@ fn one_claimed<'a>(
 #[track_caller]
 fn claim_new<'a>(
     store: &'a Arc<dyn KeyStore>,
-    scope: &'a Scope,
-    key: &'a IdempotencyKey,
+    id: &'a RecordId,
     fingerprint: &'a Fingerprint,
     policy: &'a Policy,
     now: Timestamp,
 ) -> impl Future<Output = Token> + Send + 'a {
-    claim_absent(
-        Location::caller(),
-        store,
-        scope,
-        key,
-        fingerprint,
-        policy,
-        now,
-    )
+    claim_absent(Location::caller(), store, id, fingerprint, policy, now)
 }
 
 /// [`claim_new`], failing with the location of the case that called it.
 async fn claim_absent(
     caller: &Location<'_>,
     store: &Arc<dyn KeyStore>,
-    scope: &Scope,
-    key: &IdempotencyKey,
+    id: &RecordId,
     fingerprint: &Fingerprint,
     policy: &Policy,
     now: Timestamp,
 ) -> Token {
-    let answer = store
-        .claim(scope, key, fingerprint, policy, now)
-        .await
-        .unwrap();
+    let answer = store.claim(id, fingerprint, policy, now).await.unwrap();
     match answer {
         ClaimAnswer::Claimed { token, .. } => token,
         other => panic!("{caller}: claim of an absent key: expected Claimed, got {other:?}"),
     }
 }
 
-/// The record at (scope, key) now, read through a new handle (so what was written is committed,
-/// not only visible to its writer); panics if there is none.
-async fn read_back(h: &Harness, scope: &Scope, key: &IdempotencyKey) -> Record {
+/// The record `id` now, read through a new handle (so what was written is committed, not only
+/// visible to its writer); panics if there is none.
+async fn read_back(h: &Harness, id: &RecordId) -> Record {
     h.store()
         .await
-        .get(scope, key, h.now())
+        .get(id, h.now())
         .await
         .unwrap()
         .expect("a record")
 }
 
-/// Asserts that a claim of (scope, key) at `now`, request `a` under the default policy, claims
+/// Asserts that a claim of `id` at `now`, request `a` under the default policy, claims
 /// it again as attempt 2 (after a retryable outcome or a release).
-async fn assert_claimed_again(
-    store: &Arc<dyn KeyStore>,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    now: Timestamp,
-) {
-    let again = store
-        .claim(scope, key, &fp("a"), &policy(), now)
-        .await
-        .unwrap();
+async fn assert_claimed_again(store: &Arc<dyn KeyStore>, id: &RecordId, now: Timestamp) {
+    let again = store.claim(id, &fp("a"), &policy(), now).await.unwrap();
     assert!(
         matches!(again, ClaimAnswer::Claimed { attempt: 2, .. }),
         "{again:?}"
     );
 }
 
-/// Asserts that `token` can neither complete, release nor extend (scope, key) at `now`.
-async fn assert_all_fenced(
-    store: &Arc<dyn KeyStore>,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    token: Token,
-    now: Timestamp,
-) {
+/// Asserts that `token` can neither complete, release nor extend `id` at `now`.
+async fn assert_all_fenced(store: &Arc<dyn KeyStore>, id: &RecordId, token: Token, now: Timestamp) {
     use idem_core::machine::{CompleteAnswer, ExtendAnswer, ReleaseAnswer};
     let completed = store
-        .complete(scope, key, token, &ok("X"), &policy(), now)
+        .complete(id, token, &ok("X"), &policy(), now)
         .await
         .unwrap();
     assert_eq!(completed, CompleteAnswer::Fenced, "complete with {token:?}");
-    let released = store.release(scope, key, token, now).await.unwrap();
+    let released = store.release(id, token, now).await.unwrap();
     assert_eq!(released, ReleaseAnswer::Fenced, "release with {token:?}");
-    let extended = store.extend(scope, key, token, LEASE, now).await.unwrap();
+    let extended = store.extend(id, token, LEASE, now).await.unwrap();
     assert_eq!(extended, ExtendAnswer::Fenced, "extend with {token:?}");
 }

@@ -9,17 +9,17 @@ use crate::harness::Harness;
 
 async fn round_trip(h: &Harness, name: &str, outcome: &Outcome, p: &Policy) -> Outcome {
     let store = h.store().await;
-    let (scope, key) = (h.scope(name), h.key("k"));
-    let token = claim_new(&store, &scope, &key, &fp(name), p, h.now()).await;
+    let id = RecordId::new(h.scope(name), h.key("k"));
+    let token = claim_new(&store, &id, &fp(name), p, h.now()).await;
     store
-        .complete(&scope, &key, token, outcome, p, h.now())
+        .complete(&id, token, outcome, p, h.now())
         .await
         .unwrap();
     // Read back through another handle.
     match h
         .store()
         .await
-        .claim(&scope, &key, &fp(name), p, h.now())
+        .claim(&id, &fp(name), p, h.now())
         .await
         .unwrap()
     {
@@ -82,10 +82,10 @@ pub(crate) async fn outcome_up_to_the_limit_is_stored(h: Harness) {
 /// One byte over the limit: `OutcomeTooLarge`, and the record is untouched (still `processing`,
 /// no outcome); a smaller outcome then completes it.
 pub(crate) async fn outcome_over_the_limit_is_refused_and_nothing_stored(h: Harness) {
-    let (store, scope, key) = one(&h).await;
+    let (store, id) = one(&h).await;
     let small = policy().to_builder().max_outcome_bytes(64).build().unwrap();
-    let token = claim_new(&store, &scope, &key, &fp("a"), &small, h.now()).await;
-    let before = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    let token = claim_new(&store, &id, &fp("a"), &small, h.now()).await;
+    let before = store.get(&id, h.now()).await.unwrap().unwrap();
     let big = Outcome::from_json_text(
         200,
         format!("\"{}\"", "x".repeat(63)),
@@ -93,14 +93,11 @@ pub(crate) async fn outcome_over_the_limit_is_refused_and_nothing_stored(h: Harn
     )
     .unwrap();
     assert_eq!(big.size(), 65);
-    match store
-        .complete(&scope, &key, token, &big, &small, h.now())
-        .await
-    {
+    match store.complete(&id, token, &big, &small, h.now()).await {
         Err(StoreError::OutcomeTooLarge(e)) => assert_eq!((e.size, e.limit), (65, 64)),
         other => panic!("expected OutcomeTooLarge, got {other:?}"),
     }
-    let after = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    let after = store.get(&id, h.now()).await.unwrap().unwrap();
     assert_eq!(before, after, "nothing stored");
     assert_eq!(after.state, RecordState::Processing);
     let fits = Outcome::from_json_text(
@@ -111,7 +108,7 @@ pub(crate) async fn outcome_over_the_limit_is_refused_and_nothing_stored(h: Harn
     .unwrap();
     assert_eq!(
         store
-            .complete(&scope, &key, token, &fits, &small, h.now())
+            .complete(&id, token, &fits, &small, h.now())
             .await
             .unwrap(),
         idem_core::machine::CompleteAnswer::Completed

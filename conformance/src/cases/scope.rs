@@ -8,22 +8,19 @@ use idem_core::{ClaimKind, RecordState};
 use super::*;
 use crate::harness::Harness;
 
-/// Claims `at` with the request titled `title` under the default policy; the claim must win
+/// Claims `id` with the request titled `title` under the default policy; the claim must win
 /// (panics with `context` otherwise). Its token.
 #[track_caller]
 fn claim_wins<'a>(
     store: &'a Arc<dyn KeyStore>,
-    (scope, key): (&'a idem_core::Scope, &'a idem_core::IdempotencyKey),
+    id: &'a RecordId,
     title: &'a str,
     now: idem_core::Timestamp,
     context: &'a str,
 ) -> impl std::future::Future<Output = idem_core::Token> + Send + 'a {
     let caller = std::panic::Location::caller();
     async move {
-        let answer = store
-            .claim(scope, key, &fp(title), &policy(), now)
-            .await
-            .unwrap();
+        let answer = store.claim(id, &fp(title), &policy(), now).await.unwrap();
         match answer {
             ClaimAnswer::Claimed { token, .. } => token,
             other => panic!("{caller}: {context}: expected Claimed, got {other:?}"),
@@ -31,22 +28,24 @@ fn claim_wins<'a>(
     }
 }
 
+/// The records of the key `k` in the scopes `tenant-a` and `tenant-b`.
+fn two_scopes(h: &Harness) -> (RecordId, RecordId) {
+    (h.id("tenant-a", "k"), h.id("tenant-b", "k"))
+}
+
 /// Same key, two scopes: two independent claims and records.
 pub(crate) async fn scope_same_key_two_scopes_two_records(h: Harness) {
     let store = h.store().await;
-    let (a, b, key) = (h.scope("tenant-a"), h.scope("tenant-b"), h.key("k"));
-    let ta = claim_wins(&store, (&a, &key), "x", h.now(), "scope a").await;
-    let tb = claim_wins(&store, (&b, &key), "y", h.now(), "scope b, other request").await;
+    let (a, b) = two_scopes(&h);
+    let ta = claim_wins(&store, &a, "x", h.now(), "scope a").await;
+    let tb = claim_wins(&store, &b, "y", h.now(), "scope b, other request").await;
     assert_ne!(ta, tb);
-    store.release(&a, &key, ta, h.now()).await.unwrap();
-    let ra = store.get(&a, &key, h.now()).await.unwrap().unwrap();
-    let rb = store.get(&b, &key, h.now()).await.unwrap().unwrap();
+    store.release(&a, ta, h.now()).await.unwrap();
+    let ra = store.get(&a, h.now()).await.unwrap().unwrap();
+    let rb = store.get(&b, h.now()).await.unwrap().unwrap();
+    assert_eq!((ra.state, ra.id()), (RecordState::FailedRetryable, a));
     assert_eq!(
-        (ra.state, ra.scope.clone()),
-        (RecordState::FailedRetryable, a)
-    );
-    assert_eq!(
-        (rb.state, rb.scope.clone(), rb.fingerprint),
+        (rb.state, rb.id(), rb.fingerprint),
         (RecordState::Processing, b, fp("y"))
     );
 }
@@ -54,41 +53,28 @@ pub(crate) async fn scope_same_key_two_scopes_two_records(h: Harness) {
 /// A completed key never replays into another scope; each scope replays its own outcome.
 pub(crate) async fn scope_no_cross_scope_replay(h: Harness) {
     let store = h.store().await;
-    let (a, b, key) = (h.scope("tenant-a"), h.scope("tenant-b"), h.key("k"));
-    let ta = claim_wins(&store, (&a, &key), "x", h.now(), "scope a").await;
+    let (a, b) = two_scopes(&h);
+    let ta = claim_wins(&store, &a, "x", h.now(), "scope a").await;
     store
-        .complete(&a, &key, ta, &ok("A"), &policy(), h.now())
+        .complete(&a, ta, &ok("A"), &policy(), h.now())
         .await
         .unwrap();
-    let tb = claim_wins(
-        &store,
-        (&b, &key),
-        "x",
-        h.now(),
-        "scope b must not replay a",
-    )
-    .await;
+    let tb = claim_wins(&store, &b, "x", h.now(), "scope b must not replay a").await;
     store
-        .complete(&b, &key, tb, &ok("B"), &policy(), h.now())
+        .complete(&b, tb, &ok("B"), &policy(), h.now())
         .await
         .unwrap();
     assert_eq!(
-        store
-            .claim(&a, &key, &fp("x"), &policy(), h.now())
-            .await
-            .unwrap(),
+        store.claim(&a, &fp("x"), &policy(), h.now()).await.unwrap(),
         ClaimAnswer::Replay(ok("A"))
     );
     assert_eq!(
-        store
-            .claim(&b, &key, &fp("x"), &policy(), h.now())
-            .await
-            .unwrap(),
+        store.claim(&b, &fp("x"), &policy(), h.now()).await.unwrap(),
         ClaimAnswer::Replay(ok("B"))
     );
     // A token of scope a does nothing in scope b.
     assert_eq!(
-        store.release(&b, &key, ta, h.now()).await.unwrap(),
+        store.release(&b, ta, h.now()).await.unwrap(),
         idem_core::machine::ReleaseAnswer::Fenced
     );
 }
@@ -107,17 +93,21 @@ async fn assert_two_records(
         (s1, k1) != (s2, k2),
         "{what}: the pair must be two addresses"
     );
+    let (id1, id2) = (
+        RecordId::new(s1.clone(), k1.clone()),
+        RecordId::new(s2.clone(), k2.clone()),
+    );
     let store = h.store().await;
     let now = h.now();
-    let t1 = match store.claim(s1, k1, &fp("x"), &policy(), now).await.unwrap() {
+    let t1 = match store.claim(&id1, &fp("x"), &policy(), now).await.unwrap() {
         ClaimAnswer::Claimed { token, .. } => token,
         other => panic!("{what}: the first address ({s1}, {k1}) is new, got {other:?}"),
     };
     store
-        .complete(s1, k1, t1, &ok("first"), &policy(), now)
+        .complete(&id1, t1, &ok("first"), &policy(), now)
         .await
         .unwrap();
-    let t2 = match store.claim(s2, k2, &fp("x"), &policy(), now).await.unwrap() {
+    let t2 = match store.claim(&id2, &fp("x"), &policy(), now).await.unwrap() {
         ClaimAnswer::Claimed {
             token,
             attempt: 1,
@@ -129,25 +119,26 @@ async fn assert_two_records(
         ),
     };
     assert_eq!(
-        store.release(s2, k2, t1, now).await.unwrap(),
+        store.release(&id2, t1, now).await.unwrap(),
         ReleaseAnswer::Fenced,
         "{what}: a token of ({s1}, {k1}) does nothing on ({s2}, {k2})"
     );
     store
-        .complete(s2, k2, t2, &ok("second"), &policy(), now)
+        .complete(&id2, t2, &ok("second"), &policy(), now)
         .await
         .unwrap();
     let other = h.store().await;
-    for (s, k, outcome) in [(s1, k1, ok("first")), (s2, k2, ok("second"))] {
+    for (id, outcome) in [(&id1, ok("first")), (&id2, ok("second"))] {
+        let (s, k) = (id.scope(), id.key());
         assert_eq!(
-            other.claim(s, k, &fp("x"), &policy(), now).await.unwrap(),
+            other.claim(id, &fp("x"), &policy(), now).await.unwrap(),
             ClaimAnswer::Replay(outcome.clone()),
             "{what}: ({s}, {k}) replays its own outcome"
         );
-        let r = other.get(s, k, now).await.unwrap().expect("the record");
+        let r = other.get(id, now).await.unwrap().expect("the record");
         assert_eq!(
-            (&r.scope, &r.key, r.outcome),
-            (s, k, Some(outcome)),
+            (r.id(), r.outcome),
+            (id.clone(), Some(outcome)),
             "{what}: get ({s}, {k}) returns its own record"
         );
     }
@@ -269,12 +260,13 @@ pub(crate) async fn scope_derived_keys_are_stored_as_they_are(h: Harness) {
     ];
     let store = h.store().await;
     for key in &derived {
-        let token = claim_wins(&store, (&scope, key), "x", h.now(), "a derived key").await;
+        let id = RecordId::new(scope.clone(), key.clone());
+        let token = claim_wins(&store, &id, "x", h.now(), "a derived key").await;
         store
-            .complete(&scope, key, token, &ok("derived"), &policy(), h.now())
+            .complete(&id, token, &ok("derived"), &policy(), h.now())
             .await
             .unwrap();
-        let r = store.get(&scope, key, h.now()).await.unwrap().unwrap();
+        let r = store.get(&id, h.now()).await.unwrap().unwrap();
         assert_eq!(&r.key, key, "the derived key reads back as it was written");
         assert_ne!(r.key_origin(), KeyOrigin::Sent, "{key}");
     }

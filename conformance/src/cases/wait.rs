@@ -82,53 +82,46 @@ impl Watched {
 impl KeyStore for Watched {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, idem_core::StoreError> {
-        self.inner.claim(scope, key, fingerprint, policy, now).await
+        self.inner.claim(id, fingerprint, policy, now).await
     }
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, idem_core::StoreError> {
-        self.inner
-            .complete(scope, key, token, outcome, policy, now)
-            .await
+        self.inner.complete(id, token, outcome, policy, now).await
     }
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, idem_core::StoreError> {
-        self.inner.release(scope, key, token, now).await
+        self.inner.release(id, token, now).await
     }
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, idem_core::StoreError> {
-        self.inner.extend(scope, key, token, lease, now).await
+        self.inner.extend(id, token, lease, now).await
     }
     async fn get(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         now: Timestamp,
     ) -> Result<Option<Record>, idem_core::StoreError> {
-        self.inner.get(scope, key, now).await
+        self.inner.get(id, now).await
     }
     async fn list_in_flight(
         &self,
@@ -246,11 +239,11 @@ pub(crate) async fn wait_wakes_on_completion(h: Harness) {
 /// (attempt 2), once.
 pub(crate) async fn wait_wakes_on_release(h: Harness) {
     let sink = Arc::new(Sink::default());
-    let (store, scope, key, token) = one_claimed(&h, &policy()).await;
+    let (store, id, token) = one_claimed(&h, &policy()).await;
     let (exec, watched) = waiter(&h, policy(), WAIT).await;
     let again = repeat(&exec, &h, &sink);
     watched.started(1, "the repeat never started waiting").await;
-    let released = store.release(&scope, &key, token, h.now()).await.unwrap();
+    let released = store.release(&id, token, h.now()).await.unwrap();
     assert_eq!(released, ReleaseAnswer::Released);
     let at = std::time::Instant::now();
     let ran = again
@@ -263,7 +256,7 @@ pub(crate) async fn wait_wakes_on_release(h: Harness) {
         other => panic!("the waiter should have claimed and run, got {other:?}"),
     }
     assert_eq!(sink.count(), 1, "the waiter's ticket, once");
-    let record = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    let record = store.get(&id, h.now()).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Completed);
 }
 
@@ -271,13 +264,13 @@ pub(crate) async fn wait_wakes_on_release(h: Harness) {
 /// the new holder, and replays the new holder's outcome; nothing runs in the waiter.
 pub(crate) async fn wait_wakes_on_takeover(h: Harness) {
     let sink = Arc::new(Sink::default());
-    let (store, scope, key, _old) = one_claimed(&h, &takeover()).await;
+    let (store, id, _old) = one_claimed(&h, &takeover()).await;
     let (exec, watched) = waiter(&h, takeover(), WAIT).await;
     let again = repeat(&exec, &h, &sink);
     watched.started(1, "the repeat never started waiting").await;
     h.advance(LEASE + Duration::from_secs(1));
     let taken = store
-        .claim(&scope, &key, &fp("a"), &takeover(), h.now())
+        .claim(&id, &fp("a"), &takeover(), h.now())
         .await
         .unwrap();
     let (token, _, kind) = won(&taken, "takeover");
@@ -286,7 +279,7 @@ pub(crate) async fn wait_wakes_on_takeover(h: Harness) {
         .started(2, "the waiter was not woken by the takeover")
         .await;
     let done = store
-        .complete(&scope, &key, token, &ok("T-B"), &takeover(), h.now())
+        .complete(&id, token, &ok("T-B"), &takeover(), h.now())
         .await
         .unwrap();
     assert_eq!(done, CompleteAnswer::Completed);
@@ -305,8 +298,8 @@ pub(crate) async fn wait_wakes_on_takeover(h: Harness) {
 /// answers `InFlight`, and the record is as it was.
 pub(crate) async fn wait_bound_passes_after_a_short_real_wait(h: Harness) {
     let sink = Arc::new(Sink::default());
-    let (store, scope, key, _token) = one_claimed(&h, &policy()).await;
-    let before = store.get(&scope, &key, h.now()).await.unwrap();
+    let (store, id, _token) = one_claimed(&h, &policy()).await;
+    let before = store.get(&id, h.now()).await.unwrap();
     let bound = Duration::from_millis(300);
     let (exec, _) = waiter(&h, policy(), bound).await;
     let started = std::time::Instant::now();
@@ -323,7 +316,7 @@ pub(crate) async fn wait_bound_passes_after_a_short_real_wait(h: Harness) {
         "answered after {:?}, before its bound",
         started.elapsed()
     );
-    let after = store.get(&scope, &key, h.now()).await.unwrap();
+    let after = store.get(&id, h.now()).await.unwrap();
     assert_eq!(before, after, "the waiter wrote nothing");
     assert_eq!(sink.count(), 0);
 }

@@ -6,12 +6,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::machine::{
-    CheckpointAnswer, ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
-};
-use idem_core::store::ListFilter;
+use idem_core::machine::{ClaimAnswer, CompleteAnswer, ExtendAnswer, ReleaseAnswer};
+use idem_core::store::{CheckpointStore, ListFilter};
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, Scope, StoreError,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordId, Scope, StoreError,
     Timestamp, Token, async_trait,
 };
 
@@ -307,13 +305,12 @@ impl<S: KeyStore> FaultStore<S> {
     async fn one<T>(
         &self,
         op: Op,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         forward: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.enter(op, Some(scope), Some(key)).await?;
+        self.enter(op, Some(id.scope()), Some(id.key())).await?;
         let answer = forward.await;
-        self.leave(op, Some(scope), Some(key)).await;
+        self.leave(op, Some(id.scope()), Some(id.key())).await;
         answer
     }
 }
@@ -330,60 +327,51 @@ fn call(op: Op, scope: Option<&Scope>, key: Option<&IdempotencyKey>) -> Call {
 impl<S: KeyStore> KeyStore for FaultStore<S> {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        let forward = self.inner.claim(scope, key, fingerprint, policy, now);
-        self.one(Op::Claim, scope, key, forward).await
+        let forward = self.inner.claim(id, fingerprint, policy, now);
+        self.one(Op::Claim, id, forward).await
     }
 
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
-        let forward = self.inner.complete(scope, key, token, outcome, policy, now);
-        self.one(Op::Complete, scope, key, forward).await
+        let forward = self.inner.complete(id, token, outcome, policy, now);
+        self.one(Op::Complete, id, forward).await
     }
 
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        let forward = self.inner.release(scope, key, token, now);
-        self.one(Op::Release, scope, key, forward).await
+        let forward = self.inner.release(id, token, now);
+        self.one(Op::Release, id, forward).await
     }
 
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        let forward = self.inner.extend(scope, key, token, lease, now);
-        self.one(Op::Extend, scope, key, forward).await
+        let forward = self.inner.extend(id, token, lease, now);
+        self.one(Op::Extend, id, forward).await
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        let forward = self.inner.get(scope, key, now);
-        self.one(Op::Get, scope, key, forward).await
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        let forward = self.inner.get(id, now);
+        self.one(Op::Get, id, forward).await
     }
 
     async fn list_in_flight(
@@ -420,21 +408,9 @@ impl<S: KeyStore> KeyStore for FaultStore<S> {
         self.inner.backend()
     }
 
-    /// Forwarded without faults: the faults are planned on the other operations.
-    async fn checkpoint(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        checkpoint: &Checkpoint,
-        policy: &Policy,
-    ) -> Result<CheckpointAnswer, StoreError> {
-        self.inner
-            .checkpoint(scope, key, token, checkpoint, policy)
-            .await
-    }
-
-    fn supports_checkpoints(&self) -> bool {
-        self.inner.supports_checkpoints()
+    /// The wrapped store's checkpoints, without faults: the faults are planned on the other
+    /// operations.
+    fn as_checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
+        self.inner.as_checkpoint_store()
     }
 }

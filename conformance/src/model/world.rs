@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use idem_core::machine::Transition;
 use idem_core::{
-    Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Record, Scope, StoreError,
-    Timestamp, Token,
+    Fingerprint, IdempotencyKey, KeyStore, Outcome, OutcomeClass, Record, RecordId, Scope,
+    StoreError, Timestamp, Token,
 };
 
 use super::ops::{Addr, Holder, Op, Out};
@@ -117,8 +117,9 @@ impl World {
         Ok((end, ops.len() as u64))
     }
 
-    fn addr(&self, at: Addr) -> (&Scope, &IdempotencyKey) {
-        (&self.scopes[at.scope], &self.keys[at.key])
+    /// The record `at` names.
+    fn id(&self, at: Addr) -> RecordId {
+        RecordId::new(self.scopes[at.scope].clone(), self.keys[at.key].clone())
     }
 
     /// The record the model holds for `at`, as `get` must return it at `now`.
@@ -151,8 +152,7 @@ impl World {
     }
 
     async fn compare_record(&self, at: Addr) -> Checked {
-        let (scope, key) = self.addr(at);
-        let got = match self.store.get(scope, key, self.now).await {
+        let got = match self.store.get(&self.id(at), self.now).await {
             Ok(r) => r,
             Err(e) => return self.store_error("get", e),
         };

@@ -15,9 +15,10 @@ use std::time::Duration;
 use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
+use idem_core::store::CheckpointStore;
 use idem_core::{
-    Checkpoint, Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Record, RecordState,
-    Scope, StoreError, Timer, Timestamp, Token, async_trait,
+    Checkpoint, Clock, Fingerprint, KeyStore, Outcome, Policy, Record, RecordId, RecordState,
+    StoreError, Timer, Timestamp, Token, async_trait,
 };
 
 /// How a record is addressed in the map: a pair of strings the defect may have mangled.
@@ -118,7 +119,8 @@ impl Broken {
         self.defect
     }
 
-    fn address(&self, scope: &Scope, key: &IdempotencyKey) -> Address {
+    fn address(&self, id: &RecordId) -> Address {
+        let (scope, key) = (id.scope(), id.key());
         match self.defect {
             Defect::CaseInsensitiveAddress => (
                 scope.as_str().to_lowercase(),
@@ -135,12 +137,8 @@ impl Broken {
         }
     }
 
-    fn found(&self, scope: &Scope, key: &IdempotencyKey) -> Option<Record> {
-        self.map
-            .lock()
-            .unwrap()
-            .get(&self.address(scope, key))
-            .cloned()
+    fn found(&self, id: &RecordId) -> Option<Record> {
+        self.map.lock().unwrap().get(&self.address(id)).cloned()
     }
 
     fn stored(&self, mut record: Record) -> Record {
@@ -150,12 +148,9 @@ impl Broken {
         record
     }
 
-    fn write(&self, scope: &Scope, key: &IdempotencyKey, record: Record) {
+    fn write(&self, id: &RecordId, record: Record) {
         let record = self.stored(record);
-        self.map
-            .lock()
-            .unwrap()
-            .insert(self.address(scope, key), record);
+        self.map.lock().unwrap().insert(self.address(id), record);
     }
 
     /// The record the holder rules are shown: as stored; or (no fencing) one the caller seems
@@ -175,22 +170,21 @@ impl Broken {
     /// An atomic claim: decide and write under one lock.
     fn claim_atomic(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> ClaimAnswer {
         let mut map = self.map.lock().unwrap();
-        let id = self.address(scope, key);
+        let address = self.address(id);
         let t = machine::claim(
-            map.get(&id),
-            ClaimRequest::new(scope, key, fingerprint),
+            map.get(&address),
+            ClaimRequest::new(id, fingerprint),
             now,
             policy,
         );
         if let Some(w) = t.write {
-            map.insert(id, self.stored(w));
+            map.insert(address, self.stored(w));
         }
         t.answer
     }
@@ -201,38 +195,31 @@ impl Broken {
     /// compares too little (see the defects), reading again when the record changed.
     async fn claim_compare_and_set(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> ClaimAnswer {
         loop {
-            let Some(found) = self.found(scope, key) else {
-                return self.claim_atomic(scope, key, fingerprint, policy, now);
+            let Some(found) = self.found(id) else {
+                return self.claim_atomic(id, fingerprint, policy, now);
             };
-            let req = ClaimRequest::new(scope, key, fingerprint);
+            let req = ClaimRequest::new(id, fingerprint);
             let t = machine::claim(Some(&found), req, now, policy);
             let Some(write) = t.write else {
                 return t.answer;
             };
             tokio::time::sleep(ROUND_TRIP).await;
-            if self.replace_if_unchanged(scope, key, &found, write) {
+            if self.replace_if_unchanged(id, &found, write) {
                 return t.answer;
             }
         }
     }
 
     /// Writes `record` if the stored record still matches `found` in what the defect compares.
-    fn replace_if_unchanged(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        found: &Record,
-        record: Record,
-    ) -> bool {
+    fn replace_if_unchanged(&self, id: &RecordId, found: &Record, record: Record) -> bool {
         let mut map = self.map.lock().unwrap();
-        let id = self.address(scope, key);
+        let id = self.address(id);
         let unchanged = map.get(&id).is_some_and(|now| {
             now.token == found.token
                 && (self.defect == Defect::RewriteComparesTokenOnly
@@ -250,79 +237,75 @@ impl Broken {
 impl KeyStore for Broken {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
         match self.defect {
             Defect::ReadThenWriteClaim => {}
-            Defect::ReadThenWriteRewrite if self.found(scope, key).is_some() => {}
+            Defect::ReadThenWriteRewrite if self.found(id).is_some() => {}
             Defect::RewriteWritesStaleCheckpoints | Defect::RewriteComparesTokenOnly => {
                 return Ok(self
-                    .claim_compare_and_set(scope, key, fingerprint, policy, now)
+                    .claim_compare_and_set(id, fingerprint, policy, now)
                     .await);
             }
             // Atomic for an absent key: the insert-if-absent runs under the lock.
-            _ => return Ok(self.claim_atomic(scope, key, fingerprint, policy, now)),
+            _ => return Ok(self.claim_atomic(id, fingerprint, policy, now)),
         }
-        let found = self.found(scope, key);
+        let found = self.found(id);
         // The defect: another caller can read the same record while this one waits.
         tokio::time::sleep(ROUND_TRIP).await;
         let t = machine::claim(
             found.as_ref(),
-            ClaimRequest::new(scope, key, fingerprint),
+            ClaimRequest::new(id, fingerprint),
             now,
             policy,
         );
         if let Some(w) = t.write {
-            self.write(scope, key, w);
+            self.write(id, w);
         }
         Ok(t.answer)
     }
 
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
-        let found = self.for_holder(self.found(scope, key), token, now);
+        let found = self.for_holder(self.found(id), token, now);
         let t = machine::complete(found.as_ref(), token, outcome, now, policy)?;
         if let Some(w) = t.write {
-            self.write(scope, key, w);
+            self.write(id, w);
         }
         Ok(t.answer)
     }
 
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        let found = self.for_holder(self.found(scope, key), token, now);
+        let found = self.for_holder(self.found(id), token, now);
         let t = machine::release(found.as_ref(), token, now);
         if let Some(w) = t.write {
-            self.write(scope, key, w);
+            self.write(id, w);
         }
         Ok(t.answer)
     }
 
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        let found = self.for_holder(self.found(scope, key), token, now);
+        let found = self.for_holder(self.found(id), token, now);
         if self.defect == Defect::ExtendSetsTheLease {
             let held = found.filter(|r| {
                 r.token == token && r.state == RecordState::Processing && !r.is_expired(now)
@@ -333,7 +316,7 @@ impl KeyStore for Broken {
             r.lease_until = now + lease;
             r.updated_at = now;
             let lease_until = r.lease_until;
-            self.write(scope, key, r);
+            self.write(id, r);
             return Ok(ExtendAnswer::Extended { lease_until });
         }
         let t = machine::extend(found.as_ref(), token, lease, now)?;
@@ -341,18 +324,13 @@ impl KeyStore for Broken {
             return Ok(t.answer);
         }
         if let Some(w) = t.write {
-            self.write(scope, key, w);
+            self.write(id, w);
         }
         Ok(t.answer)
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        Ok(self.found(scope, key).filter(|r| !r.is_expired(now)))
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        Ok(self.found(id).filter(|r| !r.is_expired(now)))
     }
 
     async fn list_in_flight(
@@ -405,36 +383,8 @@ impl KeyStore for Broken {
         Ok(ids.len())
     }
 
-    async fn checkpoint(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        checkpoint: &Checkpoint,
-        policy: &Policy,
-    ) -> Result<CheckpointAnswer, StoreError> {
-        machine::check_checkpoint_size(checkpoint, policy)?;
-        let now = checkpoint.saved_at();
-        let found = self.found(scope, key);
-        if self.defect == Defect::CheckpointUnfenced {
-            let Some(mut r) = found.filter(|r| !r.is_expired(now)) else {
-                return Ok(CheckpointAnswer::Fenced);
-            };
-            r.checkpoints.push(checkpoint.clone());
-            r.updated_at = now;
-            self.write(scope, key, r);
-            return Ok(CheckpointAnswer::Saved);
-        }
-        let found = self.for_holder(found, token, now);
-        let t = machine::checkpoint(found.as_ref(), token, checkpoint, policy)?;
-        if let Some(w) = t.write {
-            self.write(scope, key, w);
-        }
-        Ok(t.answer)
-    }
-
-    fn supports_checkpoints(&self) -> bool {
-        true
+    fn as_checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
+        Some(self)
     }
 
     async fn wait_for_change(
@@ -447,6 +397,36 @@ impl KeyStore for Broken {
             return std::future::pending().await;
         }
         idem_core::wait::poll_for_change(self, seen, clock, timer).await
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for Broken {
+    async fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        checkpoint: &Checkpoint,
+        policy: &Policy,
+    ) -> Result<CheckpointAnswer, StoreError> {
+        machine::check_checkpoint_size(checkpoint, policy)?;
+        let now = checkpoint.saved_at();
+        let found = self.found(id);
+        if self.defect == Defect::CheckpointUnfenced {
+            let Some(mut r) = found.filter(|r| !r.is_expired(now)) else {
+                return Ok(CheckpointAnswer::Fenced);
+            };
+            r.checkpoints.push(checkpoint.clone());
+            r.updated_at = now;
+            self.write(id, r);
+            return Ok(CheckpointAnswer::Saved);
+        }
+        let found = self.for_holder(found, token, now);
+        let t = machine::checkpoint(found.as_ref(), token, checkpoint, policy)?;
+        if let Some(w) = t.write {
+            self.write(id, w);
+        }
+        Ok(t.answer)
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::machine::ClaimAnswer;
-use idem_core::{Clock, IdempotencyKey, Scope, SystemClock};
+use idem_core::{Clock, IdempotencyKey, RecordId, Scope, SystemClock};
 use tokio::task::JoinSet;
 
 use super::{BenchOptions, BoxError, Comparison, Point, Setup, Stats, first_execution};
@@ -123,7 +123,12 @@ async fn caller(
             let t = Instant::now();
             if idem_turn {
                 let answer = store
-                    .claim(scope, key, &setup.fp, &setup.policy, SystemClock.now())
+                    .claim(
+                        &RecordId::new(scope.clone(), key.clone()),
+                        &setup.fp,
+                        &setup.policy,
+                        SystemClock.now(),
+                    )
                     .await?;
                 s.idem_replay.push(t.elapsed());
                 if !matches!(answer, ClaimAnswer::Replay(_)) {

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use idem_core::machine::ClaimAnswer;
 use idem_core::{
-    Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock, Timestamp,
+    Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, SystemClock,
+    Timestamp,
 };
 use serde_json::json;
 use tokio::task::JoinSet;
@@ -186,14 +187,13 @@ async fn prefill(
             let mut i = from + w;
             while i < to {
                 let key = IdempotencyKey::new(format!("f-{i}"))?;
-                if let ClaimAnswer::Claimed { token, .. } = setup
-                    .store
-                    .claim(&scope, &key, &setup.fp, &policy, at)
-                    .await?
+                let id = RecordId::new(scope.clone(), key.clone());
+                if let ClaimAnswer::Claimed { token, .. } =
+                    setup.store.claim(&id, &setup.fp, &policy, at).await?
                 {
                     setup
                         .store
-                        .complete(&scope, &key, token, &setup.outcome, &policy, at)
+                        .complete(&id, token, &setup.outcome, &policy, at)
                         .await?;
                 }
                 i += WORKERS;
@@ -228,9 +228,10 @@ async fn first_execution(
     key: &IdempotencyKey,
 ) -> Result<(Duration, Duration), BoxError> {
     let t = Instant::now();
+    let id = RecordId::new(scope.clone(), key.clone());
     let ClaimAnswer::Claimed { token, .. } = setup
         .store
-        .claim(scope, key, &setup.fp, &setup.policy, SystemClock.now())
+        .claim(&id, &setup.fp, &setup.policy, SystemClock.now())
         .await?
     else {
         return Err("a fresh bench key was not claimed".into());
@@ -238,14 +239,7 @@ async fn first_execution(
     let claimed = t.elapsed();
     setup
         .store
-        .complete(
-            scope,
-            key,
-            token,
-            &setup.outcome,
-            &setup.policy,
-            SystemClock.now(),
-        )
+        .complete(&id, token, &setup.outcome, &setup.policy, SystemClock.now())
         .await?;
     Ok((claimed, t.elapsed()))
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::serve::{Backend, ServeOptions, router};
 use idem_conformance::kit::{self, TempDir, unique};
-use idem_core::ManualClock;
+use idem_core::{ManualClock, RecordId};
 use idemkit::StoreUrl;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
@@ -193,7 +193,7 @@ async fn a_waiting_retry_gets_the_replay(s: Server) {
     let id = idem_core::IdempotencyKey::new(key).unwrap();
     let store = s.backend.store();
     while store
-        .get(&scope, &id, s.clock.now())
+        .get(&RecordId::new(scope.clone(), id.clone()), s.clock.now())
         .await
         .unwrap()
         .is_none()

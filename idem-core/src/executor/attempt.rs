@@ -15,8 +15,8 @@ use super::spawn::Spawner;
 use crate::codec::{CodecContext, CodecError, OutcomeCodec, encode_outcome};
 use crate::machine::{ClaimKind, ExtendAnswer};
 use crate::{
-    Checkpoint, Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError, Timestamp,
-    Token, downstream_key,
+    Checkpoint, Clock, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, StoreError,
+    Timestamp, Token, downstream_key,
 };
 
 /// The claim an operation runs under, handed to the operation by
@@ -25,8 +25,7 @@ use crate::{
 pub struct Attempt {
     pub(super) store: Arc<dyn KeyStore>,
     pub(super) clock: Arc<dyn Clock>,
-    pub(super) scope: Scope,
-    pub(super) key: IdempotencyKey,
+    pub(super) id: RecordId,
     pub(super) token: Token,
     pub(super) number: u32,
     pub(super) kind: ClaimKind,
@@ -42,8 +41,8 @@ pub struct Attempt {
 impl fmt::Debug for Attempt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Attempt")
-            .field("scope", &self.scope)
-            .field("key", &self.key)
+            .field("scope", self.id.scope())
+            .field("key", self.id.key())
             .field("token", &self.token)
             .field("number", &self.number)
             .field("kind", &self.kind)
@@ -55,14 +54,19 @@ impl fmt::Debug for Attempt {
 }
 
 impl Attempt {
+    /// The record this attempt holds the claim of.
+    pub fn id(&self) -> &RecordId {
+        &self.id
+    }
+
     /// The scope.
     pub fn scope(&self) -> &Scope {
-        &self.scope
+        self.id.scope()
     }
 
     /// The key.
     pub fn key(&self) -> &IdempotencyKey {
-        &self.key
+        self.id.key()
     }
 
     /// The fencing token of this claim.
@@ -126,8 +130,7 @@ impl Attempt {
         let answer = timed(
             &*self.store,
             "extend",
-            self.store
-                .extend(&self.scope, &self.key, self.token, lease, now),
+            self.store.extend(&self.id, self.token, lease, now),
         )
         .await?;
         Ok(match answer {
@@ -190,7 +193,7 @@ impl Attempt {
     pub fn encode(&self, outcome: &Outcome) -> Result<Outcome, CodecError> {
         encode_outcome(
             self.codec.as_deref(),
-            &CodecContext::new(&self.scope, &self.key),
+            &CodecContext::new(self.id.scope(), self.id.key()),
             outcome,
         )
         .map(|o| o.into_owned())
@@ -198,7 +201,7 @@ impl Attempt {
 
     /// The stable key to pass to `provider`'s own idempotency contract; see [`downstream_key`].
     pub fn downstream_key(&self, provider: &str) -> String {
-        downstream_key(&self.scope, &self.key, provider)
+        downstream_key(self.id.scope(), self.id.key(), provider)
     }
 }
 
@@ -310,8 +313,7 @@ pub(super) struct ReleaseOnDrop {
     pub(super) store: Arc<dyn KeyStore>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) spawner: Spawner,
-    pub(super) scope: Scope,
-    pub(super) key: IdempotencyKey,
+    pub(super) id: RecordId,
     pub(super) token: Token,
     pub(super) armed: bool,
 }
@@ -322,22 +324,16 @@ impl Drop for ReleaseOnDrop {
             return;
         }
         let (store, clock) = (self.store.clone(), self.clock.clone());
-        let (scope, key, token) = (self.scope.clone(), self.key.clone(), self.token);
+        let (id, token) = (self.id.clone(), self.token);
         (self.spawner)(Box::pin(async move {
-            match timed(
-                &*store,
-                "release",
-                store.release(&scope, &key, token, clock.now()),
-            )
-            .await
-            {
+            match timed(&*store, "release", store.release(&id, token, clock.now())).await {
                 Ok(answer) => {
-                    transition!(INFO, "released", scope = %scope, key = %key, token = %token.short(), ?answer,
+                    transition!(INFO, "released", scope = %id.scope(), key = %id.key(), token = %token.short(), ?answer,
                         "caller went away before the operation started; claim released"
                     )
                 }
                 Err(error) => {
-                    transition!(WARN, "released", scope = %scope, key = %key, token = %token.short(), %error,
+                    transition!(WARN, "released", scope = %id.scope(), key = %id.key(), token = %token.short(), %error,
                         "caller went away before the operation started; release failed, the lease will run out"
                     )
                 }

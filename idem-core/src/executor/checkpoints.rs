@@ -11,7 +11,7 @@ use super::observe::timed;
 use crate::checkpoint::{decode_checkpoint, encode_checkpoint};
 use crate::codec::CodecContext;
 use crate::machine::{self, CheckpointAnswer, ClaimKind};
-use crate::{Checkpoint, CheckpointError, Error, IdempotencyKey, Scope, Token};
+use crate::{Checkpoint, CheckpointError, Error, RecordId, Token};
 
 impl Attempt {
     /// The steps earlier attempts of this operation saved, in order, decoded by the executor's
@@ -71,7 +71,8 @@ impl Attempt {
     /// stop, and start no further effect); [`CheckpointError::TooLarge`] over
     /// [`Policy::max_checkpoint_bytes`](crate::Policy::max_checkpoint_bytes) (checked on the
     /// encoded value, before the store is called); [`CheckpointError::Unsupported`] when the
-    /// store does not keep checkpoints; otherwise the serialiser's, the codec's or the store's
+    /// store does not keep checkpoints (it is no [`CheckpointStore`](crate::store::CheckpointStore),
+    /// so it is not called); otherwise the serialiser's, the codec's or the store's
     /// failure.
     pub async fn checkpoint<T: Serialize + ?Sized>(
         &self,
@@ -81,15 +82,20 @@ impl Attempt {
         let text = serde_json::to_string(value).map_err(CheckpointError::Serialize)?;
         let plain =
             Checkpoint::new(name, text, self.clock.now()).map_err(CheckpointError::Serialize)?;
-        let cx = CodecContext::new(&self.scope, &self.key);
+        let cx = CodecContext::new(self.id.scope(), self.id.key());
         let stored = encode_checkpoint(self.codec.as_deref(), &cx, &plain)
             .map_err(CheckpointError::Encode)?;
         machine::check_checkpoint_size(&stored, &self.policy).map_err(CheckpointError::TooLarge)?;
+        // A store without the capability is never asked: the executor answers for it.
+        let Some(store) = self.store.as_checkpoint_store() else {
+            return Err(CheckpointError::Unsupported {
+                backend: self.store.backend(),
+            });
+        };
         let answer = timed(
-            &*self.store,
+            store,
             "checkpoint",
-            self.store
-                .checkpoint(&self.scope, &self.key, self.token, &stored, &self.policy),
+            store.checkpoint(&self.id, self.token, &stored, &self.policy),
         )
         .await?;
         match answer {
@@ -126,24 +132,23 @@ impl Executor {
     /// record has none) or when the store keeps none.
     pub(super) async fn resumed_checkpoints(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         kind: ClaimKind,
     ) -> Result<Vec<Checkpoint>, Error> {
         if !matches!(kind, ClaimKind::Retry | ClaimKind::TakenOver)
-            || !self.store.supports_checkpoints()
+            || self.store.as_checkpoint_store().is_none()
         {
             return Ok(Vec::new());
         }
         let now = self.clock.now();
-        let record = timed(&*self.store, "get", self.store.get(scope, key, now)).await?;
+        let record = timed(&*self.store, "get", self.store.get(id, now)).await?;
         // Another token means the claim is already lost: the operation will be fenced, and it
         // must not act on a newer holder's steps.
         let Some(record) = record.filter(|r| r.token == token) else {
             return Ok(Vec::new());
         };
-        let cx = CodecContext::new(scope, key);
+        let cx = CodecContext::new(id.scope(), id.key());
         record
             .checkpoints
             .iter()

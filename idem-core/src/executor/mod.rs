@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::codec::OutcomeCodec;
 use crate::machine::ClaimAnswer;
-use crate::{Clock, IdempotencyKey, KeyStore, Outcome, Policy, Scope, SystemClock};
+use crate::{Clock, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, SystemClock};
 
 mod attempt;
 mod call;
@@ -234,8 +234,7 @@ impl Executor {
         Some(Attempt {
             store: self.store.clone(),
             clock: self.clock.clone(),
-            scope: scope.clone(),
-            key: key.clone(),
+            id: RecordId::new(scope.clone(), key.clone()),
             token,
             number: attempt,
             kind,

@@ -2,7 +2,7 @@
 
 use super::Executor;
 use crate::codec::{CodecContext, decode_outcome};
-use crate::{Error, IdempotencyKey, Record, Scope};
+use crate::{Error, IdempotencyKey, Record, RecordId, Scope};
 
 impl Executor {
     /// The record of (`scope`, `key`) at the executor's clock, `None` if there is none or it
@@ -12,7 +12,11 @@ impl Executor {
     /// [`Error::Decode`]; a store that cannot answer, [`Error::Store`].
     pub async fn read(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, Error> {
         let now = self.clock.now();
-        let Some(mut record) = self.store.get(scope, key, now).await? else {
+        let Some(mut record) = self
+            .store
+            .get(&RecordId::new(scope.clone(), key.clone()), now)
+            .await?
+        else {
             return Ok(None);
         };
         if let Some(stored) = record.outcome.take() {

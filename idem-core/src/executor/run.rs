@@ -11,7 +11,9 @@ use super::observe::{count_claim, count_completion};
 use super::{Attempt, Execution, Executor, Reply};
 use crate::codec::{CodecContext, decode_outcome};
 use crate::machine::{ClaimAnswer, ClaimKind};
-use crate::{Error, ErrorAnswer, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope};
+use crate::{
+    Error, ErrorAnswer, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, RecordId, Scope,
+};
 
 impl Executor {
     /// Runs `operation` at most once for (scope, key) and the request `fingerprint`.
@@ -94,8 +96,8 @@ impl Executor {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = O>,
     {
-        let ((answer, guard, claimed_at), wait) =
-            self.claim_or_wait(scope, key, fingerprint).await?;
+        let id = RecordId::new(scope.clone(), key.clone());
+        let ((answer, guard, claimed_at), wait) = self.claim_or_wait(&id, fingerprint).await?;
         *waited = wait;
         let origin = key.origin().as_str();
         let (token, number, kind) = match answer {
@@ -177,13 +179,13 @@ impl Executor {
             }
         }
 
-        let resumed = match self.resumed_checkpoints(scope, key, token, kind).await {
+        let resumed = match self.resumed_checkpoints(&id, token, kind).await {
             Ok(resumed) => resumed,
             Err(e) => {
                 // Nothing ran: give the claim back before answering, so a retry finds it free.
                 // The guard stays armed until then: a caller gone meanwhile still releases it.
                 let now = self.clock.now();
-                if let Err(release) = self.store.release(scope, key, token, now).await {
+                if let Err(release) = self.store.release(&id, token, now).await {
                     tracing::warn!(error = %release, "claim could not be released; the lease will run out");
                 }
                 if let Some(mut guard) = guard {
@@ -196,8 +198,7 @@ impl Executor {
         let attempt = Attempt {
             store: self.store.clone(),
             clock: self.clock.clone(),
-            scope: scope.clone(),
-            key: key.clone(),
+            id: id.clone(),
             token,
             number,
             kind,
@@ -224,7 +225,7 @@ impl Executor {
                 tracing::error!(error = %failed.source, status = failed.status, "the operation's answer could not be serialised; recorded as 'ran, answer not kept'");
                 if !recorded {
                     let kept = Outcome::not_serializable(failed.status, failed.class);
-                    if let Err(e) = self.record(scope, key, token, kept).await {
+                    if let Err(e) = self.record(&id, token, kept).await {
                         tracing::error!(error = %e, "'ran, answer not kept' could not be recorded either");
                     }
                 }
@@ -251,7 +252,7 @@ impl Executor {
                 unrecorded: None,
             });
         }
-        let (outcome, unrecorded) = match self.record(scope, key, token, outcome).await {
+        let (outcome, unrecorded) = match self.record(&id, token, outcome).await {
             Ok(outcome) => (outcome, None),
             // Fenced, too large, not recorded, not encoded: each carries the operation's outcome.
             Err(error) => match ErrorAnswer::of(&error) {

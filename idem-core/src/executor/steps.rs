@@ -10,8 +10,7 @@ use super::{Executor, attempt::ReleaseOnDrop};
 use crate::codec::{CodecContext, CodecError, OutcomeCodec, encode_outcome};
 use crate::machine::{ClaimAnswer, CompleteAnswer, OutcomeTooLarge, completed_state};
 use crate::{
-    Error, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, Scope, StoreError, Timestamp,
-    Token,
+    Error, Fingerprint, KeyStore, Outcome, Policy, RecordId, StoreError, Timestamp, Token,
 };
 
 impl Executor {
@@ -34,24 +33,22 @@ impl Executor {
         rx.await.ok()
     }
 
-    /// Claims (scope, key) at the clock's `now`, which it answers too (a won lease runs until
+    /// Claims `id` at the clock's `now`, which it answers too (a won lease runs until
     /// `now + lease`). With a spawner, a won claim comes with a guard that releases it if
     /// dropped before the operation starts.
     pub(super) async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
     ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>, Timestamp), Error> {
         let now = self.clock.now();
         let (store, clock, spawner) = (self.store.clone(), self.clock.clone(), self.spawn.here());
-        let (scope, key, fingerprint, policy) =
-            (scope.clone(), key.clone(), fingerprint.clone(), self.policy);
+        let (id, fingerprint, policy) = (id.clone(), fingerprint.clone(), self.policy);
         let claimed = self.on_spawner(async move {
             let answer = timed(
                 &*store,
                 "claim",
-                store.claim(&scope, &key, &fingerprint, &policy, now),
+                store.claim(&id, &fingerprint, &policy, now),
             )
             .await?;
             // Armed until the operation starts; dropped unsent or unread, it releases.
@@ -60,8 +57,7 @@ impl Executor {
                     store: store.clone(),
                     clock,
                     spawner,
-                    scope,
-                    key,
+                    id,
                     token: *token,
                     armed: true,
                 }),
@@ -81,21 +77,18 @@ impl Executor {
     /// caller goes away meanwhile (the effect has happened).
     pub(super) async fn record(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: Outcome,
     ) -> Result<Outcome, Error> {
         let now = self.clock.now();
         let (store, codec) = (self.store.clone(), self.codec.clone());
-        let (scope, key, policy, stored) =
-            (scope.clone(), key.clone(), self.policy, outcome.clone());
+        let (id, policy, stored) = (id.clone(), self.policy, outcome.clone());
         let completed = self.on_spawner(async move {
             let held = Held {
                 store: &*store,
                 codec: codec.as_deref(),
-                scope: &scope,
-                key: &key,
+                id: &id,
                 token,
             };
             complete_or_not_kept(held, &stored, &policy, now).await
@@ -215,8 +208,7 @@ pub(crate) struct Completion {
 pub(crate) struct Held<'a> {
     pub(crate) store: &'a dyn KeyStore,
     pub(crate) codec: Option<&'a dyn OutcomeCodec>,
-    pub(crate) scope: &'a Scope,
-    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) id: &'a RecordId,
     pub(crate) token: Token,
 }
 
@@ -234,16 +226,15 @@ pub(crate) async fn complete_or_not_kept(
     let Held {
         store,
         codec,
-        scope,
-        key,
+        id,
         token,
     } = held;
-    let cx = CodecContext::new(scope, key);
+    let cx = CodecContext::new(id.scope(), id.key());
     // The limit applies to what is stored: the encoded outcome.
     let stored = encode_outcome(codec, &cx, outcome).map_err(CompletionError::Encode)?;
     let too_large = match crate::machine::check_outcome_size(&stored, policy) {
         Ok(()) => {
-            let completed = store.complete(scope, key, token, &stored, policy, now);
+            let completed = store.complete(id, token, &stored, policy, now);
             match timed(store, "complete", completed).await {
                 Ok(answer) => {
                     return Ok(Completion {
@@ -270,7 +261,7 @@ pub(crate) async fn complete_or_not_kept(
     let answer = timed(
         store,
         "complete",
-        store.complete(scope, key, token, &kept, &roomy, now),
+        store.complete(id, token, &kept, &roomy, now),
     )
     .await?;
     Ok(Completion {

@@ -1,6 +1,6 @@
 //! Waiting for an in-flight answer ([contract §5.2](crate::contract#waiting)): a repeat that
 //! finds its operation in flight waits, within its bound, for the record to settle, then claims
-//! again (and so replays, or claims what became claimable). The waiters of one (scope, key) share
+//! again (and so replays, or claims what became claimable). The waiters of one record share
 //! one round of [`KeyStore::wait_for_change`](crate::KeyStore::wait_for_change).
 
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use super::attempt::ReleaseOnDrop;
 use super::observe::timed;
 use crate::machine::ClaimAnswer;
 use crate::wait::Timer;
-use crate::{Clock, Error, Fingerprint, IdempotencyKey, KeyStore, RecordState, Scope, Timestamp};
+use crate::{Clock, Error, Fingerprint, KeyStore, RecordId, RecordState, Timestamp};
 
 /// How a shared round of waiting ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,6 @@ enum RoundEnd {
 }
 
 type Round = Shared<BoxFuture<'static, RoundEnd>>;
-type Id = (Scope, IdempotencyKey);
 /// A claim's answer, the guard that gives back a claim its caller abandons, and when it was made.
 pub(super) type Claimed = (ClaimAnswer, Option<ReleaseOnDrop>, Timestamp);
 
@@ -43,8 +42,8 @@ pub(super) struct Waiting {
     pub(super) window: Option<Duration>,
     /// A call under a derived key that asked for no wait is not waited for.
     pub(super) derived_key_wait_off: bool,
-    /// The live round of each (scope, key) being waited on, shared by every clone of the executor.
-    rounds: Arc<Mutex<HashMap<Id, WeakShared<BoxFuture<'static, RoundEnd>>>>>,
+    /// The live round of each record being waited on, shared by every clone of the executor.
+    rounds: Arc<Mutex<HashMap<RecordId, WeakShared<BoxFuture<'static, RoundEnd>>>>>,
 }
 
 impl Waiting {
@@ -60,8 +59,8 @@ impl Waiting {
 /// A waiter's share of a round; leaving forgets the round once nobody shares it, so a dropped
 /// waiter leaves no entry, no subscription and no task behind.
 struct Joined {
-    rounds: Arc<Mutex<HashMap<Id, WeakShared<BoxFuture<'static, RoundEnd>>>>>,
-    id: Id,
+    rounds: Arc<Mutex<HashMap<RecordId, WeakShared<BoxFuture<'static, RoundEnd>>>>>,
+    id: RecordId,
     round: Option<Round>,
 }
 
@@ -120,12 +119,11 @@ impl Executor {
     /// not).
     pub(super) async fn claim_or_wait(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
     ) -> Result<(Claimed, Option<Duration>), Error> {
-        let first = self.claim(scope, key, fingerprint).await?;
-        let bound = self.wait_bound_for(key.origin());
+        let first = self.claim(id, fingerprint).await?;
+        let bound = self.wait_bound_for(id.key().origin());
         let timer = match (&first.0, &self.waiting.timer) {
             (ClaimAnswer::InFlight { stale: false, .. }, Some(timer))
                 if !bound.is_zero() && timer.usable() =>
@@ -140,7 +138,7 @@ impl Executor {
         let mut deadline = timer.sleep(bound);
         let mut last = first;
         let result = loop {
-            let joined = self.join(scope, key, &timer);
+            let joined = self.join(id, &timer);
             let round = joined.round.clone().expect("joined");
             let end = match select(round, &mut deadline).await {
                 Either::Left((end, _)) => Some(end),
@@ -150,7 +148,7 @@ impl Executor {
             if end == Some(RoundEnd::Failed) {
                 break "timed_out";
             }
-            last = self.claim(scope, key, fingerprint).await?;
+            last = self.claim(id, fingerprint).await?;
             match (&last.0, end) {
                 (ClaimAnswer::InFlight { stale: false, .. }, Some(_)) => continue,
                 (ClaimAnswer::InFlight { .. }, _) => break "timed_out",
@@ -173,10 +171,10 @@ impl Executor {
         Ok((last, Some(waited)))
     }
 
-    /// The live round of (scope, key), or a new one.
-    fn join(&self, scope: &Scope, key: &IdempotencyKey, timer: &Timer) -> Joined {
+    /// The live round of `id`, or a new one.
+    fn join(&self, id: &RecordId, timer: &Timer) -> Joined {
         let rounds = self.waiting.rounds.clone();
-        let id = (scope.clone(), key.clone());
+        let id = id.clone();
         let mut map = rounds.lock().unwrap_or_else(|e| e.into_inner());
         let live = map
             .get(&id)
@@ -211,11 +209,11 @@ async fn round(
     store: Arc<dyn KeyStore>,
     clock: Arc<dyn Clock>,
     timer: Timer,
-    (scope, key): Id,
+    id: RecordId,
 ) -> RoundEnd {
     loop {
         let now = clock.now();
-        let seen = match timed(&*store, "get", store.get(&scope, &key, now)).await {
+        let seen = match timed(&*store, "get", store.get(&id, now)).await {
             Ok(Some(seen)) => seen,
             Ok(None) => return RoundEnd::Settled,
             Err(error) => {

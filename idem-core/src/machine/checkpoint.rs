@@ -63,7 +63,9 @@ mod tests {
 
     use super::*;
     use crate::machine::{ClaimAnswer, ClaimRequest, claim, complete, extend, release};
-    use crate::{Fingerprint, IdempotencyKey, Outcome, RecordState, Scope, StalePolicy, Timestamp};
+    use crate::{
+        Fingerprint, IdempotencyKey, Outcome, RecordId, RecordState, Scope, StalePolicy, Timestamp,
+    };
 
     const LEASE: Duration = Duration::from_secs(30);
 
@@ -86,7 +88,12 @@ mod tests {
 
     /// A processing record claimed at `t(0)`, with its token.
     fn claimed(scope: &Scope, key: &IdempotencyKey, fp: &Fingerprint) -> (Record, Token) {
-        let tr = claim(None, ClaimRequest::new(scope, key, fp), t(0), &policy());
+        let tr = claim(
+            None,
+            ClaimRequest::new(&RecordId::new(scope.clone(), key.clone()), fp),
+            t(0),
+            &policy(),
+        );
         let ClaimAnswer::Claimed { token, .. } = tr.answer else {
             unreachable!()
         };
@@ -155,10 +162,11 @@ mod tests {
         kept(&extended);
         let released = release(Some(&r), token, t(2)).write.unwrap();
         kept(&released);
-        let retried = claim(Some(&released), ClaimRequest::new(&s, &k, &fp), t(3), &p);
+        let id = RecordId::new(s.clone(), k.clone());
+        let retried = claim(Some(&released), ClaimRequest::new(&id, &fp), t(3), &p);
         kept(retried.write.as_ref().unwrap());
         let late = t(0) + LEASE + Duration::from_millis(1);
-        let taken = claim(Some(&r), ClaimRequest::new(&s, &k, &fp), late, &p);
+        let taken = claim(Some(&r), ClaimRequest::new(&id, &fp), late, &p);
         kept(taken.write.as_ref().unwrap());
         let retryable = Outcome::retryable(503, &serde_json::json!({})).unwrap();
         let marked = complete(Some(&r), token, &retryable, t(2), &p).unwrap();
@@ -170,7 +178,7 @@ mod tests {
             .write
             .unwrap();
         assert!(done.checkpoints.is_empty());
-        let replaced = claim(Some(&r), ClaimRequest::new(&s, &k, &fp), r.expires_at, &p);
+        let replaced = claim(Some(&r), ClaimRequest::new(&id, &fp), r.expires_at, &p);
         assert!(replaced.write.unwrap().checkpoints.is_empty());
     }
 }

@@ -87,15 +87,11 @@ impl<P: Probe> Settler<'_, P> {
         report: &mut ReconcileReport,
     ) -> Result<(), StoreError> {
         let store = self.store;
+        let id = record.id();
         let read_at = self.clock.now();
         let now = read_at;
         // Still the stale claim that was listed? If not, skip it without writing anything.
-        let current = timed(
-            store.backend(),
-            "get",
-            store.get(&record.scope, &record.key, now),
-        )
-        .await?;
+        let current = timed(store.backend(), "get", store.get(&id, now)).await?;
         let current = current.filter(|r| {
             r.token == record.token
                 && r.fingerprint == record.fingerprint
@@ -115,13 +111,7 @@ impl<P: Probe> Settler<'_, P> {
         let answer = timed(
             store.backend(),
             "claim",
-            store.claim(
-                &record.scope,
-                &record.key,
-                &record.fingerprint,
-                &takeover,
-                now,
-            ),
+            store.claim(&id, &record.fingerprint, &takeover, now),
         )
         .await?;
         match answer {
@@ -137,7 +127,7 @@ impl<P: Probe> Settler<'_, P> {
                 let given_back = timed(
                     store.backend(),
                     "release",
-                    store.release(&record.scope, &record.key, token, self.clock.now()),
+                    store.release(&id, token, self.clock.now()),
                 )
                 .await?;
                 transition!(INFO, "reconcile_skipped", scope = %record.scope, key = %record.key, ?kind, ?given_back, "no longer stale; the claim was given back unprobed");
@@ -162,14 +152,10 @@ impl<P: Probe> Settler<'_, P> {
         report: &mut ReconcileReport,
     ) -> Result<(), StoreError> {
         let store = self.store;
+        let id = record.id();
         // The steps the operation saved, as they stand now that the old holder is fenced out,
         // decoded: the probe is asked about the step after the last one (contract §6.1).
-        let after = timed(
-            store.backend(),
-            "get",
-            store.get(&record.scope, &record.key, self.clock.now()),
-        )
-        .await?;
+        let after = timed(store.backend(), "get", store.get(&id, self.clock.now())).await?;
         let saved = after
             .filter(|r| r.token == token)
             .map_or_else(|| record.checkpoints.clone(), |r| r.checkpoints);
@@ -199,8 +185,7 @@ impl<P: Probe> Settler<'_, P> {
                 let held = Held {
                     store,
                     codec: self.codec,
-                    scope: &taken.scope,
-                    key: &taken.key,
+                    id: &id,
                     token,
                 };
                 let completion =
@@ -230,7 +215,7 @@ impl<P: Probe> Settler<'_, P> {
                 let released = timed(
                     store.backend(),
                     "release",
-                    store.release(&taken.scope, &taken.key, token, self.clock.now()),
+                    store.release(&id, token, self.clock.now()),
                 )
                 .await?;
                 match released {

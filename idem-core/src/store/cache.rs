@@ -8,14 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::machine::{
-    self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
+    self, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
-use crate::store::{KeyStore, ListFilter, StoreError};
+use crate::store::{CheckpointStore, KeyStore, ListFilter, StoreError};
 use crate::timer::Timer;
-use crate::{
-    Checkpoint, Clock, Fingerprint, IdempotencyKey, Outcome, Policy, Record, RecordState, Scope,
-    Timestamp, Token,
-};
+use crate::{Clock, Fingerprint, Outcome, Policy, Record, RecordId, RecordState, Timestamp, Token};
 
 /// A store whose replays of completed records are answered from memory, without a round trip
 /// ([contract §2](crate::contract#states): a `completed` record does not change until it expires).
@@ -50,9 +47,9 @@ pub struct ReplayCache<S> {
 
 #[derive(Default)]
 struct Kept {
-    records: HashMap<(Scope, IdempotencyKey), Record>,
-    /// Keys in the order they were kept: the front is evicted first.
-    order: VecDeque<(Scope, IdempotencyKey)>,
+    records: HashMap<RecordId, Record>,
+    /// Records in the order they were kept: the front is evicted first.
+    order: VecDeque<RecordId>,
     bytes: usize,
     max_entries: usize,
     max_bytes: usize,
@@ -105,7 +102,7 @@ impl Kept {
         if size > self.max_bytes || self.max_entries == 0 {
             return;
         }
-        let id = (record.scope.clone(), record.key.clone());
+        let id = record.id();
         if let Some(old) = self.records.insert(id.clone(), record) {
             self.bytes -= size_of(&old);
         } else {
@@ -163,28 +160,24 @@ where
 impl<S: KeyStore> KeyStore for ReplayCache<S> {
     async fn claim(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         fingerprint: &Fingerprint,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
         {
             let kept = self.lock();
-            if let Some(record) = kept.records.get(&(scope.clone(), key.clone())) {
-                let req = ClaimRequest::new(scope, key, fingerprint);
+            if let Some(record) = kept.records.get(id) {
+                let req = ClaimRequest::new(id, fingerprint);
                 let decided = machine::claim(Some(record), req, now, policy);
                 if decided.write.is_none() {
                     return Ok(decided.answer);
                 }
             }
         }
-        let answer = self
-            .store
-            .claim(scope, key, fingerprint, policy, now)
-            .await?;
+        let answer = self.store.claim(id, fingerprint, policy, now).await?;
         if matches!(answer, ClaimAnswer::Replay(_))
-            && let Some(record) = self.store.get(scope, key, now).await?
+            && let Some(record) = self.store.get(id, now).await?
             && record.state == RecordState::Completed
         {
             self.lock().insert(record);
@@ -194,46 +187,36 @@ impl<S: KeyStore> KeyStore for ReplayCache<S> {
 
     async fn complete(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         outcome: &Outcome,
         policy: &Policy,
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
-        self.store
-            .complete(scope, key, token, outcome, policy, now)
-            .await
+        self.store.complete(id, token, outcome, policy, now).await
     }
 
     async fn release(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
-        self.store.release(scope, key, token, now).await
+        self.store.release(id, token, now).await
     }
 
     async fn extend(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        id: &RecordId,
         token: Token,
         lease: Duration,
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
-        self.store.extend(scope, key, token, lease, now).await
+        self.store.extend(id, token, lease, now).await
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        self.store.get(scope, key, now).await
+    async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.store.get(id, now).await
     }
 
     async fn list_in_flight(
@@ -262,21 +245,10 @@ impl<S: KeyStore> KeyStore for ReplayCache<S> {
         self.store.backend()
     }
 
-    async fn checkpoint(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: Token,
-        checkpoint: &Checkpoint,
-        policy: &Policy,
-    ) -> Result<CheckpointAnswer, StoreError> {
-        self.store
-            .checkpoint(scope, key, token, checkpoint, policy)
-            .await
-    }
-
-    fn supports_checkpoints(&self) -> bool {
-        self.store.supports_checkpoints()
+    // Checkpoints go to the wrapped store: the cache keeps only completed records, which have
+    // none.
+    fn as_checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
+        self.store.as_checkpoint_store()
     }
 
     async fn wait_for_change(

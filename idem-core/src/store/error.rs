@@ -56,14 +56,6 @@ pub enum StoreError {
     /// The checkpoint is over the policy's size limit; nothing was written.
     #[error(transparent)]
     CheckpointTooLarge(#[from] CheckpointTooLarge),
-    /// The store does not keep checkpoints
-    /// ([`KeyStore::supports_checkpoints`](crate::KeyStore::supports_checkpoints) is false);
-    /// nothing was written.
-    #[error("the store ({backend}) does not support checkpoints")]
-    CheckpointsUnsupported {
-        /// The store's [`KeyStore::backend`](crate::KeyStore::backend).
-        backend: &'static str,
-    },
 }
 
 impl StoreError {
@@ -105,7 +97,7 @@ impl StoreError {
     }
 
     /// A short label for metrics: `unavailable`, `backend`, `corrupt`, `misconfigured`,
-    /// `outcome_too_large`, `zero_lease`, `checkpoint_too_large`, `checkpoints_unsupported`.
+    /// `outcome_too_large`, `zero_lease`, `checkpoint_too_large`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Unavailable { .. } => "unavailable",
@@ -115,7 +107,6 @@ impl StoreError {
             Self::OutcomeTooLarge(_) => "outcome_too_large",
             Self::ZeroLease(_) => "zero_lease",
             Self::CheckpointTooLarge(_) => "checkpoint_too_large",
-            Self::CheckpointsUnsupported { .. } => "checkpoints_unsupported",
         }
     }
 }

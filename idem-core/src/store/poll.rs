@@ -63,11 +63,7 @@ async fn read_changed<S: KeyStore + ?Sized>(
     seen: &Record,
     clock: &dyn Clock,
 ) -> Result<bool, StoreError> {
-    let found = crate::metrics::timed(
-        store.backend(),
-        "get",
-        store.get(&seen.scope, &seen.key, clock.now()),
-    )
-    .await?;
+    let found =
+        crate::metrics::timed(store.backend(), "get", store.get(&seen.id(), clock.now())).await?;
     Ok(changed(seen, found.as_ref()))
 }

@@ -35,13 +35,13 @@ async fn race_checkpoints(h: &Harness, taker: Taker) {
     let scope = h.scope("race");
     for round in 0..ROUNDS {
         let t0 = h.now();
-        let key = h.key(&format!("race-{round}"));
-        let holder = claim_new(&holder_store, &scope, &key, &fp("a"), &takeover(), t0).await;
+        let id = RecordId::new(scope.clone(), h.key(&format!("race-{round}")));
+        let holder = claim_new(&holder_store, &id, &fp("a"), &takeover(), t0).await;
         // Half the rounds start from a record with a checkpoint already, half from none.
         let mut saved = Vec::new();
         if round % 2 == 1 {
             let first = step("before", 0, t0);
-            let a = save(&holder_store, &scope, &key, holder, &first).await;
+            let a = save(&holder_store, &id, holder, &first).await;
             assert_eq!(
                 a,
                 CheckpointAnswer::Saved,
@@ -54,7 +54,7 @@ async fn race_checkpoints(h: &Harness, taker: Taker) {
         let (taker_policy, own_expiry) = match taker {
             Taker::Retry => (takeover(), None),
             Taker::Reconciler => {
-                let read = taker_store.get(&scope, &key, at).await.unwrap();
+                let read = taker_store.get(&id, at).await.unwrap();
                 let read = read.expect("the holder's record");
                 let taker_policy =
                     takeover_policy(&policy(), &read, at, at).expect("a takeover policy");
@@ -66,7 +66,7 @@ async fn race_checkpoints(h: &Harness, taker: Taker) {
             for n in 1..=BURST {
                 let name = format!("step-{n}");
                 let checkpoint = step(&name, n, at);
-                match save(&holder_store, &scope, &key, holder, &checkpoint).await {
+                match save(&holder_store, &id, holder, &checkpoint).await {
                     CheckpointAnswer::Saved => saved.push(name),
                     _ => break,
                 }
@@ -75,7 +75,7 @@ async fn race_checkpoints(h: &Harness, taker: Taker) {
         };
         let claiming = async {
             taker_store
-                .claim(&scope, &key, &fp("a"), &taker_policy, at)
+                .claim(&id, &fp("a"), &taker_policy, at)
                 .await
                 .unwrap()
         };
@@ -85,7 +85,7 @@ async fn race_checkpoints(h: &Harness, taker: Taker) {
         let context = format!("round {round}: a takeover racing the holder's checkpoints");
         let (token, attempt, kind) = won(&answer, &context);
         assert_eq!((kind, attempt), (ClaimKind::TakenOver, 2), "{context}");
-        let r = read_back(h, &scope, &key).await;
+        let r = read_back(h, &id).await;
         assert_eq!(r.token, token, "{context}: the record is the taker's");
         let kept: Vec<&str> = r.checkpoints.iter().map(|c| c.name()).collect();
         assert_eq!(
@@ -95,7 +95,7 @@ async fn race_checkpoints(h: &Harness, taker: Taker) {
              the ones saved between its read and its write)"
         );
         let late = step("late", 99, at);
-        let a = save(&holder_store, &scope, &key, holder, &late).await;
+        let a = save(&holder_store, &id, holder, &late).await;
         assert_eq!(
             a,
             CheckpointAnswer::Fenced,

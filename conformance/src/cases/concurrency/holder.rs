@@ -25,8 +25,7 @@ enum HolderWrite {
 /// What the holder's write answered: whether it took effect.
 async fn holder_writes(
     store: &Arc<dyn KeyStore>,
-    scope: &Scope,
-    key: &IdempotencyKey,
+    id: &RecordId,
     holder: Token,
     write: HolderWrite,
     now: Timestamp,
@@ -34,17 +33,17 @@ async fn holder_writes(
     match write {
         HolderWrite::Complete => {
             let a = store
-                .complete(scope, key, holder, &ok("holder"), &policy(), now)
+                .complete(id, holder, &ok("holder"), &policy(), now)
                 .await
                 .unwrap();
             a == CompleteAnswer::Completed
         }
         HolderWrite::Release => {
-            let a = store.release(scope, key, holder, now).await.unwrap();
+            let a = store.release(id, holder, now).await.unwrap();
             a == ReleaseAnswer::Released
         }
         HolderWrite::Extend => {
-            let a = store.extend(scope, key, holder, LEASE, now).await.unwrap();
+            let a = store.extend(id, holder, LEASE, now).await.unwrap();
             matches!(a, ExtendAnswer::Extended { .. })
         }
     }
@@ -58,20 +57,21 @@ async fn takeover_racing(h: &Harness, write: HolderWrite) {
     for round in 0..ROUNDS {
         let t0 = h.now();
         let key = h.key(&format!("{write:?}-{round}"));
-        let holder = claim_new(&holder_store, &scope, &key, &fp("a"), &takeover(), t0).await;
+        let id = RecordId::new(scope.clone(), key.clone());
+        let holder = claim_new(&holder_store, &id, &fp("a"), &takeover(), t0).await;
         // The lease has elapsed and nobody took over: the holder's write still takes effect.
         let at = t0 + LEASE + Duration::from_millis(round as u64);
-        let holding = holder_writes(&holder_store, &scope, &key, holder, write, at);
+        let holding = holder_writes(&holder_store, &id, holder, write, at);
         let claiming = async {
             taker_store
-                .claim(&scope, &key, &fp("a"), &takeover(), at)
+                .claim(&id, &fp("a"), &takeover(), at)
                 .await
                 .unwrap()
         };
         // The claim is sent first, so the holder's write may fall between its read and its
         // write.
         let (answer, held) = tokio::join!(claiming, holding);
-        let r = read_back(h, &scope, &key).await;
+        let r = read_back(h, &id).await;
         let context = format!(
             "round {round}: a takeover racing the holder's {write:?} (holder's write took effect: \
              {held}; claim: {answer:?})"
@@ -112,7 +112,7 @@ async fn takeover_racing(h: &Harness, write: HolderWrite) {
             (RecordState::Processing, taker, 2),
             "{context}: the record is the taker's"
         );
-        assert_all_fenced(&holder_store, &scope, &key, holder, at).await;
+        assert_all_fenced(&holder_store, &id, holder, at).await;
     }
 }
 

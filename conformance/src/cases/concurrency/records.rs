@@ -27,8 +27,8 @@ impl Arena {
         }
     }
 
-    /// Round `round`'s key (`{name}-{round}`), claimed at `now` by a first holder: the key and
-    /// the holder's token.
+    /// Round `round`'s record (key `{name}-{round}`), claimed at `now` by a first holder: the
+    /// record and the holder's token.
     async fn held(
         &self,
         h: &Harness,
@@ -36,10 +36,10 @@ impl Arena {
         round: usize,
         policy: &Policy,
         now: Timestamp,
-    ) -> (IdempotencyKey, Token) {
-        let key = h.key(&format!("{name}-{round}"));
-        let old = claim_new(&self.stores[0], &self.scope, &key, &fp("a"), policy, now).await;
-        (key, old)
+    ) -> (RecordId, Token) {
+        let id = RecordId::new(self.scope.clone(), h.key(&format!("{name}-{round}")));
+        let old = claim_new(&self.stores[0], &id, &fp("a"), policy, now).await;
+        (id, old)
     }
 
     /// [`CONTENDERS`] claims of `key` at `now`, spread over the handles, started together; then
@@ -47,18 +47,18 @@ impl Arena {
     async fn claims_race(
         &self,
         what: &str,
-        key: &IdempotencyKey,
+        id: &RecordId,
         policy: &Policy,
         old: Token,
         expected: (ClaimKind, u32),
         now: Timestamp,
     ) {
-        let (stores, scope) = (&self.stores, &self.scope);
+        let stores = &self.stores;
         let answers = race(&Gate::new(CONTENDERS), CONTENDERS, |i| {
-            claim_of(&stores[i % stores.len()], scope, key, policy, now)
+            claim_of(&stores[i % stores.len()], id, policy, now)
         })
         .await;
-        self.assert_one_winner(what, key, &answers, old, expected, now)
+        self.assert_one_winner(what, id, &answers, old, expected, now)
             .await;
     }
 
@@ -69,13 +69,13 @@ impl Arena {
     async fn assert_one_winner(
         &self,
         what: &str,
-        key: &IdempotencyKey,
+        id: &RecordId,
         answers: &[ClaimAnswer],
         old: Token,
         expected: (ClaimKind, u32),
         now: Timestamp,
     ) {
-        let (stores, scope) = (&self.stores, &self.scope);
+        let stores = &self.stores;
         let winners: Vec<_> = answers
             .iter()
             .filter_map(|a| match a {
@@ -116,7 +116,7 @@ impl Arena {
             );
         }
         let r = stores[stores.len() - 1]
-            .get(scope, key, now)
+            .get(id, now)
             .await
             .unwrap()
             .expect("the winner's record");
@@ -125,20 +125,17 @@ impl Arena {
             (RecordState::Processing, token, attempt, now + LEASE),
             "{what}: the stored record is the winner's"
         );
-        assert_all_fenced(&stores[0], scope, key, old, now).await;
+        assert_all_fenced(&stores[0], id, old, now).await;
         assert_eq!(
             stores[1]
-                .complete(scope, key, token, &ok("won"), &policy(), now)
+                .complete(id, token, &ok("won"), &policy(), now)
                 .await
                 .unwrap(),
             CompleteAnswer::Completed,
             "{what}: the winner completes"
         );
         assert_eq!(
-            stores[2]
-                .claim(scope, key, &fp("a"), &policy(), now)
-                .await
-                .unwrap(),
+            stores[2].claim(id, &fp("a"), &policy(), now).await.unwrap(),
             ClaimAnswer::Replay(ok("won")),
             "{what}: the winner's outcome replays"
         );
@@ -151,20 +148,20 @@ impl Arena {
 /// winner's lease.
 pub(crate) async fn concurrency_claims_race_on_an_expired_record(h: Harness) {
     let arena = Arena::new(&h).await;
-    let (store, scope) = (&arena.stores[0], &arena.scope);
+    let store = &arena.stores[0];
     for round in 0..ROUNDS {
         let t0 = h.now();
-        let (key, old) = arena.held(&h, "expired", round, &policy(), t0).await;
+        let (id, old) = arena.held(&h, "expired", round, &policy(), t0).await;
         if round % 2 == 0 {
             store
-                .complete(scope, &key, old, &ok("old"), &policy(), t0)
+                .complete(&id, old, &ok("old"), &policy(), t0)
                 .await
                 .unwrap();
         }
         let what = format!("round {round}, expired record");
         let expected = (ClaimKind::ExpiredReplaced, 1);
         arena
-            .claims_race(&what, &key, &policy(), old, expected, t0 + TTL)
+            .claims_race(&what, &id, &policy(), old, expected, t0 + TTL)
             .await;
     }
 }
@@ -174,24 +171,24 @@ pub(crate) async fn concurrency_claims_race_on_an_expired_record(h: Harness) {
 /// attempt 2), the others see the winner's lease. The most common retry pattern there is.
 pub(crate) async fn concurrency_claims_race_on_a_failed_retryable_record(h: Harness) {
     let arena = Arena::new(&h).await;
-    let (store, scope) = (&arena.stores[0], &arena.scope);
+    let store = &arena.stores[0];
     let now = h.now();
     for round in 0..ROUNDS {
-        let (key, old) = arena.held(&h, "retryable", round, &policy(), now).await;
+        let (id, old) = arena.held(&h, "retryable", round, &policy(), now).await;
         if round % 2 == 0 {
             let a = store
-                .complete(scope, &key, old, &retryable(), &policy(), now)
+                .complete(&id, old, &retryable(), &policy(), now)
                 .await
                 .unwrap();
             assert_eq!(a, CompleteAnswer::MarkedRetryable);
         } else {
-            let a = store.release(scope, &key, old, now).await.unwrap();
+            let a = store.release(&id, old, now).await.unwrap();
             assert_eq!(a, ReleaseAnswer::Released);
         }
         let what = format!("round {round}, failed_retryable record");
         let expected = (ClaimKind::Retry, 2);
         arena
-            .claims_race(&what, &key, &policy(), old, expected, now)
+            .claims_race(&what, &id, &policy(), old, expected, now)
             .await;
     }
 }
@@ -203,12 +200,12 @@ pub(crate) async fn concurrency_claims_race_on_a_stale_record_under_takeover(h: 
     let arena = Arena::new(&h).await;
     for round in 0..ROUNDS {
         let t0 = h.now();
-        let (key, old) = arena.held(&h, "stale", round, &takeover(), t0).await;
+        let (id, old) = arena.held(&h, "stale", round, &takeover(), t0).await;
         let at = t0 + LEASE + Duration::from_millis(round as u64);
         let what = format!("round {round}, stale record under Takeover");
         let expected = (ClaimKind::TakenOver, 2);
         arena
-            .claims_race(&what, &key, &takeover(), old, expected, at)
+            .claims_race(&what, &id, &takeover(), old, expected, at)
             .await;
     }
 }
@@ -217,24 +214,24 @@ pub(crate) async fn concurrency_claims_race_on_a_stale_record_under_takeover(h: 
 /// wins, each sees the holder in flight or replays its outcome, the completion stands.
 pub(crate) async fn concurrency_claims_racing_a_completion_never_win(h: Harness) {
     let arena = Arena::new(&h).await;
-    let (stores, scope) = (&arena.stores, &arena.scope);
+    let stores = &arena.stores;
     let now = h.now();
     for round in 0..ROUNDS {
-        let (key, holder) = arena.held(&h, "completing", round, &policy(), now).await;
+        let (id, holder) = arena.held(&h, "completing", round, &policy(), now).await;
         let done = ok(&format!("done-{round}"));
         let gate = Gate::new(CONTENDERS + 1);
         let completion = {
             let store = stores[0].clone();
-            let (scope, key, done) = (scope.clone(), key.clone(), done.clone());
+            let (id, done) = (id.clone(), done.clone());
             gate.spawn(async move {
                 store
-                    .complete(&scope, &key, holder, &done, &policy(), now)
+                    .complete(&id, holder, &done, &policy(), now)
                     .await
                     .unwrap()
             })
         };
         let answers = race(&gate, CONTENDERS, |i| {
-            claim_of(&stores[1 + i % (HANDLES - 1)], scope, &key, &policy(), now)
+            claim_of(&stores[1 + i % (HANDLES - 1)], &id, &policy(), now)
         })
         .await;
         for answer in answers {
@@ -246,11 +243,7 @@ pub(crate) async fn concurrency_claims_racing_a_completion_never_win(h: Harness)
             );
         }
         assert_eq!(completion.await.unwrap(), CompleteAnswer::Completed);
-        let r = stores[HANDLES - 1]
-            .get(scope, &key, now)
-            .await
-            .unwrap()
-            .unwrap();
+        let r = stores[HANDLES - 1].get(&id, now).await.unwrap().unwrap();
         assert_eq!(
             (r.state, r.token, r.attempt, r.outcome),
             (RecordState::Completed, holder, 1, Some(done)),
@@ -264,30 +257,27 @@ pub(crate) async fn concurrency_claims_racing_a_completion_never_win(h: Harness)
 /// caller last saw it in flight, and the stored record is the winner's.
 pub(crate) async fn concurrency_claims_racing_a_release_one_winner(h: Harness) {
     let arena = Arena::new(&h).await;
-    let (stores, scope) = (&arena.stores, &arena.scope);
+    let stores = &arena.stores;
     let now = h.now();
     for round in 0..ROUNDS {
-        let (key, holder) = arena.held(&h, "releasing", round, &policy(), now).await;
+        let (id, holder) = arena.held(&h, "releasing", round, &policy(), now).await;
         let gate = Gate::new(CONTENDERS + 1);
         let release = {
             let store = stores[0].clone();
-            let (scope, key) = (scope.clone(), key.clone());
-            gate.spawn(async move { store.release(&scope, &key, holder, now).await.unwrap() })
+            let id = id.clone();
+            gate.spawn(async move { store.release(&id, holder, now).await.unwrap() })
         };
         let answers = race(&gate, CONTENDERS, |i| {
             let store = stores[1 + i % (HANDLES - 1)].clone();
-            let (scope, key) = (scope.clone(), key.clone());
+            let id = id.clone();
             async move {
                 // Claim until the record is no longer the holder's: then someone won.
                 for _ in 0..100_000 {
-                    let answer = store
-                        .claim(&scope, &key, &fp("a"), &policy(), now)
-                        .await
-                        .unwrap();
+                    let answer = store.claim(&id, &fp("a"), &policy(), now).await.unwrap();
                     match answer {
                         ClaimAnswer::Claimed { .. } => return answer,
                         ClaimAnswer::InFlight { stale: false, .. } => {
-                            let r = store.get(&scope, &key, now).await.unwrap().unwrap();
+                            let r = store.get(&id, now).await.unwrap().unwrap();
                             if r.token != holder {
                                 return answer;
                             }
@@ -307,7 +297,7 @@ pub(crate) async fn concurrency_claims_racing_a_release_one_winner(h: Harness) {
         let what = format!("round {round}, claims racing a release");
         let expected = (ClaimKind::Retry, 2);
         arena
-            .assert_one_winner(&what, &key, &answers, holder, expected, now)
+            .assert_one_winner(&what, &id, &answers, holder, expected, now)
             .await;
     }
 }

@@ -4,16 +4,16 @@ use super::*;
 
 /// `get` returns the record as stored, and `None` for a key never claimed.
 pub(crate) async fn inspect_get_returns_the_record(h: Harness) {
-    let (store, scope, key) = one(&h).await;
-    assert_eq!(store.get(&scope, &key, h.now()).await.unwrap(), None);
+    let (store, id) = one(&h).await;
+    assert_eq!(store.get(&id, h.now()).await.unwrap(), None);
     let t0 = h.now();
-    let token = claim_new(&store, &scope, &key, &fp("a"), &policy(), t0).await;
+    let token = claim_new(&store, &id, &fp("a"), &policy(), t0).await;
     h.advance(Duration::from_secs(2));
     store
-        .complete(&scope, &key, token, &ok("T"), &policy(), h.now())
+        .complete(&id, token, &ok("T"), &policy(), h.now())
         .await
         .unwrap();
-    let r = store.get(&scope, &key, h.now()).await.unwrap().unwrap();
+    let r = store.get(&id, h.now()).await.unwrap().unwrap();
     assert_eq!(r.created_at, t0);
     assert_eq!(r.updated_at, h.now());
     assert_eq!(r.lease_until, t0 + LEASE);
@@ -21,10 +21,7 @@ pub(crate) async fn inspect_get_returns_the_record(h: Harness) {
         (r.attempt, r.token, r.state),
         (1, token, RecordState::Completed)
     );
-    assert_eq!(
-        store.get(&scope, &h.key("other"), h.now()).await.unwrap(),
-        None
-    );
+    assert_eq!(store.get(&h.id("s", "other"), h.now()).await.unwrap(), None);
 }
 
 /// `list_in_flight(older_than, limit)` returns the `processing` records whose lease ended by
@@ -35,14 +32,12 @@ pub(crate) async fn inspect_list_in_flight_returns_only_stale_processing(h: Harn
     let base = ancient(1980, 2000);
     let scope = h.scope("list");
     let at = |s: u64| base + Duration::from_secs(s);
+    let id = |key: &str| RecordId::new(scope.clone(), h.key(key));
     let claim = |key: &'static str, t| {
-        let (store, scope, key) = (store.clone(), scope.clone(), h.key(key));
+        let (store, id) = (store.clone(), id(key));
         async move {
             claimed(
-                &store
-                    .claim(&scope, &key, &fp("a"), &policy(), t)
-                    .await
-                    .unwrap(),
+                &store.claim(&id, &fp("a"), &policy(), t).await.unwrap(),
                 "absent key",
             )
             .0
@@ -55,19 +50,12 @@ pub(crate) async fn inspect_list_in_flight_returns_only_stale_processing(h: Harn
     claim("stale-1", at(0)).await;
     let done = claim("completed", at(0)).await;
     store
-        .complete(
-            &scope,
-            &h.key("completed"),
-            done,
-            &ok("T"),
-            &policy(),
-            at(1),
-        )
+        .complete(&id("completed"), done, &ok("T"), &policy(), at(1))
         .await
         .unwrap();
     let released = claim("released", at(0)).await;
     store
-        .release(&scope, &h.key("released"), released, at(1))
+        .release(&id("released"), released, at(1))
         .await
         .unwrap();
     // Stale at 30 s too, but expired at 31 s: never listed below.
@@ -77,7 +65,7 @@ pub(crate) async fn inspect_list_in_flight_returns_only_stale_processing(h: Harn
         .build()
         .unwrap();
     store
-        .claim(&scope, &h.key("expired"), &fp("a"), &short, at(0))
+        .claim(&id("expired"), &fp("a"), &short, at(0))
         .await
         .unwrap();
 
@@ -113,24 +101,27 @@ pub(crate) async fn inspect_list_filters_by_state_scope_and_age(h: Harness) {
     let base = ancient(1980, 2000);
     let at = |s: u64| base + Duration::from_secs(s);
     let (a, b) = (h.scope("a"), h.scope("b"));
-    let key = |k: &str| h.key(k);
-    let p1 = claim_new(&store, &a, &key("p1"), &fp("x"), &policy(), at(0)).await;
+    let (id_a, id_b) = (
+        |k: &str| RecordId::new(a.clone(), h.key(k)),
+        |k: &str| RecordId::new(b.clone(), h.key(k)),
+    );
+    let p1 = claim_new(&store, &id_a("p1"), &fp("x"), &policy(), at(0)).await;
     let _ = p1;
-    let c1 = claim_new(&store, &a, &key("c1"), &fp("x"), &policy(), at(10)).await;
+    let c1 = claim_new(&store, &id_a("c1"), &fp("x"), &policy(), at(10)).await;
     store
-        .complete(&a, &key("c1"), c1, &ok("T"), &policy(), at(10))
+        .complete(&id_a("c1"), c1, &ok("T"), &policy(), at(10))
         .await
         .unwrap();
-    let f1 = claim_new(&store, &a, &key("f1"), &fp("x"), &policy(), at(15)).await;
-    store.release(&a, &key("f1"), f1, at(20)).await.unwrap();
-    claim_new(&store, &a, &key("p2"), &fp("x"), &policy(), at(30)).await;
-    claim_new(&store, &b, &key("x"), &fp("x"), &policy(), at(5)).await;
+    let f1 = claim_new(&store, &id_a("f1"), &fp("x"), &policy(), at(15)).await;
+    store.release(&id_a("f1"), f1, at(20)).await.unwrap();
+    claim_new(&store, &id_a("p2"), &fp("x"), &policy(), at(30)).await;
+    claim_new(&store, &id_b("x"), &fp("x"), &policy(), at(5)).await;
     let short = policy()
         .to_builder()
         .ttl(Duration::from_secs(31))
         .build()
         .unwrap();
-    claim_new(&store, &a, &key("expired"), &fp("x"), &short, at(1)).await;
+    claim_new(&store, &id_a("expired"), &fp("x"), &short, at(1)).await;
 
     let now = at(40);
     let list = |filter: idem_core::store::ListFilter, limit: usize| {

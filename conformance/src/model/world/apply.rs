@@ -27,18 +27,15 @@ impl World {
                 let at = *at;
                 let policy = pol.policy(Policy::DEFAULT_MAX_OUTCOME_BYTES);
                 let fingerprint = self.requests[usize::from(*other_request)].clone();
-                let (scope, key) = self.addr(at);
-                let (scope, key) = (scope.clone(), key.clone());
+                let id = self.id(at);
                 let token_id = self.next_model_id;
                 self.next_model_id += 2;
                 let req = ClaimRequest {
-                    scope: &scope,
-                    key: &key,
-                    fingerprint: &fingerprint,
                     token_id,
+                    ..ClaimRequest::new(&id, &fingerprint)
                 };
                 let t = machine::claim(self.model.get(&at), req, now, &policy);
-                let got = match store.claim(&scope, &key, &fingerprint, &policy, now).await {
+                let got = match store.claim(&id, &fingerprint, &policy, now).await {
                     Ok(a) => a,
                     Err(e) => return self.store_error("claim", e),
                 };
@@ -90,8 +87,9 @@ impl World {
                 let policy = pol.policy(limit);
                 let outcome = Self::outcome(*out);
                 let (st, mt) = self.token(at, holder);
-                let (scope, key) = self.addr(at);
-                let got = store.complete(scope, key, st, &outcome, &policy, now).await;
+                let got = store
+                    .complete(&self.id(at), st, &outcome, &policy, now)
+                    .await;
                 let t = machine::complete(self.model.get(&at), mt, &outcome, now, &policy);
                 match (got, t) {
                     (Ok(got), Ok(t)) if got == t.answer => {
@@ -110,8 +108,7 @@ impl World {
             Op::Release { at, holder } => {
                 let at = *at;
                 let (st, mt) = self.token(at, holder);
-                let (scope, key) = self.addr(at);
-                let got = match store.release(scope, key, st, now).await {
+                let got = match store.release(&self.id(at), st, now).await {
                     Ok(a) => a,
                     Err(e) => return self.store_error("release", e),
                 };
@@ -129,8 +126,7 @@ impl World {
                 let at = *at;
                 let lease = EXTENDS[*lease];
                 let (st, mt) = self.token(at, holder);
-                let (scope, key) = self.addr(at);
-                let got = match store.extend(scope, key, st, lease, now).await {
+                let got = match store.extend(&self.id(at), st, lease, now).await {
                     Ok(a) => a,
                     Err(e) => return self.store_error("extend", e),
                 };

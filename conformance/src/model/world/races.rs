@@ -14,20 +14,13 @@ impl World {
     pub(super) async fn claim_race(&mut self, at: Addr, n: usize, pol: Pol) -> Checked {
         let policy = pol.policy(Policy::DEFAULT_MAX_OUTCOME_BYTES);
         let fingerprint = self.requests[0].clone();
-        let (scope, key) = self.addr(at);
-        let (scope, key) = (scope.clone(), key.clone());
+        let id = self.id(at);
         let tasks: Vec<_> = (0..n)
             .map(|_| {
-                let (store, scope, key, fingerprint) = (
-                    self.store.clone(),
-                    scope.clone(),
-                    key.clone(),
-                    fingerprint.clone(),
-                );
+                let (store, id, fingerprint) =
+                    (self.store.clone(), id.clone(), fingerprint.clone());
                 let now = self.now;
-                tokio::spawn(
-                    async move { store.claim(&scope, &key, &fingerprint, &policy, now).await },
-                )
+                tokio::spawn(async move { store.claim(&id, &fingerprint, &policy, now).await })
             })
             .collect();
         let mut got = Vec::with_capacity(n);
@@ -43,10 +36,8 @@ impl World {
             let token_id = self.next_model_id;
             self.next_model_id += 2;
             let req = ClaimRequest {
-                scope: &scope,
-                key: &key,
-                fingerprint: &fingerprint,
                 token_id,
+                ..ClaimRequest::new(&id, &fingerprint)
             };
             let t = machine::claim(self.model.get(&at), req, self.now, &policy);
             want.push(self.write(at, t));
@@ -142,38 +133,31 @@ impl World {
     ) -> Checked {
         let policy = pol.policy(Policy::DEFAULT_MAX_OUTCOME_BYTES);
         let fingerprint = self.requests[0].clone();
-        let (scope, key) = self.addr(at);
-        let (scope, key) = (scope.clone(), key.clone());
+        let id = self.id(at);
         let (st, mt) = self.token(at, holder);
         let now = self.now;
 
         let acting = {
-            let (store, scope, key) = (self.store.clone(), scope.clone(), key.clone());
+            let (store, id) = (self.store.clone(), id.clone());
             tokio::spawn(async move {
                 Ok::<_, StoreError>(match act {
                     Act::Complete(out) => Acted::Complete(
                         store
-                            .complete(&scope, &key, st, &Self::outcome(out), &policy, now)
+                            .complete(&id, st, &Self::outcome(out), &policy, now)
                             .await?,
                     ),
-                    Act::Release => Acted::Release(store.release(&scope, &key, st, now).await?),
+                    Act::Release => Acted::Release(store.release(&id, st, now).await?),
                     Act::Extend(lease) => {
-                        Acted::Extend(store.extend(&scope, &key, st, EXTENDS[lease], now).await?)
+                        Acted::Extend(store.extend(&id, st, EXTENDS[lease], now).await?)
                     }
                 })
             })
         };
         let claims: Vec<_> = (0..n)
             .map(|_| {
-                let (store, scope, key, fingerprint) = (
-                    self.store.clone(),
-                    scope.clone(),
-                    key.clone(),
-                    fingerprint.clone(),
-                );
-                tokio::spawn(
-                    async move { store.claim(&scope, &key, &fingerprint, &policy, now).await },
-                )
+                let (store, id, fingerprint) =
+                    (self.store.clone(), id.clone(), fingerprint.clone());
+                tokio::spawn(async move { store.claim(&id, &fingerprint, &policy, now).await })
             })
             .collect();
         let got_act = match acting.await {
@@ -189,7 +173,7 @@ impl World {
                 Err(join) => return self.fail(format!("a claim task failed: {join}")),
             }
         }
-        let stored = match self.store.get(&scope, &key, now).await {
+        let stored = match self.store.get(&id, now).await {
             Ok(r) => r,
             Err(e) => return self.store_error("get", e),
         };
@@ -214,10 +198,8 @@ impl World {
                     break;
                 }
                 let req = ClaimRequest {
-                    scope: &scope,
-                    key: &key,
-                    fingerprint: &fingerprint,
                     token_id: first_id + 2 * i as u128,
+                    ..ClaimRequest::new(&id, &fingerprint)
                 };
                 let t = machine::claim(record.as_ref(), req, now, &policy);
                 if let Some(w) = t.write {
