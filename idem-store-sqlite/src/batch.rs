@@ -12,36 +12,16 @@
 //! A write whose caller went away before a batch took it is not run (as if cancelled before its
 //! turn); once taken, it runs and commits like any other (contract §2 on cancellation).
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
-
 use idem_core::StoreError;
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
 use crate::SqliteStore;
 use crate::error::at;
-use crate::pool::{Inner, WriteTurn};
+use crate::pool::{Inner, Job, Queue, WriteTurn};
 
 /// The most writes one transaction takes; the rest wait for the next.
 pub(crate) const MAX_BATCH: usize = 64;
-
-/// A queued write: runs on the batch's connection inside its transaction (or, given the error
-/// that kept the transaction from beginning, answers with it), and returns how to answer its
-/// caller once the transaction has committed or failed. It sets the `&mut Option` when the
-/// transaction must not commit (a lone write failed, or a savepoint could not be closed): the
-/// batch then rolls back.
-type Job = Box<
-    dyn FnOnce(&Inner, Result<(&Connection, bool), &StoreError>, &mut Option<StoreError>) -> Answer
-        + Send,
->;
-
-/// Answers one caller with the batch's commit result.
-type Answer = Box<dyn FnOnce(&Result<(), StoreError>) + Send>;
-
-/// The writes of one handle waiting for a batch.
-#[derive(Default)]
-pub(crate) struct Queue(Mutex<VecDeque<Job>>);
 
 impl Queue {
     fn push(&self, job: Job) {

@@ -2,7 +2,7 @@
 //! pooled connection on tokio's blocking pool, and every write in one `IMMEDIATE` transaction
 //! after its turn at the file's write lock.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -25,10 +25,27 @@ pub(crate) struct Inner {
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) writer: WriteLock,
     /// Writes waiting to share a transaction (`batch`).
-    pub(crate) batch: crate::batch::Queue,
+    pub(crate) batch: Queue,
     /// Wakes this process's waiters on a record after each write (`wake`).
     pub(crate) waiters: idem_core::wait::Waiters,
 }
+
+/// A queued write: runs on the batch's connection inside its transaction (or, given the error
+/// that kept the transaction from beginning, answers with it), and returns how to answer its
+/// caller once the transaction has committed or failed. It sets the `&mut Option` when the
+/// transaction must not commit (a lone write failed, or a savepoint could not be closed): the
+/// batch then rolls back.
+pub(crate) type Job = Box<
+    dyn FnOnce(&Inner, Result<(&Connection, bool), &StoreError>, &mut Option<StoreError>) -> Answer
+        + Send,
+>;
+
+/// Answers one caller with the batch's commit result.
+pub(crate) type Answer = Box<dyn FnOnce(&Result<(), StoreError>) + Send>;
+
+/// The writes of one handle waiting for a batch (`batch` takes them in turn).
+#[derive(Default)]
+pub(crate) struct Queue(pub(crate) Mutex<VecDeque<Job>>);
 
 /// The process-wide write lock of a database file: one turn at a time among this process's
 /// writes to the file, so SQLite's busy handler (which polls with sleeps and gives up after the
