@@ -127,6 +127,25 @@ impl IdempotentTools {
         Some((tool, scope, key))
     }
 
+    /// The tool, scope, key and live record `task_id` names for the caller of `context`; an id
+    /// that does not open under the caller's principal, or whose record has expired, is unknown
+    /// (`-32602`).
+    async fn record_of(
+        &self,
+        task_id: &str,
+        context: &rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<(String, Scope, IdempotencyKey, Record), ErrorData> {
+        let principal = self.principal_of(context).ok_or_else(|| unknown(task_id))?;
+        let (tool, scope, key) = self
+            .resolve(&principal, task_id)
+            .ok_or_else(|| unknown(task_id))?;
+        let record = self
+            .read(&scope, &key, &tool)
+            .await?
+            .ok_or_else(|| unknown(task_id))?;
+        Ok((tool, scope, key, record))
+    }
+
     async fn read(
         &self,
         scope: &Scope,
@@ -153,16 +172,7 @@ impl IdempotentTools {
         context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
         let task_id = params.task_id;
-        let principal = self
-            .principal_of(&context)
-            .ok_or_else(|| unknown(&task_id))?;
-        let (tool, scope, key) = self
-            .resolve(&principal, &task_id)
-            .ok_or_else(|| unknown(&task_id))?;
-        let record = self
-            .read(&scope, &key, &tool)
-            .await?
-            .ok_or_else(|| unknown(&task_id))?;
+        let (tool, _, _, record) = self.record_of(&task_id, &context).await?;
         let settings = &self.tools[&tool];
         Ok(rmcp::model::GetTaskResult::new(task_of(
             &task_id, &record, settings, self,
@@ -185,16 +195,7 @@ impl IdempotentTools {
         context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<(), ErrorData> {
         let task_id = params.task_id;
-        let principal = self
-            .principal_of(&context)
-            .ok_or_else(|| unknown(&task_id))?;
-        let (tool, scope, key) = self
-            .resolve(&principal, &task_id)
-            .ok_or_else(|| unknown(&task_id))?;
-        let record = self
-            .read(&scope, &key, &tool)
-            .await?
-            .ok_or_else(|| unknown(&task_id))?;
+        let (tool, scope, key, record) = self.record_of(&task_id, &context).await?;
         match record.state {
             RecordState::Completed => return Err(finished()),
             RecordState::Processing => return Err(running(&record, self)),
