@@ -154,6 +154,26 @@ async fn refuse_is_the_default_and_nothing_runs() {
     assert_eq!(s.tickets(), 0);
 }
 
+/// Under the default, a request without a key is refused for the key before anything else of
+/// it is looked at: without a principal and with a body over the limit it still learns that it
+/// must send a key (not 401 or 413, which a retry with a key would then meet), and nothing runs.
+#[tokio::test]
+async fn refuse_answers_key_required_before_the_principal_and_the_body() {
+    let s = serve(None, |l| l.body_limit(16)).await;
+    let answer = idem_http::client::http_client()
+        .unwrap()
+        .post(&s.url)
+        .json(&ticket("a title well over sixteen bytes"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 400);
+    let problem: Value = answer.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:key-required");
+    assert_eq!(s.tickets(), 0);
+    assert_eq!(s.counted.calls(Op::Claim), 0);
+}
+
 #[tokio::test]
 async fn arguments_repeat_replays_other_body_runs_and_tenants_are_apart() {
     let s = serve(None, |l| l.key_source(KeySource::arguments())).await;
