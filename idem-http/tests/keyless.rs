@@ -174,6 +174,21 @@ async fn refuse_answers_key_required_before_the_principal_and_the_body() {
     assert_eq!(s.counted.calls(Op::Claim), 0);
 }
 
+/// The body limit is inclusive: a body of exactly the limit, its length declared, runs; one
+/// byte more is refused (413) and nothing runs.
+#[tokio::test]
+async fn a_body_of_exactly_the_limit_runs_one_byte_more_is_refused() {
+    let body = ticket("x");
+    let limit = serde_json::to_vec(&body).unwrap().len();
+    let s = serve(None, |l| l.body_limit(limit)).await;
+    let answer = s.post("t", Some("exact"), &body).await;
+    assert_eq!(answer.status(), 201);
+    assert_eq!(s.tickets(), 1);
+    let answer = s.post("t", Some("over"), &ticket("xy")).await;
+    assert_eq!(answer.status(), 413);
+    assert_eq!(s.tickets(), 1);
+}
+
 #[tokio::test]
 async fn arguments_repeat_replays_other_body_runs_and_tenants_are_apart() {
     let s = serve(None, |l| l.key_source(KeySource::arguments())).await;
