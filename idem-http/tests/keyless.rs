@@ -189,6 +189,76 @@ async fn a_body_of_exactly_the_limit_runs_one_byte_more_is_refused() {
     assert_eq!(s.tickets(), 1);
 }
 
+/// Sends `body` to `url` over a plain TCP connection as HTTP/1.1 chunks, its length not
+/// declared (as a streaming client sends it), each item of `chunks` written as it is: the status
+/// the server answers.
+async fn post_chunked(url: &str, key: &str, chunks: &[&[u8]]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (addr, path) = rest.split_at(rest.find('/').unwrap());
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\nx-tenant-id: t\r\nidempotency-key: {key}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    for chunk in chunks {
+        // A write may fail once the server has answered and closed: what it answered counts.
+        if tcp.write_all(chunk).await.is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .unwrap_or_else(|| panic!("no answer: {answer:?}"));
+    status.parse().unwrap()
+}
+
+/// One HTTP/1.1 chunk of `data`.
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:x}\r\n", data.len()).into_bytes();
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// A body whose length is not declared (chunked) is held to the limit as it is read: within it
+/// the tool runs; past it the answer is 413, as for a declared length, and nothing is claimed or
+/// runs.
+#[tokio::test]
+async fn an_undeclared_length_is_held_to_the_limit_as_it_is_read() {
+    let body = serde_json::to_vec(&ticket("x")).unwrap();
+    let s = serve(None, |l| l.body_limit(body.len())).await;
+    let (a, b) = body.split_at(body.len() / 2);
+    let within = [chunk(a), chunk(b), b"0\r\n\r\n".to_vec()];
+    let within: Vec<&[u8]> = within.iter().map(Vec::as_slice).collect();
+    assert_eq!(post_chunked(&s.url, "within", &within).await, 201);
+    assert_eq!(s.tickets(), 1);
+
+    let over = serde_json::to_vec(&ticket("xy")).unwrap();
+    let (a, b) = over.split_at(over.len() / 2);
+    let over = [chunk(a), chunk(b), b"0\r\n\r\n".to_vec()];
+    let over: Vec<&[u8]> = over.iter().map(Vec::as_slice).collect();
+    assert_eq!(post_chunked(&s.url, "over", &over).await, 413);
+    assert_eq!(s.tickets(), 1);
+    assert_eq!(s.counted.calls(Op::Claim), 1, "only the first was claimed");
+}
+
+/// A body that cannot be read (a broken chunk) is the caller's error, 400 and not 413, however
+/// small: nothing is claimed or runs.
+#[tokio::test]
+async fn a_body_that_cannot_be_read_is_400_and_nothing_runs() {
+    let s = serve(None, |l| l.body_limit(1 << 20)).await;
+    let broken: [&[u8]; 2] = [b"4\r\n{\"a\"\r\n", b"zz-not-a-chunk-size\r\n\r\n"];
+    assert_eq!(post_chunked(&s.url, "broken", &broken).await, 400);
+    assert_eq!(s.tickets(), 0);
+    assert_eq!(s.counted.calls(Op::Claim), 0);
+}
+
 #[tokio::test]
 async fn arguments_repeat_replays_other_body_runs_and_tenants_are_apart() {
     let s = serve(None, |l| l.key_source(KeySource::arguments())).await;
