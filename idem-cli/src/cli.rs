@@ -215,6 +215,11 @@ pub(crate) enum Command {
         /// --duty`.
         #[arg(long, default_value_t = PURGE_DUTY, value_parser = parse_duty, requires = "purge")]
         purge_duty: f64,
+        /// Wrap idem's store in a replay cache (`idem_core::store::ReplayCache`): each key is
+        /// replayed once unmeasured (the read that keeps its record), then the replays measured
+        /// are answered from this process's memory.
+        #[arg(long)]
+        replay_cache: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,

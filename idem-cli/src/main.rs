@@ -208,6 +208,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             purge,
             purge_batch,
             purge_duty,
+            replay_cache,
             json,
             save,
             plot,
@@ -240,6 +241,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 purge,
                 purge_batch,
                 purge_duty,
+                replay_cache,
             };
             let report = bench::bench(&store, &opts)
                 .await

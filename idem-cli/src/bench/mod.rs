@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::machine::ClaimAnswer;
+use idem_core::store::ReplayCache;
 use idem_core::{
     Clock, Fingerprint, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, SystemClock,
     Timestamp,
@@ -50,6 +51,9 @@ pub struct BenchOptions {
     pub purge_batch: usize,
     /// The purge's pace: the share of the time it may spend in `purge_expired` (1: flat out).
     pub purge_duty: f64,
+    /// idem's store wrapped in a [`ReplayCache`] holding every key measured: replays are
+    /// measured after one unmeasured replay of each key has filled it.
+    pub replay_cache: bool,
 }
 
 /// `idem bench --store URL`: for each `records` value in turn, prefills the store up to that
@@ -59,7 +63,15 @@ pub async fn bench(url: &StoreUrl, opts: &BenchOptions) -> Result<BenchReport, F
     let opened = open(url).await?;
     let raw = Raw::open(&opened).await.map_err(Failure::store)?;
     let run = format!("{:016x}", rand::random::<u64>());
-    let store = raw.bench_store(&opened, &run).map_err(Failure::store)?;
+    let mut store = raw.bench_store(&opened, &run).map_err(Failure::store)?;
+    if opts.replay_cache {
+        // Room for every key measured (and the purge's claims), so none is evicted.
+        let keys = opts
+            .operations
+            .saturating_mul(4)
+            .max(ReplayCache::<Arc<dyn KeyStore>>::DEFAULT_MAX_ENTRIES);
+        store = Arc::new(ReplayCache::new(store).max_entries(keys));
+    }
     self::run(store, raw, run, opts)
         .await
         .map_err(Failure::store)
@@ -73,6 +85,8 @@ struct Setup {
     fp: Fingerprint,
     policy: Policy,
     outcome: Outcome,
+    /// `store` is wrapped in a [`ReplayCache`]: fill it before measuring replays.
+    replay_cache: bool,
 }
 
 async fn run(
@@ -96,12 +110,14 @@ async fn run(
         policy: Policy::default(),
         outcome: Outcome::definitive(201, &json!({"ticket_id": "T-1", "status": "open"}))?,
         run,
+        replay_cache: opts.replay_cache,
     });
     let fill_scope = format!("idem-bench/{}/fill", setup.run);
     let purge_scope = format!("idem-bench/{}/expired", setup.run);
     let mut report = BenchReport {
         engine: setup.raw.engine().to_owned(),
         concurrency: opts.concurrency.max(1),
+        replay_cache: opts.replay_cache,
         fingerprint_us,
         points: Vec::new(),
         purge: None,
@@ -261,6 +277,41 @@ fn resident_kib() -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// With `--replay-cache` every measured replay is still a replay of the record (the bench
+    /// checks each answer), the report says the cache answered, and it reads back so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_replays_through_the_replay_cache() {
+        let dir = std::env::temp_dir().join(format!("idem-bench-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url: StoreUrl = format!("sqlite://{}", dir.join("b.db").display())
+            .parse()
+            .unwrap();
+        idemkit::OpenOptions::new()
+            .migrate(true)
+            .open(&url)
+            .await
+            .unwrap();
+        let opts = BenchOptions {
+            operations: 12,
+            concurrency: 2,
+            records: vec![0],
+            duration: None,
+            purge: None,
+            purge_batch: 64,
+            purge_duty: 1.0,
+            replay_cache: true,
+        };
+        let report = bench(&url, &opts).await.unwrap();
+        assert!(report.replay_cache);
+        let point = &report.points[0];
+        assert_eq!((point.replay.idem.n, point.replay.raw.n), (12, 12));
+        let json = report.to_json();
+        assert_eq!(json["replay_cache"], true);
+        assert!(BenchReport::from_json(&json).unwrap().replay_cache);
+        assert!(report.to_string().contains("replay cache"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn percentiles_are_nearest_rank() {
         let mut samples: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
@@ -292,6 +343,7 @@ mod tests {
             purge_batch: 64,
             // Rests long enough between batches that claims run beside the purge.
             purge_duty: 0.05,
+            replay_cache: false,
         };
         let report = bench(&url, &opts).await.unwrap();
         assert_eq!(report.engine, "sqlite");

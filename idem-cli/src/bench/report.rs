@@ -220,6 +220,8 @@ pub struct BenchReport {
     pub engine: String,
     /// Concurrent callers.
     pub concurrency: usize,
+    /// idem's replays were answered by a `ReplayCache` (`--replay-cache`).
+    pub replay_cache: bool,
     /// CPU time of one `Fingerprint::of` of the bench's arguments, µs (mean).
     pub fingerprint_us: f64,
     /// One entry per `--records` value, ascending.
@@ -256,6 +258,7 @@ impl BenchReport {
         json!({
             "engine": self.engine,
             "concurrency": self.concurrency,
+            "replay_cache": self.replay_cache,
             "operations": first.first.idem.n,
             "fingerprint_us": self.fingerprint_us,
             "first_execution": first.first.to_json(),
@@ -274,6 +277,7 @@ impl BenchReport {
         Ok(BenchReport {
             engine: v["engine"].as_str().unwrap_or("?").to_owned(),
             concurrency: v["concurrency"].as_u64().unwrap_or(1) as usize,
+            replay_cache: v["replay_cache"].as_bool().unwrap_or(false),
             fingerprint_us: v["fingerprint_us"].as_f64().unwrap_or(f64::NAN),
             points: points
                 .iter()
@@ -293,8 +297,13 @@ impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{} caller(s), idem and raw interleaved on the same pool; µs; ratio = idem / raw",
-            self.concurrency
+            "{} caller(s), idem and raw interleaved on the same pool; µs; ratio = idem / raw{}",
+            self.concurrency,
+            if self.replay_cache {
+                "; idem's replays from its replay cache"
+            } else {
+                ""
+            }
         )?;
         writeln!(
             f,
