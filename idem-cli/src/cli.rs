@@ -215,6 +215,17 @@ pub(crate) enum Command {
         /// --duty`.
         #[arg(long, default_value_t = PURGE_DUTY, value_parser = parse_duty, requires = "purge")]
         purge_duty: f64,
+        /// Instead: operations per second at each of these numbers of callers (e.g.
+        /// 1,8,32,128), idem and the bare statements each in a phase of its own of
+        /// `--operations` operations, with p50, p99 and the engine's CPU per operation (SQLite:
+        /// this process; PostgreSQL on this machine: its processes; Redis: `INFO cpu`).
+        #[arg(
+            long,
+            value_name = "CALLERS",
+            value_delimiter = ',',
+            conflicts_with_all = ["concurrency", "records", "duration", "purge"]
+        )]
+        saturation: Vec<usize>,
         /// Wrap idem's store in a replay cache (`idem_core::store::ReplayCache`): each key is
         /// replayed once unmeasured (the read that keeps its record), then the replays measured
         /// are answered from this process's memory.
@@ -226,7 +237,8 @@ pub(crate) enum Command {
         /// Also write the JSON report to this file (for `--plot-with` later).
         #[arg(long, value_name = "REPORT.json")]
         save: Option<PathBuf>,
-        /// Draw p50 and p99 against live records into this SVG file.
+        /// Draw p50 and p99 against live records into this SVG file (with `--saturation`:
+        /// operations per second against callers).
         #[arg(long, value_name = "FILE.svg")]
         plot: Option<PathBuf>,
         /// Earlier `--json` reports (other stores or concurrencies) to draw in the same plot.

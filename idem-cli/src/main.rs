@@ -208,6 +208,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             purge,
             purge_batch,
             purge_duty,
+            saturation,
             replay_cache,
             json,
             save,
@@ -215,24 +216,64 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             plot_with,
             plot_only,
         } => {
-            let reports_with = || -> Result<Vec<bench::BenchReport>, Failure> {
-                let mut reports = Vec::new();
-                for path in &plot_with {
-                    let text = std::fs::read_to_string(path)
-                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-                    let value = serde_json::from_str(&text)
-                        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-                    reports.push(
-                        bench::BenchReport::from_json(&value)
-                            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?,
-                    );
-                }
-                Ok(reports)
+            let values_with = || -> Result<Vec<serde_json::Value>, Failure> {
+                plot_with
+                    .iter()
+                    .map(|path| {
+                        let text = std::fs::read_to_string(path)
+                            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+                        serde_json::from_str(&text)
+                            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))
+                    })
+                    .collect()
             };
+            let reports_with = || -> Result<Vec<bench::BenchReport>, Failure> {
+                let values = values_with()?;
+                let reports = values.iter().map(bench::BenchReport::from_json);
+                reports.collect::<Result<_, _>>().map_err(Failure::usage)
+            };
+            let saturations_with = || -> Result<Vec<bench::SaturationReport>, Failure> {
+                let values = values_with()?;
+                let reports = values.iter().map(bench::SaturationReport::from_json);
+                reports.collect::<Result<_, _>>().map_err(Failure::usage)
+            };
+            let store = store_or_default();
+            // Reports of `--saturation` (they have levels, not points) draw its plot.
+            let saturation_plot = !saturation.is_empty()
+                || (plot_only
+                    && !plot_with.is_empty()
+                    && values_with()?.iter().all(|v| v["levels"].is_array()));
+            if saturation_plot {
+                let mut reports = saturations_with()?;
+                if !plot_only {
+                    let opts = bench::SaturationOptions {
+                        callers: saturation,
+                        operations,
+                        replay_cache,
+                    };
+                    let report = bench::saturation(&store, &opts)
+                        .await
+                        .map_err(|e| e.context(format!("bench on {store}")))?;
+                    if let Some(path) = &save {
+                        std::fs::write(path, format!("{}\n", report.to_json()))
+                            .map_err(|e| Failure::other(format!("{}: {e}", path.display())))?;
+                    }
+                    if json {
+                        println!("{}", report.to_json());
+                    } else {
+                        println!("idem bench --saturation on {store}");
+                        print!("{report}");
+                    }
+                    reports.push(report);
+                }
+                if let Some(plot) = &plot {
+                    bench::plot_saturation(plot, &reports).map_err(Failure::other)?;
+                }
+                return Ok(());
+            }
             if let (true, Some(plot)) = (plot_only, &plot) {
                 return bench::plot(plot, &reports_with()?).map_err(Failure::other);
             }
-            let store = store_or_default();
             let opts = bench::BenchOptions {
                 operations,
                 concurrency,

@@ -7,6 +7,7 @@ mod plot;
 mod purge;
 mod raw;
 mod report;
+mod saturation;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,8 +21,9 @@ use idem_core::{
 use serde_json::json;
 use tokio::task::JoinSet;
 
-pub use plot::plot;
+pub use plot::{plot, plot_saturation};
 pub use report::{BenchReport, Comparison, Point, PurgePoint, Stats};
+pub use saturation::{SaturationOptions, SaturationReport, saturation};
 
 use crate::exit::Failure;
 use crate::ops::open;
@@ -60,21 +62,30 @@ pub struct BenchOptions {
 /// many live records, then measures idem against the bare engine operations; then, with
 /// `purge`, measures claims while expired records are purged.
 pub async fn bench(url: &StoreUrl, opts: &BenchOptions) -> Result<BenchReport, Failure> {
+    let (store, raw, run) = open_bench(url, opts.replay_cache.then_some(opts.operations)).await?;
+    self::run(store, raw, run, opts)
+        .await
+        .map_err(Failure::store)
+}
+
+/// The store to measure, the bare engine beside it and a fresh run id. With `cache_keys`, the
+/// store is wrapped in a [`ReplayCache`] with room for that many measured keys (and the purge's
+/// claims), so none is evicted.
+async fn open_bench(
+    url: &StoreUrl,
+    cache_keys: Option<usize>,
+) -> Result<(Arc<dyn KeyStore>, Raw, String), Failure> {
     let opened = open(url).await?;
     let raw = Raw::open(&opened).await.map_err(Failure::store)?;
     let run = format!("{:016x}", rand::random::<u64>());
     let mut store = raw.bench_store(&opened, &run).map_err(Failure::store)?;
-    if opts.replay_cache {
-        // Room for every key measured (and the purge's claims), so none is evicted.
-        let keys = opts
-            .operations
+    if let Some(keys) = cache_keys {
+        let entries = keys
             .saturating_mul(4)
             .max(ReplayCache::<Arc<dyn KeyStore>>::DEFAULT_MAX_ENTRIES);
-        store = Arc::new(ReplayCache::new(store).max_entries(keys));
+        store = Arc::new(ReplayCache::new(store).max_entries(entries));
     }
-    self::run(store, raw, run, opts)
-        .await
-        .map_err(Failure::store)
+    Ok((store, raw, run))
 }
 
 /// The bench's shared inputs.
@@ -87,6 +98,26 @@ struct Setup {
     outcome: Outcome,
     /// `store` is wrapped in a [`ReplayCache`]: fill it before measuring replays.
     replay_cache: bool,
+}
+
+impl Setup {
+    /// The bench's call: one fingerprint, the default policy, a small JSON answer.
+    fn new(
+        store: Arc<dyn KeyStore>,
+        raw: Raw,
+        run: String,
+        replay_cache: bool,
+    ) -> Result<Setup, BoxError> {
+        Ok(Setup {
+            store,
+            raw,
+            fp: Fingerprint::of("create_ticket", &json!({"title": "bench", "priority": 2}))?,
+            policy: Policy::default(),
+            outcome: Outcome::definitive(201, &json!({"ticket_id": "T-1", "status": "open"}))?,
+            run,
+            replay_cache,
+        })
+    }
 }
 
 async fn run(
@@ -103,15 +134,7 @@ async fn run(
         }
         t.elapsed().as_secs_f64() * 1e6 / 1000.0
     };
-    let setup = Arc::new(Setup {
-        store,
-        raw,
-        fp: Fingerprint::of("create_ticket", &args)?,
-        policy: Policy::default(),
-        outcome: Outcome::definitive(201, &json!({"ticket_id": "T-1", "status": "open"}))?,
-        run,
-        replay_cache: opts.replay_cache,
-    });
+    let setup = Arc::new(Setup::new(store, raw, run, opts.replay_cache)?);
     let fill_scope = format!("idem-bench/{}/fill", setup.run);
     let purge_scope = format!("idem-bench/{}/expired", setup.run);
     let mut report = BenchReport {

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::{BenchReport, Comparison, Point};
+use super::saturation::{Level, Pair};
+use super::{BenchReport, Comparison, Point, SaturationReport};
 
 /// Draws `reports` (one store and concurrency each) into the SVG file `path`.
 pub fn plot(path: &Path, reports: &[BenchReport]) -> Result<(), String> {
@@ -96,6 +97,100 @@ pub fn plot(path: &Path, reports: &[BenchReport]) -> Result<(), String> {
             .border_style(BLACK)
             .label_font(("sans-serif", 11))
             .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))
+}
+
+/// `idem bench --saturation … --plot FILE.svg`: operations per second against callers, one panel
+/// for first executions and one for replays, both axes logarithmic; idem solid, the bare engine
+/// statements dashed, one colour per report (engine).
+pub fn plot_saturation(path: &Path, reports: &[SaturationReport]) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
+    let root = SVGBackend::new(path, (1200, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let panels = root.split_evenly((1, 2));
+    type Pick = fn(&Level) -> Pair;
+    let kinds: [(&str, Pick); 2] = [
+        ("first executions per second", |l| l.first_execution),
+        ("replays per second", |l| l.replay),
+    ];
+    let callers = || {
+        reports
+            .iter()
+            .flat_map(|r| r.levels.iter().map(|l| l.callers as f64))
+    };
+    let x_max = callers().fold(1.0, f64::max) * 1.5;
+    let x_min = callers().fold(x_max, f64::min) / 1.5;
+    for (panel, (title, pick)) in panels.iter().zip(kinds) {
+        let values = || {
+            reports
+                .iter()
+                .flat_map(|r| r.levels.iter().map(pick))
+                .flat_map(|p| [p.idem.ops_per_s, p.raw.ops_per_s])
+                .filter(|v| v.is_finite() && *v > 0.0)
+        };
+        let y_max = values().fold(1.0, f64::max) * 2.0;
+        let y_min = values().fold(y_max, f64::min) / 2.0;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d((x_min..x_max).log_scale(), (y_min..y_max).log_scale())
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("concurrent callers")
+            .y_desc("operations / s")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (i, r) in reports.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            type Get = fn(&Pair) -> f64;
+            let lines: [(&str, Get, bool); 2] = [
+                ("idem", |p| p.idem.ops_per_s, true),
+                ("raw", |p| p.raw.ops_per_s, false),
+            ];
+            for (label, get, solid) in lines {
+                let data: Vec<(f64, f64)> = r
+                    .levels
+                    .iter()
+                    .map(|l| (l.callers as f64, get(&pick(l))))
+                    .filter(|(_, y)| y.is_finite() && *y > 0.0)
+                    .collect();
+                let style = color.stroke_width(2);
+                let legend = format!("{} {label}", r.engine);
+                if solid {
+                    chart
+                        .draw_series(LineSeries::new(data.clone(), style))
+                        .map_err(|e| err(&e))?
+                        .label(legend)
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
+                } else {
+                    chart
+                        .draw_series(DashedLineSeries::new(data.clone(), 6, 4, style))
+                        .map_err(|e| err(&e))?
+                        .label(legend)
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 6, y)], style));
+                }
+                chart
+                    .draw_series(
+                        data.iter()
+                            .map(|&(x, y)| Circle::new((x, y), 2, style.filled())),
+                    )
+                    .map_err(|e| err(&e))?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 11))
+            .position(SeriesLabelPosition::LowerRight)
             .draw()
             .map_err(|e| err(&e))?;
     }
