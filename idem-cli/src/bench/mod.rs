@@ -2,6 +2,7 @@
 //! same store, at p50, p99 and mean, for one or many callers, at growing numbers of live
 //! records, as a table, JSON or an SVG plot.
 
+mod cpu;
 mod measure;
 mod plot;
 mod purge;
