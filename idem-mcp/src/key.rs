@@ -245,6 +245,40 @@ mod tests {
         assert_eq!(lift_line(b"not json"), None);
     }
 
+    /// A stdio server reads what `lift_lines` passes on: the `tools/call` line carries its key in
+    /// `_meta` (without it the draft's field would never reach the key policy), every other line
+    /// (another method, a call without the field, text that is not JSON) arrives byte for byte.
+    #[tokio::test]
+    async fn lift_lines_rewrites_the_calls_that_carry_the_field_and_passes_the_rest() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "t", "arguments": {"a": 1}, "idempotencyKey": "k-7"}});
+        let others = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"idempotencyKey":"k"}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t"}}"#,
+            "not json",
+        ];
+        let (mut client, server) = tokio::io::duplex(4096);
+        let mut lifted = lift_lines(server);
+        let mut sent = format!("{call}\n");
+        for line in others {
+            sent.push_str(line);
+            sent.push('\n');
+        }
+        client.write_all(sent.as_bytes()).await.unwrap();
+        drop(client);
+        let mut received = String::new();
+        lifted.read_to_string(&mut received).await.unwrap();
+        let lines: Vec<&str> = received.lines().collect();
+        assert_eq!(lines.len(), 4, "{received}");
+        let first: Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(first["params"]["_meta"][LIFTED_META_KEY], "k-7");
+        assert!(first["params"].get(PARAMS_FIELD).is_none());
+        assert_eq!(first["params"]["arguments"], json!({"a": 1}));
+        assert_eq!(first["id"], 7);
+        assert_eq!(&lines[1..], &others);
+    }
+
     #[test]
     fn lift_removes_a_client_sent_lifted_entry() {
         let mut m = json!({"method": "tools/call",
