@@ -238,6 +238,19 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 reports.collect::<Result<_, _>>().map_err(Failure::usage)
             };
             let store = store_or_default();
+            // A report measured: to `--save`'s file, then printed as JSON or as text.
+            let emit = |value: serde_json::Value, text: String| -> Result<(), Failure> {
+                if let Some(path) = &save {
+                    std::fs::write(path, format!("{value}\n"))
+                        .map_err(|e| Failure::other(format!("{}: {e}", path.display())))?;
+                }
+                if json {
+                    println!("{value}");
+                } else {
+                    print!("{text}");
+                }
+                Ok(())
+            };
             // Reports of `--saturation` (they have levels, not points) draw its plot.
             let saturation_plot = !saturation.is_empty()
                 || (plot_only
@@ -254,16 +267,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     let report = bench::saturation(&store, &opts)
                         .await
                         .map_err(|e| e.context(format!("bench on {store}")))?;
-                    if let Some(path) = &save {
-                        std::fs::write(path, format!("{}\n", report.to_json()))
-                            .map_err(|e| Failure::other(format!("{}: {e}", path.display())))?;
-                    }
-                    if json {
-                        println!("{}", report.to_json());
-                    } else {
-                        println!("idem bench --saturation on {store}");
-                        print!("{report}");
-                    }
+                    emit(
+                        report.to_json(),
+                        format!("idem bench --saturation on {store}\n{report}"),
+                    )?;
                     reports.push(report);
                 }
                 if let Some(plot) = &plot {
@@ -287,16 +294,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let report = bench::bench(&store, &opts)
                 .await
                 .map_err(|e| e.context(format!("bench on {store}")))?;
-            if let Some(path) = &save {
-                std::fs::write(path, format!("{}\n", report.to_json()))
-                    .map_err(|e| Failure::other(format!("{}: {e}", path.display())))?;
-            }
-            if json {
-                println!("{}", report.to_json());
-            } else {
-                println!("idem bench on {store}");
-                print!("{report}");
-            }
+            emit(report.to_json(), format!("idem bench on {store}\n{report}"))?;
             if let Some(plot) = plot {
                 let mut reports = reports_with()?;
                 reports.push(report);

@@ -297,6 +297,22 @@ fn resident_kib() -> Option<u64> {
         .ok()
 }
 
+/// A migrated SQLite file in a directory of its own, for tests: the directory and the file's URL.
+#[cfg(test)]
+async fn scratch_sqlite() -> (std::path::PathBuf, StoreUrl) {
+    let dir = std::env::temp_dir().join(format!("idem-bench-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url: StoreUrl = format!("sqlite://{}", dir.join("b.db").display())
+        .parse()
+        .unwrap();
+    idemkit::OpenOptions::new()
+        .migrate(true)
+        .open(&url)
+        .await
+        .unwrap();
+    (dir, url)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,16 +321,7 @@ mod tests {
     /// checks each answer), the report says the cache answered, and it reads back so.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_replays_through_the_replay_cache() {
-        let dir = std::env::temp_dir().join(format!("idem-bench-{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let url: StoreUrl = format!("sqlite://{}", dir.join("b.db").display())
-            .parse()
-            .unwrap();
-        idemkit::OpenOptions::new()
-            .migrate(true)
-            .open(&url)
-            .await
-            .unwrap();
+        let (dir, url) = super::scratch_sqlite().await;
         let opts = BenchOptions {
             operations: 12,
             concurrency: 2,
@@ -348,16 +355,7 @@ mod tests {
     /// prefilled records were there while measuring and are gone after; the measured ones stay.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_prefill_measure_plot_and_clean() {
-        let dir = std::env::temp_dir().join(format!("idem-bench-{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let url: StoreUrl = format!("sqlite://{}", dir.join("b.db").display())
-            .parse()
-            .unwrap();
-        idemkit::OpenOptions::new()
-            .migrate(true)
-            .open(&url)
-            .await
-            .unwrap();
+        let (dir, url) = super::scratch_sqlite().await;
         let opts = BenchOptions {
             operations: 10,
             concurrency: 3,

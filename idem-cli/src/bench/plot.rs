@@ -70,25 +70,7 @@ pub fn plot(path: &Path, reports: &[BenchReport]) -> Result<(), String> {
                     .collect();
                 let style = color.stroke_width(width);
                 let legend = format!("{name} {label}");
-                if solid {
-                    chart
-                        .draw_series(LineSeries::new(data.clone(), style))
-                        .map_err(|e| err(&e))?
-                        .label(legend)
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
-                } else {
-                    chart
-                        .draw_series(DashedLineSeries::new(data.clone(), 6, 4, style))
-                        .map_err(|e| err(&e))?
-                        .label(legend)
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 6, y)], style));
-                }
-                chart
-                    .draw_series(
-                        data.iter()
-                            .map(|&(x, y)| Circle::new((x, y), 2, style.filled())),
-                    )
-                    .map_err(|e| err(&e))?;
+                line(&mut chart, &data, style, legend, solid).map_err(|e| err(&e))?;
             }
         }
         chart
@@ -164,25 +146,7 @@ pub fn plot_saturation(path: &Path, reports: &[SaturationReport]) -> Result<(), 
                     .collect();
                 let style = color.stroke_width(2);
                 let legend = format!("{} {label}", r.engine);
-                if solid {
-                    chart
-                        .draw_series(LineSeries::new(data.clone(), style))
-                        .map_err(|e| err(&e))?
-                        .label(legend)
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
-                } else {
-                    chart
-                        .draw_series(DashedLineSeries::new(data.clone(), 6, 4, style))
-                        .map_err(|e| err(&e))?
-                        .label(legend)
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 6, y)], style));
-                }
-                chart
-                    .draw_series(
-                        data.iter()
-                            .map(|&(x, y)| Circle::new((x, y), 2, style.filled())),
-                    )
-                    .map_err(|e| err(&e))?;
+                line(&mut chart, &data, style, legend, solid).map_err(|e| err(&e))?;
             }
         }
         chart
@@ -195,4 +159,28 @@ pub fn plot_saturation(path: &Path, reports: &[SaturationReport]) -> Result<(), 
             .map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
+}
+
+/// One line of a log-log chart, solid or dashed, with its points and its legend entry.
+fn line<DB: DrawingBackend>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>,
+    data: &[(f64, f64)],
+    style: ShapeStyle,
+    legend: String,
+    solid: bool,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let drawn = if solid {
+        chart.draw_series(LineSeries::new(data.to_vec(), style))?
+    } else {
+        chart.draw_series(DashedLineSeries::new(data.to_vec(), 6, 4, style))?
+    };
+    let sample = if solid { 16 } else { 6 };
+    drawn
+        .label(legend)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + sample, y)], style));
+    chart.draw_series(
+        data.iter()
+            .map(|&(x, y)| Circle::new((x, y), 2, style.filled())),
+    )?;
+    Ok(())
 }

@@ -317,16 +317,7 @@ mod tests {
     /// report reads back.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_saturation_measures_each_level_and_reads_back() {
-        let dir = std::env::temp_dir().join(format!("idem-bench-{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let url: StoreUrl = format!("sqlite://{}", dir.join("b.db").display())
-            .parse()
-            .unwrap();
-        idemkit::OpenOptions::new()
-            .migrate(true)
-            .open(&url)
-            .await
-            .unwrap();
+        let (dir, url) = crate::bench::scratch_sqlite().await;
         let opts = SaturationOptions {
             callers: vec![1, 3],
             operations: 10,
@@ -371,6 +362,10 @@ mod tests {
         let json = report.to_json();
         assert_eq!(SaturationReport::from_json(&json).unwrap(), report);
         assert!(report.to_string().contains("first execution"));
+        let svg = dir.join("saturation.svg");
+        crate::bench::plot_saturation(&svg, &[report]).unwrap();
+        let drawn = std::fs::read_to_string(&svg).unwrap();
+        assert!(drawn.contains("first executions per second") && drawn.contains("sqlite idem"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
