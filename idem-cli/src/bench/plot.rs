@@ -36,21 +36,9 @@ pub fn plot(path: &Path, reports: &[BenchReport]) -> Result<(), String> {
         };
         let y_max = values().fold(1.0, f64::max) * 1.5;
         let y_min = values().fold(y_max, f64::min) / 1.5;
-        let mut chart = ChartBuilder::on(panel)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(56)
-            .build_cartesian_2d((x_min..x_max).log_scale(), (y_min..y_max).log_scale())
-            .map_err(|e| err(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("live records")
-            .y_desc("latency µs")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .draw()
-            .map_err(|e| err(&e))?;
+        let axes = ("live records", "latency µs");
+        let mut chart =
+            log_log(panel, title, (x_min..x_max, y_min..y_max), axes, 56).map_err(|e| err(&e))?;
         for (i, r) in reports.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let name = format!("{} ×{}", r.engine, r.concurrency);
@@ -115,21 +103,9 @@ pub fn plot_saturation(path: &Path, reports: &[SaturationReport]) -> Result<(), 
         };
         let y_max = values().fold(1.0, f64::max) * 2.0;
         let y_min = values().fold(y_max, f64::min) / 2.0;
-        let mut chart = ChartBuilder::on(panel)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(64)
-            .build_cartesian_2d((x_min..x_max).log_scale(), (y_min..y_max).log_scale())
-            .map_err(|e| err(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("concurrent callers")
-            .y_desc("operations / s")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .draw()
-            .map_err(|e| err(&e))?;
+        let axes = ("concurrent callers", "operations / s");
+        let mut chart =
+            log_log(panel, title, (x_min..x_max, y_min..y_max), axes, 64).map_err(|e| err(&e))?;
         for (i, r) in reports.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             type Get = fn(&Pair) -> f64;
@@ -163,7 +139,7 @@ pub fn plot_saturation(path: &Path, reports: &[SaturationReport]) -> Result<(), 
 
 /// One line of a log-log chart, solid or dashed, with its points and its legend entry.
 fn line<DB: DrawingBackend>(
-    chart: &mut ChartContext<'_, DB, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>,
+    chart: &mut LogLog<'_, DB>,
     data: &[(f64, f64)],
     style: ShapeStyle,
     legend: String,
@@ -184,3 +160,30 @@ fn line<DB: DrawingBackend>(
     )?;
     Ok(())
 }
+
+/// A panel with logarithmic axes over `x` and `y`, captioned and labelled, its mesh drawn.
+fn log_log<'a, DB: DrawingBackend>(
+    panel: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    (x, y): (std::ops::Range<f64>, std::ops::Range<f64>),
+    (x_desc, y_desc): (&str, &str),
+    y_label_width: u32,
+) -> Result<LogLog<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
+    let mut chart = ChartBuilder::on(panel)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(y_label_width)
+        .build_cartesian_2d(x.log_scale(), y.log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()?;
+    Ok(chart)
+}
+
+/// A chart whose axes are both logarithmic.
+type LogLog<'a, DB> = ChartContext<'a, DB, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>;
