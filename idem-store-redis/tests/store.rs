@@ -113,6 +113,66 @@ async fn config_check_covers_every_master_of_a_cluster() {
     assert_eq!(unpersisted.len(), 3, "{warnings:#?}");
 }
 
+/// A completion that finds its record's stored metadata unreadable (damaged by hand, or by
+/// another program writing under idem's keys) answers a corrupt-record error, not `Fenced`: a
+/// holder told it was fenced would conclude another caller owns the key, where nobody does. The
+/// record is left as it was found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_on_an_unreadable_record_is_a_corrupt_record_error_and_writes_nothing() {
+    let Some(server) = TestServer::start(&[]).await else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy = Policy::default();
+    let id = RecordId::new(
+        Scope::new("damaged").unwrap(),
+        IdempotencyKey::new("k").unwrap(),
+    );
+    let now = Timestamp::now();
+    let ClaimAnswer::Claimed { token, .. } = store
+        .claim(&id, &fingerprint(), &policy, now)
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is claimed");
+    };
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let records: Vec<String> = redis::cmd("KEYS")
+        .arg("idem:*:r:*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let [record] = &records[..] else {
+        panic!("one record: {records:?}");
+    };
+    let damaged = "p-not-idem-metadata";
+    let _: i64 = redis::cmd("HSET")
+        .arg(record)
+        .arg("m")
+        .arg(damaged)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let outcome = idem_core::Outcome::definitive_json(201, serde_json::json!({"ok": true}));
+    let err = store
+        .complete(&id, token, &outcome, &policy, now)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "corrupt", "{err}");
+    let (m, o): (String, Option<String>) = redis::cmd("HMGET")
+        .arg(record)
+        .arg("m")
+        .arg("o")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!((m.as_str(), o), (damaged, None));
+}
+
 /// Native expiry is set relative to the caller's `now` (ttl + margin from the write), so a caller
 /// whose clock is decades in the past or the future neither loses its record at once nor keeps
 /// it forever.
