@@ -113,6 +113,48 @@ async fn config_check_covers_every_master_of_a_cluster() {
     assert_eq!(unpersisted.len(), 3, "{warnings:#?}");
 }
 
+/// Checkpoints on Redis through the executor, counted at the sink: an attempt that paid, saved
+/// the payment and then failed retryably is retried, and the retry finds the payment and does
+/// not pay again (the suite's checkpoint cases pass for a store that keeps none, so this pins
+/// that this one keeps them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_finds_the_checkpoint_its_failed_attempt_saved_and_pays_once() {
+    let Some(server) = TestServer::start(&[]).await else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let executor = idem_core::Executor::new(store);
+    let scope = Scope::new("checkout").unwrap();
+    let key = IdempotencyKey::new("order-1").unwrap();
+    let payments = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    for attempt_no in 1..=2 {
+        let payments = payments.clone();
+        let execution = executor
+            .run(&scope, &key, &fingerprint(), move |attempt| async move {
+                let paid: Option<u32> = attempt.checkpoint_value("paid").unwrap();
+                let payment = match paid {
+                    Some(payment) => payment,
+                    None => {
+                        let payment = payments.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if let Err(e) = attempt.checkpoint("paid", &payment).await {
+                            return idem_core::Outcome::retryable_json(503, e.to_string());
+                        }
+                        payment
+                    }
+                };
+                if attempt_no == 1 {
+                    // The receipt service is down: retry later, the payment is saved.
+                    return idem_core::Outcome::retryable_json(503, "receipts down");
+                }
+                idem_core::Outcome::definitive_json(200, serde_json::json!({"payment": payment}))
+            })
+            .await
+            .unwrap();
+        assert!(!execution.is_replay());
+    }
+    assert_eq!(payments.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 /// A completion that finds its record's stored metadata unreadable (damaged by hand, or by
 /// another program writing under idem's keys) answers a corrupt-record error, not `Fenced`: a
 /// holder told it was fenced would conclude another caller owns the key, where nobody does. The
