@@ -268,7 +268,11 @@ mod tests {
         client.write_all(sent.as_bytes()).await.unwrap();
         drop(client);
         let mut received = String::new();
-        lifted.read_to_string(&mut received).await.unwrap();
+        let read = lifted.read_to_string(&mut received);
+        tokio::time::timeout(std::time::Duration::from_secs(10), read)
+            .await
+            .expect("the lines come through (a pipe that takes nothing would hang)")
+            .unwrap();
         let lines: Vec<&str> = received.lines().collect();
         assert_eq!(lines.len(), 4, "{received}");
         let first: Value = serde_json::from_str(lines[0]).unwrap();
