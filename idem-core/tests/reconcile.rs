@@ -407,11 +407,50 @@ fn a_duty_cycle_outside_zero_to_one_is_refused() {
     assert_eq!((pace.batch_size(), pace.duty_cycle()), (1, 1.0));
 }
 
+/// The log lines written while it lives (this thread's, so a current-thread runtime's tasks too).
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    /// Captures this thread's `idem_core` info lines until the guard is dropped.
+    fn capture() -> (Log, tracing::subscriber::DefaultGuard) {
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("idem_core=info"))
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (log, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// The lines that contain `needle`.
+    fn lines_with(&self, needle: &str) -> Vec<String> {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
 /// `run_periodically` runs a pass, then sleeps `interval` (through the sleep it is given), then
 /// runs the next: a claim that goes stale between two passes is settled by the second, and a
-/// pass that finds nothing still sleeps and goes on.
+/// pass that finds nothing still sleeps and goes on. A pass that settled something logs one line
+/// with its counts; a pass that found nothing logs nothing (an idle server's log stays quiet).
 #[tokio::test]
 async fn run_periodically_settles_each_pass_and_sleeps_the_interval_between() {
+    let (log, _guard) = Log::capture();
     let w = world();
     let (happened, _) = w.crashed_holder("k-periodic-1", true).await;
     w.clock.advance(Duration::from_secs(31));
@@ -449,4 +488,10 @@ async fn run_periodically_settles_each_pass_and_sleeps_the_interval_between() {
     assert_eq!(slept.recv().await, Some(Duration::from_secs(60)));
     assert_eq!(w.effects(), 1);
     task.abort();
+    let passes = log.lines_with("reconciliation pass");
+    assert_eq!(passes.len(), 2, "{passes:#?}");
+    assert!(
+        passes[0].contains("examined=1 completed=1") && passes[1].contains("released=1"),
+        "{passes:#?}"
+    );
 }

@@ -616,3 +616,19 @@ forward!(
         self.inner.wait_for_change(seen, clock, timer).await
     }
 );
+
+/// What a log shows of the waits: how many wait, and which wait a [`Waiter`] is, never the names
+/// waited on (a record id names a tenant's scope and key).
+#[test]
+fn debug_counts_the_waits_and_numbers_each_without_the_names() {
+    let waiters: idem_core::wait::Waiters<String> = idem_core::wait::Waiters::new();
+    let first = waiters.register("tenant-a:k".to_owned());
+    let second = waiters.register("tenant-a:k".to_owned());
+    assert_eq!(format!("{first:?}"), "Waiter { n: 1, .. }");
+    assert_eq!(format!("{second:?}"), "Waiter { n: 2, .. }");
+    let all = format!("{waiters:?}");
+    assert!(
+        all.starts_with("Waiters { waiting: ") && !all.contains("tenant"),
+        "{all}"
+    );
+}
