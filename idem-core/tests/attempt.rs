@@ -164,6 +164,11 @@ async fn debug_says_what_the_executor_and_the_attempt_hold() {
     assert!(shown.contains("derived_key_wait: true"), "{shown}");
     let off = format!("{:?}", exec.clone().with_derived_key_wait(false));
     assert!(off.contains("derived_key_wait: false"), "{off}");
+    // A timer says whether it needs tokio (the executor's default) or is the caller's own.
+    let tokio_timer = format!("{:?}", idem_core::Timer::tokio());
+    assert_eq!(tokio_timer, "Timer { tokio: true, .. }");
+    let own = idem_core::Timer::new(|_| Box::pin(std::future::ready(())));
+    assert_eq!(format!("{own:?}"), "Timer { tokio: false, .. }");
 
     let now = exec.clock().now();
     let claim = store

@@ -218,3 +218,47 @@ async fn a_panic_in_the_operation_is_resumed_in_the_caller() {
         .call(call(sent()), |_| async { panic!("the tool panicked") })
         .await;
 }
+
+/// What a refused caller reads (HTTP's problem `detail`, MCP's error text): what happened and
+/// what to do, with the figures it needs; a refusal that carries its reason passes it on as is.
+#[test]
+fn each_refusal_says_what_to_do() {
+    let says = |refusal: Refusal, parts: &[&str]| {
+        let detail = refusal.detail();
+        for part in parts {
+            assert!(detail.contains(part), "{refusal:?}: {detail}");
+        }
+    };
+    says(
+        Refusal::KeyRequired,
+        &["Idempotency-Key", "the same on every retry"],
+    );
+    says(Refusal::BodyTooLarge { limit: 1024 }, &["1024 bytes"]);
+    says(
+        Refusal::FingerprintMismatch,
+        &["different request", "new key"],
+    );
+    let in_flight = |stale| Refusal::InFlight {
+        retry_after: Duration::from_secs(7),
+        stale,
+    };
+    says(in_flight(false), &["still processing", "retry after 7 s"]);
+    says(in_flight(true), &["reconciled", "retry after 7 s"]);
+    says(Refusal::StoreUnavailable, &["not run", "retry later"]);
+    says(Refusal::StoreError, &["not run"]);
+    for refusal in [
+        Refusal::InvalidKey("keys are at most 255 bytes".into()),
+        Refusal::InvalidBody("expected an object".into()),
+        Refusal::Unauthenticated("no bearer token".into()),
+        Refusal::InvalidScope("a scope part is empty".into()),
+    ] {
+        let (Refusal::InvalidKey(why)
+        | Refusal::InvalidBody(why)
+        | Refusal::Unauthenticated(why)
+        | Refusal::InvalidScope(why)) = &refusal
+        else {
+            unreachable!()
+        };
+        assert_eq!(&refusal.detail(), why);
+    }
+}

@@ -117,6 +117,11 @@ async fn a_definitive_error_is_stored_and_replayed_as_the_error_type() {
         .unwrap();
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.outcome.as_ref().unwrap().status(), 422);
+    // The status an error type gets without saying one, as its callers read it.
+    assert_eq!(
+        (closed.status(), TicketError::HelpdeskDown.status()),
+        (422, 503)
+    );
 
     let again = create(&executor, "k-1", &runs, Ok(ticket())).await.unwrap();
     assert!(again.is_replay());

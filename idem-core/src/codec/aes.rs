@@ -303,6 +303,16 @@ mod tests {
             AesGcmCodec::new("a b", [0; 32]),
             Err(CodecError::InvalidKeyId { .. })
         ));
+        // At most 64 bytes: the limit itself is a key id, one byte more is refused.
+        let id = |n| "k".repeat(n);
+        assert_eq!(
+            AesGcmCodec::new(id(64), [0; 32]).unwrap().current_key_id(),
+            id(64)
+        );
+        assert!(matches!(
+            AesGcmCodec::new(id(65), [0; 32]),
+            Err(CodecError::InvalidKeyId { key_id }) if key_id == id(65)
+        ));
         assert!(matches!(
             AesGcmCodec::from_slice("k", &[0; 16]),
             Err(CodecError::Malformed { .. })
