@@ -288,3 +288,83 @@ async fn a_purge_through_the_cache_drops_what_expired() {
     cache.purge_expired(NOW + TTL, 1000).await.unwrap();
     assert!(format!("{cache:?}").contains("kept: 0"), "{cache:?}");
 }
+
+/// Claims and completes `k` with `outcome` at `at`, then replays it once through the cache (the
+/// replay that keeps it).
+async fn kept_at(cache: &ReplayCache<MemoryStore>, k: &str, outcome: &Outcome, at: Timestamp) {
+    let id = RecordId::new(scope(), key(k));
+    let ClaimAnswer::Claimed { token, .. } = cache
+        .claim(&id, &fp("printer"), &policy(), at)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed")
+    };
+    let done = cache.complete(&id, token, outcome, &policy(), at).await;
+    assert_eq!(done.unwrap(), CompleteAnswer::Completed);
+    let replay = cache.claim(&id, &fp("printer"), &policy(), at).await;
+    assert_eq!(replay.unwrap(), ClaimAnswer::Replay(outcome.clone()));
+}
+
+/// Whether `k` is answered from memory at `at`: the store behind the cache has been emptied,
+/// so a replay can only come from the cache (and a `Claimed` came from the store).
+async fn from_memory(cache: &ReplayCache<MemoryStore>, k: &str, at: Timestamp) -> bool {
+    let id = RecordId::new(scope(), key(k));
+    let answer = cache.claim(&id, &fp("printer"), &policy(), at).await;
+    matches!(answer.unwrap(), ClaimAnswer::Replay(_))
+}
+
+/// An outcome too large to keep is passed over: it does not push out what is kept.
+#[tokio::test]
+async fn an_outcome_over_the_byte_bound_evicts_nothing() {
+    let store = MemoryStore::new();
+    let small = ticket("T-1");
+    let large = ticket(&"T".repeat(3 * small.size()));
+    let cache = ReplayCache::new(store.clone()).max_bytes(2 * small.size());
+    kept_at(&cache, "k1", &small, NOW).await;
+    completed_and_replayed(&cache, "k2", &large).await;
+    gone_from_the_store(&store).await;
+    assert!(from_memory(&cache, "k1", NOW).await);
+    assert!(!from_memory(&cache, "k2", NOW).await);
+}
+
+/// The byte bound counts what is kept now: a key kept again after its record expired and was
+/// replaced counts once, and a purge through the cache gives back the bytes of what it dropped.
+#[tokio::test]
+async fn the_byte_bound_counts_a_record_kept_again_once_and_what_a_purge_dropped_not_at_all() {
+    let store = MemoryStore::new();
+    let s = ticket("T-1").size();
+    let cache = ReplayCache::new(store.clone()).max_bytes(2 * s);
+    let later = NOW + TTL + Duration::from_secs(1);
+    let far = NOW + TTL * 10;
+
+    // k1 kept, expired, claimed again in the store and kept again: one record of s bytes.
+    kept_at(&cache, "k1", &ticket("T-1"), NOW).await;
+    kept_at(&cache, "k1", &ticket("T-2"), later).await;
+    // With room for one more of s bytes, k2 fits beside it.
+    kept_at(&cache, "k2", &ticket("T-3"), later).await;
+    store.purge_expired(far, 1000).await.unwrap();
+    assert!(from_memory(&cache, "k1", later).await, "k1 counted twice");
+    assert!(from_memory(&cache, "k2", later).await);
+
+    // A purge drops a (expired) and gives its s bytes back: b (s bytes) is left. One of more
+    // than s bytes then fits only if b makes way.
+    let cache = ReplayCache::new(store.clone()).max_bytes(2 * s);
+    let b_at = NOW + TTL / 2;
+    kept_at(&cache, "a", &ticket("T-4"), NOW).await;
+    kept_at(&cache, "b", &ticket("T-5"), b_at).await;
+    cache.purge_expired(later, 1000).await.unwrap();
+    let larger = ticket(&format!("T-{}", "6".repeat(s / 2)));
+    assert!(
+        larger.size() > s && larger.size() <= 2 * s - 2,
+        "{}",
+        larger.size()
+    );
+    kept_at(&cache, "c", &larger, later).await;
+    store.purge_expired(far, 1000).await.unwrap();
+    assert!(from_memory(&cache, "c", later).await);
+    assert!(
+        !from_memory(&cache, "b", later).await,
+        "b kept beyond the bound"
+    );
+}
