@@ -61,14 +61,7 @@ pub fn plot(path: &Path, reports: &[BenchReport]) -> Result<(), String> {
                 line(&mut chart, &data, style, legend, solid).map_err(|e| err(&e))?;
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 11))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(|e| err(&e))?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
 }
@@ -125,14 +118,7 @@ pub fn plot_saturation(path: &Path, reports: &[SaturationReport]) -> Result<(), 
                 line(&mut chart, &data, style, legend, solid).map_err(|e| err(&e))?;
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 11))
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(|e| err(&e))?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight).map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
 }
@@ -187,3 +173,17 @@ fn log_log<'a, DB: DrawingBackend>(
 
 /// A chart whose axes are both logarithmic.
 type LogLog<'a, DB> = ChartContext<'a, DB, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>;
+
+/// The chart's legend box at `position`.
+fn legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut LogLog<'a, DB>,
+    position: SeriesLabelPosition,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 11))
+        .position(position)
+        .draw()
+}
