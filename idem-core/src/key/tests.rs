@@ -147,3 +147,21 @@ fn scope_rules() {
         "a%25b/c%2Fd"
     );
 }
+
+/// A key is written (logs, headers, `idem keys ls`) as the text it was made from, and read back
+/// from that text; an origin is written as its label.
+#[test]
+fn a_key_and_its_origin_are_written_as_their_text() {
+    let key = IdempotencyKey::new("wf-8812:step-3").unwrap();
+    assert_eq!(key.to_string(), "wf-8812:step-3");
+    assert_eq!(key.to_string().parse::<IdempotencyKey>().unwrap(), key);
+    for origin in [
+        KeyOrigin::Sent,
+        KeyOrigin::Arguments,
+        KeyOrigin::ModelArgument,
+        KeyOrigin::Request,
+    ] {
+        assert_eq!(origin.to_string(), origin.as_str());
+    }
+    assert_eq!(KeyOrigin::ModelArgument.to_string(), "model_argument");
+}
