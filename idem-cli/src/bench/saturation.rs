@@ -100,77 +100,83 @@ pub async fn saturation(
         cpu: cpu.as_ref().map(|c| c.whose().to_owned()),
         levels: Vec::new(),
     };
-    for (i, &callers) in opts.callers.iter().enumerate() {
-        let callers = callers.max(1);
-        let scope = Scope::new(format!("idem-bench/{}/s{i}", setup.run)).map_err(Failure::store)?;
-        // Keys of each caller: a share of `operations` (the first callers take one more).
-        let keys: Vec<Vec<IdempotencyKey>> = (0..callers)
-            .map(|c| {
-                (c..opts.operations)
-                    .step_by(callers)
-                    .map(|k| IdempotencyKey::new(format!("k{k}")))
-                    .collect::<Result<_, _>>()
-            })
-            .collect::<Result<_, _>>()
-            .map_err(Failure::store)?;
-        let keys = Arc::new(keys);
-        // Which of the two goes first alternates by level, so neither always meets the state
-        // the other left (a WAL to checkpoint, dirty pages).
-        let order = if i % 2 == 0 {
-            [
-                Kind::RawFirst,
-                Kind::IdemFirst,
-                Kind::IdemReplay,
-                Kind::RawReplay,
-            ]
-        } else {
-            [
-                Kind::IdemFirst,
-                Kind::RawFirst,
-                Kind::RawReplay,
-                Kind::IdemReplay,
-            ]
-        };
-        let mut phases = [None; 4];
-        for kind in order {
-            if kind == Kind::IdemReplay && opts.replay_cache {
-                // The replay that reaches the store and keeps the record, unmeasured.
-                phase(&setup, &scope, &keys, Kind::IdemReplay, None)
+    // The run's scratch rows are removed whether or not every level was measured.
+    let measured = async {
+        for (i, &callers) in opts.callers.iter().enumerate() {
+            let callers = callers.max(1);
+            let scope =
+                Scope::new(format!("idem-bench/{}/s{i}", setup.run)).map_err(Failure::store)?;
+            // Keys of each caller: a share of `operations` (the first callers take one more).
+            let keys: Vec<Vec<IdempotencyKey>> = (0..callers)
+                .map(|c| {
+                    (c..opts.operations)
+                        .step_by(callers)
+                        .map(|k| IdempotencyKey::new(format!("k{k}")))
+                        .collect::<Result<_, _>>()
+                })
+                .collect::<Result<_, _>>()
+                .map_err(Failure::store)?;
+            let keys = Arc::new(keys);
+            // Which of the two goes first alternates by level, so neither always meets the state
+            // the other left (a WAL to checkpoint, dirty pages).
+            let order = if i % 2 == 0 {
+                [
+                    Kind::RawFirst,
+                    Kind::IdemFirst,
+                    Kind::IdemReplay,
+                    Kind::RawReplay,
+                ]
+            } else {
+                [
+                    Kind::IdemFirst,
+                    Kind::RawFirst,
+                    Kind::RawReplay,
+                    Kind::IdemReplay,
+                ]
+            };
+            let mut phases = [None; 4];
+            for kind in order {
+                if kind == Kind::IdemReplay && opts.replay_cache {
+                    // The replay that reaches the store and keeps the record, unmeasured.
+                    phase(&setup, &scope, &keys, Kind::IdemReplay, None)
+                        .await
+                        .map_err(Failure::store)?;
+                }
+                let measured = phase(&setup, &scope, &keys, kind, cpu.as_ref())
                     .await
                     .map_err(Failure::store)?;
+                phases[kind as usize] = Some(measured);
             }
-            let measured = phase(&setup, &scope, &keys, kind, cpu.as_ref())
-                .await
-                .map_err(Failure::store)?;
-            phases[kind as usize] = Some(measured);
+            let [
+                Some(idem_first),
+                Some(raw_first),
+                Some(idem_replay),
+                Some(raw_replay),
+            ] = phases
+            else {
+                unreachable!("every kind is measured once per level");
+            };
+            report.levels.push(Level {
+                callers,
+                first_execution: Pair {
+                    idem: idem_first,
+                    raw: raw_first,
+                },
+                replay: Pair {
+                    idem: idem_replay,
+                    raw: raw_replay,
+                },
+            });
         }
-        let [
-            Some(idem_first),
-            Some(raw_first),
-            Some(idem_replay),
-            Some(raw_replay),
-        ] = phases
-        else {
-            unreachable!("every kind is measured once per level");
-        };
-        report.levels.push(Level {
-            callers,
-            first_execution: Pair {
-                idem: idem_first,
-                raw: raw_first,
-            },
-            replay: Pair {
-                idem: idem_replay,
-                raw: raw_replay,
-            },
-        });
+        Ok::<_, Failure>(())
     }
+    .await;
     setup
         .raw
         .clean(&setup.run, &[])
         .await
         .map_err(Failure::store)?;
-    Ok(report)
+    measured.map(|()| report)
 }
 
 /// Runs one phase: every caller does its keys' operations of `kind`, and the phase's wall time,
