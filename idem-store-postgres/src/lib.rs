@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod batch;
 mod config;
 mod conflict;
 mod error;
@@ -68,6 +69,9 @@ pub struct PostgresStore {
     pooler: bool,
     /// Where `LISTEN` connects, when not on the pool's options.
     listen: Option<Arc<PgConnectOptions>>,
+    /// Claims and completions that arrive together share statements ([`batch`]).
+    batching: bool,
+    batches: Arc<batch::Batches>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -80,6 +84,7 @@ impl fmt::Debug for PostgresStore {
             .field("notifications", &self.notifications)
             .field("transaction_pooler", &self.pooler)
             .field("listen_url", &self.listen.is_some())
+            .field("batching", &self.batching)
             .finish_non_exhaustive()
     }
 }
@@ -116,6 +121,8 @@ impl PostgresStore {
             notifications: true,
             pooler: false,
             listen: None,
+            batching: true,
+            batches: Arc::default(),
         }
     }
 
@@ -173,11 +180,33 @@ impl PostgresStore {
         self
     }
 
+    /// Whether claims and completions that arrive together on this store (and its clones) share
+    /// one statement and one commit (`true`, the default). A claim arriving while
+    /// [`batch::TURNS`] batches of claims are running waits for the next turn, and then goes with
+    /// everything queued meanwhile (up to 64): a read of every key, and one insert of those found
+    /// absent, committed before any of them is answered; completions likewise, one fenced
+    /// `UPDATE` for all. A lone claim runs at once, alone, with the same statements as
+    /// unbatched. Every answer is the one the unbatched store would give: what cannot be decided
+    /// in the batch (a takeover, a record replaced, a key inserted meanwhile by another process)
+    /// runs the unbatched claim. `false` runs each request on its own pooled connection.
+    pub fn with_batching(mut self, enabled: bool) -> Self {
+        self.batching = enabled;
+        self
+    }
+
     /// How many waits are registered for a notification right now (one per waited key in this
     /// process, however many requests wait on it). For tests.
     #[doc(hidden)]
     pub fn wait_subscriptions(&self) -> usize {
         self.hub.subscriptions()
+    }
+
+    /// How many claims and completions ran in a batch with others. For tests.
+    #[doc(hidden)]
+    pub fn batched_requests(&self) -> u64 {
+        self.batches
+            .shared
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many `LISTEN` connections this store (and its clones) opened. For tests.
@@ -190,9 +219,11 @@ impl PostgresStore {
     /// returns a store in table `public.idem_records`. For other settings build the pool yourself
     /// and use [`PostgresStore::new`] or [`PostgresStore::with_table`].
     ///
-    /// Two parameters of the URL are the store's, not the driver's:
+    /// Three parameters of the URL are the store's, not the driver's:
     /// `pooler=transaction` ([`PostgresStore::with_transaction_pooler`]; `pooler=session` only
-    /// drops the `extra_float_digits` startup parameter, which PgBouncer refuses by default) and `listen_url=postgres://…` ([`PostgresStore::with_listen_options`]).
+    /// drops the `extra_float_digits` startup parameter, which PgBouncer refuses by default),
+    /// `listen_url=postgres://…` ([`PostgresStore::with_listen_options`]) and `batching=off`
+    /// ([`PostgresStore::with_batching`]).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let url = params::StoreParams::parse(url)?;
         let options = if url.pooled {
@@ -206,7 +237,9 @@ impl PostgresStore {
             .connect_with(options)
             .await
             .map_err(|e| classify("connect", e))?;
-        let store = Self::new(pool).with_transaction_pooler(url.pooler);
+        let store = Self::new(pool)
+            .with_transaction_pooler(url.pooler)
+            .with_batching(url.batching);
         Ok(match url.listen {
             Some(listen) => store.with_listen_options(listen),
             None => store,

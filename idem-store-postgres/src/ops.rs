@@ -92,26 +92,38 @@ impl PostgresStore {
         // The round's statements share one pooled connection: one wait for the pool, as a
         // single statement would have (each statement still commits on its own).
         let mut conn = self.pool.acquire().await?;
-        let conn: &mut PgConnection = &mut conn;
         // Read first: a replay (and an in-flight or mismatched request) is this one read.
-        let (found, checkpoints) = match self.read(conn, id).await? {
+        let (found, checkpoints) = match self.read(&mut conn, id).await? {
             Some(found) => found,
             None => {
                 let fresh = machine::claim(None, req, now, policy);
                 let Some(record) = &fresh.write else {
                     return Ok(Some(fresh.answer));
                 };
-                let inserted = bind_record(self.statement(&self.sql.insert), record)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected();
-                if inserted == 1 {
-                    return Ok(Some(fresh.answer));
+                if self.batching {
+                    // With the inserts of claims arriving together (`crate::batch`), on the
+                    // batch's connection: ours goes back to the pool meanwhile, or claims holding
+                    // every connection would wait for a batch that cannot get one. A
+                    // `StoreError` travels as a decode error, which `claim_error` unwraps.
+                    drop(conn);
+                    let inserted = self.insert_batched(record).await;
+                    if inserted.map_err(|e| sqlx::Error::Decode(e.into()))? {
+                        return Ok(Some(fresh.answer));
+                    }
+                    conn = self.pool.acquire().await?;
+                } else {
+                    let inserted = bind_record(self.statement(&self.sql.insert), record)
+                        .execute(&mut *conn)
+                        .await?
+                        .rows_affected();
+                    if inserted == 1 {
+                        return Ok(Some(fresh.answer));
+                    }
                 }
                 // A concurrent claim inserted the key since our read (the insert waited for it
                 // to commit). A new statement takes a new snapshot and sees its row
                 // (idem_core::contract §7).
-                match self.read(conn, id).await? {
+                match self.read(&mut conn, id).await? {
                     Some(found) => found,
                     None => return Ok(None), // purged meanwhile: start again
                 }

@@ -1,4 +1,5 @@
-//! The store's own parameters in a connection URL (`pooler`, `listen_url`), taken out before the
+//! The store's own parameters in a connection URL (`pooler`, `listen_url`, `batching`), taken out
+//! before the
 //! rest goes to sqlx.
 
 use idem_core::StoreError;
@@ -16,6 +17,8 @@ pub(crate) struct StoreParams {
     pub(crate) pooled: bool,
     /// `listen_url=…`, parsed.
     pub(crate) listen: Option<PgConnectOptions>,
+    /// `batching=on` (the default) or `batching=off`.
+    pub(crate) batching: bool,
 }
 
 fn misconfigured(message: String) -> StoreError {
@@ -33,7 +36,7 @@ impl StoreParams {
     pub(crate) fn parse(text: &str) -> Result<Self, StoreError> {
         let mut url = url::Url::parse(text)
             .map_err(|e| misconfigured(format!("postgres connection string: {e}")))?;
-        let (mut pooler, mut pooled, mut listen) = (false, false, None);
+        let (mut pooler, mut pooled, mut listen, mut batching) = (false, false, None, true);
         let mut rest = Vec::new();
         for (name, value) in url.query_pairs() {
             match &*name {
@@ -52,6 +55,17 @@ impl StoreParams {
                     }
                 }
                 "listen_url" => listen = Some(driver_options("listen_url", &value)?),
+                "batching" => {
+                    batching = match &*value {
+                        "on" => true,
+                        "off" => false,
+                        other => {
+                            return Err(misconfigured(format!(
+                                "postgres connection string: batching={other:?}; expected on or off"
+                            )));
+                        }
+                    }
+                }
                 _ => rest.push((name.into_owned(), value.into_owned())),
             }
         }
@@ -64,6 +78,7 @@ impl StoreParams {
             pooler,
             pooled,
             listen,
+            batching,
         })
     }
 }
@@ -79,13 +94,20 @@ mod tests {
              &listen_url=postgres%3A%2F%2Fapp%3Apw%40db%3A5432%2Fapp&application_name=x",
         )
         .unwrap();
-        assert!(p.pooler);
+        assert!(p.pooler && p.batching);
         assert_eq!(p.options.get_port(), 6432);
         assert_eq!(p.options.get_application_name(), Some("x"));
         let listen = p.listen.unwrap();
         assert_eq!((listen.get_host(), listen.get_port()), ("db", 5432));
         let plain = StoreParams::parse("postgres://db/app?pooler=session").unwrap();
         assert!(!plain.pooler && plain.pooled && plain.listen.is_none());
+        assert!(
+            !StoreParams::parse("postgres://db/app?batching=off")
+                .unwrap()
+                .batching
+        );
+        let err = StoreParams::parse("postgres://db/app?batching=maybe").unwrap_err();
+        assert!(err.to_string().contains("batching=\"maybe\""), "{err}");
         let err = StoreParams::parse("postgres://db/app?pooler=statement").unwrap_err();
         assert!(err.to_string().contains("statement pooling"), "{err}");
         let err = StoreParams::parse("postgres://app:hunter2@db/app?pooler=x").unwrap_err();

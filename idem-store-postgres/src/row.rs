@@ -19,10 +19,7 @@ use crate::statement::Statement;
 /// Binds a whole record as `$1..$15`, in [`crate::schema::COLUMNS`] order.
 pub(crate) fn bind_record<'q>(q: Statement<'q>, r: &Record) -> Statement<'q> {
     let r = RawRecord::from_record(r);
-    // outcome_status is an INTEGER column; a status is a u16.
-    let status = r
-        .outcome_status
-        .map(|s| i32::try_from(s).unwrap_or(i32::MAX));
+    let status = r.outcome_status.map(status);
     q.bind(r.scope)
         .bind(r.key)
         .bind(r.fingerprint)
@@ -38,6 +35,35 @@ pub(crate) fn bind_record<'q>(q: Statement<'q>, r: &Record) -> Statement<'q> {
         .bind(r.updated_at)
         .bind(r.expires_at)
         .bind(r.checkpoints)
+}
+
+/// Binds whole records as `$1..$15`, one array per column in [`crate::schema::COLUMNS`] order
+/// (the rows of an `unnest`).
+pub(crate) fn bind_records<'q>(q: Statement<'q>, records: &[&Record]) -> Statement<'q> {
+    let raw: Vec<RawRecord> = records.iter().map(|r| RawRecord::from_record(r)).collect();
+    fn column<T>(raw: &[RawRecord], f: impl Fn(&RawRecord) -> T) -> Vec<T> {
+        raw.iter().map(f).collect()
+    }
+    q.bind(column(&raw, |r| r.scope.clone()))
+        .bind(column(&raw, |r| r.key.clone()))
+        .bind(column(&raw, |r| r.fingerprint.clone()))
+        .bind(column(&raw, |r| r.state.clone()))
+        .bind(column(&raw, |r| r.token_seq))
+        .bind(column(&raw, |r| r.token_id.clone()))
+        .bind(column(&raw, |r| r.attempt))
+        .bind(column(&raw, |r| r.lease_until))
+        .bind(column(&raw, |r| r.outcome_status.map(status)))
+        .bind(column(&raw, |r| r.outcome_body.clone()))
+        .bind(column(&raw, |r| r.outcome_class.clone()))
+        .bind(column(&raw, |r| r.created_at))
+        .bind(column(&raw, |r| r.updated_at))
+        .bind(column(&raw, |r| r.expires_at))
+        .bind(column(&raw, |r| r.checkpoints.clone()))
+}
+
+/// outcome_status is an INTEGER column; a status is a u16.
+fn status(s: i64) -> i32 {
+    i32::try_from(s).unwrap_or(i32::MAX)
 }
 
 fn col<'r, T>(row: &'r PgRow, name: &str) -> Result<T, StoreError>

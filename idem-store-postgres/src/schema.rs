@@ -101,6 +101,8 @@ pub(crate) struct Statements {
     pub(crate) table: String,
     pub(crate) insert: SqlStr,
     pub(crate) select_any: SqlStr,
+    pub(crate) insert_many: SqlStr,
+    pub(crate) complete_many: SqlStr,
     pub(crate) replace: SqlStr,
     pub(crate) replace_notify: SqlStr,
     pub(crate) complete: SqlStr,
@@ -149,6 +151,14 @@ impl Statements {
              ON CONFLICT (scope, key) DO NOTHING"
         );
         let select_any = format!("SELECT {COLUMNS} FROM {t} WHERE scope = $1 AND key = $2");
+        // The inserts of a batch of claims (`crate::batch`): one array per column, in key order;
+        // RETURNING names the keys inserted (a key a concurrent claim inserted first is not).
+        let insert_many = format!(
+            "INSERT INTO {t} ({COLUMNS}) SELECT * FROM unnest($1::text[], $2::text[], \
+             $3::text[], $4::text[], $5::int8[], $6::text[], $7::int8[], $8::int8[], $9::int4[], \
+             $10::text[], $11::text[], $12::int8[], $13::int8[], $14::int8[], $15::text[]) \
+             ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key"
+        );
         // Compare-and-set: the write the machine decided, only if the record is still the one it
         // decided on: same token, state, lease and expiry, and the same checkpoints, byte for
         // byte (`$21`, the column as read). A holder's checkpoint changes none of the others,
@@ -181,6 +191,24 @@ impl Statements {
         );
         // machine::checkpoint in one fenced statement: the item $6 is appended to the JSON
         // array, or starts it.
+        // A batch of completions (`crate::batch`): `complete` for each row of the arrays, one per
+        // key; RETURNING names the keys completed (the others are fenced), and each notifies as
+        // `complete` does, only where a waiter marked the record.
+        let complete_many = format!(
+            "WITH done AS (UPDATE {t} AS r SET state = v.state, outcome_status = v.status, \
+             outcome_body = v.body, outcome_class = v.class, updated_at = v.now, \
+             expires_at = v.expires_at, \
+             checkpoints = CASE WHEN v.state = 'completed' THEN NULL ELSE r.checkpoints END \
+             FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::int8[], $6::text[], \
+             $7::int4[], $8::text[], $9::text[], $10::int8[], $11::text[]) \
+             AS v(scope, key, token_seq, token_id, now, state, status, body, class, expires_at, \
+             payload) \
+             WHERE r.scope = v.scope AND r.key = v.key AND r.state = 'processing' \
+             AND r.token_seq = v.token_seq AND r.token_id = v.token_id AND r.expires_at > v.now \
+             RETURNING r.scope, r.key, r.waited, v.payload) \
+             SELECT scope, key, CASE WHEN waited THEN pg_notify('{}', payload) END FROM done",
+            crate::wake::CHANNEL
+        );
         let checkpoint = format!(
             "UPDATE {t} SET updated_at = $5, checkpoints = CASE \
              WHEN checkpoints IS NULL OR checkpoints = '[]' THEN '[' || $6::text || ']' \
@@ -230,6 +258,8 @@ impl Statements {
             table: table.to_owned(),
             insert: trusted(insert),
             select_any: trusted(select_any),
+            insert_many: trusted(insert_many),
+            complete_many: trusted(complete_many),
             replace: trusted(replace),
             replace_notify: trusted(replace_notify),
             complete: trusted(complete),

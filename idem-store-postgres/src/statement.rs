@@ -18,12 +18,15 @@ use sqlx::{AssertSqlSafe, Postgres, SqlSafeStr, SqlStr};
 pub(crate) trait Literal {
     /// The type the literal is cast to, as sqlx would have bound it.
     const TYPE: &'static str;
+    /// The type of an array of such values (a batch binds one array per column).
+    const ARRAY: &'static str;
     /// The value's text form, as PostgreSQL reads it for [`Self::TYPE`].
     fn text(&self) -> Option<Cow<'_, str>>;
 }
 
 impl Literal for &str {
     const TYPE: &'static str = "text";
+    const ARRAY: &'static str = "text[]";
     fn text(&self) -> Option<Cow<'_, str>> {
         Some(Cow::Borrowed(self))
     }
@@ -31,6 +34,7 @@ impl Literal for &str {
 
 impl Literal for String {
     const TYPE: &'static str = "text";
+    const ARRAY: &'static str = "text[]";
     fn text(&self) -> Option<Cow<'_, str>> {
         Some(Cow::Borrowed(self))
     }
@@ -38,6 +42,7 @@ impl Literal for String {
 
 impl Literal for i64 {
     const TYPE: &'static str = "int8";
+    const ARRAY: &'static str = "int8[]";
     fn text(&self) -> Option<Cow<'_, str>> {
         Some(Cow::Owned(self.to_string()))
     }
@@ -45,6 +50,7 @@ impl Literal for i64 {
 
 impl Literal for i32 {
     const TYPE: &'static str = "int4";
+    const ARRAY: &'static str = "int4[]";
     fn text(&self) -> Option<Cow<'_, str>> {
         Some(Cow::Owned(self.to_string()))
     }
@@ -52,8 +58,40 @@ impl Literal for i32 {
 
 impl<T: Literal> Literal for Option<T> {
     const TYPE: &'static str = T::TYPE;
+    const ARRAY: &'static str = T::ARRAY;
     fn text(&self) -> Option<Cow<'_, str>> {
         self.as_ref().and_then(Literal::text)
+    }
+}
+
+/// A one-dimensional array, in PostgreSQL's array text form: `{"a","b",NULL}`, each element
+/// quoted with `"` and `\` escaped inside the quotes.
+impl<T: Literal> Literal for Vec<T> {
+    const TYPE: &'static str = T::ARRAY;
+    // Arrays of arrays are never bound.
+    const ARRAY: &'static str = T::ARRAY;
+    fn text(&self) -> Option<Cow<'_, str>> {
+        let mut out = String::from("{");
+        for (i, element) in self.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            match element.text() {
+                None => out.push_str("NULL"),
+                Some(text) => {
+                    out.push('"');
+                    for c in text.chars() {
+                        if matches!(c, '"' | '\\') {
+                            out.push('\\');
+                        }
+                        out.push(c);
+                    }
+                    out.push('"');
+                }
+            }
+        }
+        out.push('}');
+        Some(Cow::Owned(out))
     }
 }
 
@@ -268,6 +306,22 @@ mod tests {
         assert_eq!(lit(None::<String>), "NULL::text");
         assert_eq!(lit("é 🎫"), "E'é 🎫'::text");
         assert!(write_literal(&"a\0b", &mut String::new()).is_err());
+    }
+
+    #[test]
+    fn arrays_are_typed_and_escaped_twice() {
+        assert_eq!(lit(Vec::<i64>::new()), "E'{}'::int8[]");
+        assert_eq!(lit(vec![1i64, -2]), r#"E'{"1","-2"}'::int8[]"#);
+        assert_eq!(lit(vec![Some(201i32), None]), r#"E'{"201",NULL}'::int4[]"#);
+        // `"` and `\` are escaped for the array, then `'` and `\` for the string.
+        assert_eq!(
+            lit(vec![
+                "it's".to_owned(),
+                r#"a"b\c"#.to_owned(),
+                "NULL".to_owned()
+            ]),
+            r#"E'{"it''s","a\\"b\\\\c","NULL"}'::text[]"#
+        );
     }
 
     #[test]

@@ -30,22 +30,7 @@ impl KeyStore for PostgresStore {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
-        let req = ClaimRequest::new(id, fingerprint);
-        for round in 1..=MAX_CLAIM_ROUNDS {
-            match self.claim_round(id, req, policy, now).await {
-                Ok(Some(answer)) => return Ok(answer),
-                Ok(None) => continue,
-                Err(e) if is_transient_conflict(&e) => conflict_backoff(round).await,
-                Err(e) => return Err(claim_error(e)),
-            }
-        }
-        tracing::warn!(scope = %id.scope(), key = %id.key(), "claim gave up: the record kept changing");
-        Err(StoreError::Unavailable {
-            message: format!(
-                "postgres claim: the record changed {MAX_CLAIM_ROUNDS} times while claiming; try again"
-            ),
-            source: None,
-        })
+        self.claim_alone(id, fingerprint, policy, now).await
     }
 
     async fn complete(
@@ -57,6 +42,9 @@ impl KeyStore for PostgresStore {
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
         machine::check_outcome_size(outcome, policy)?;
+        if self.batching {
+            return self.complete_batched(id, token, outcome, policy, now).await;
+        }
         retry_conflicts("complete", || {
             let held = Held { id, token };
             self.complete_on(&self.pool, held, outcome, policy, now)
@@ -226,6 +214,34 @@ impl KeyStore for PostgresStore {
         timer: &Timer,
     ) -> Result<(), StoreError> {
         crate::wake::wait_for_change(self, seen, clock, timer).await
+    }
+}
+
+impl PostgresStore {
+    /// A claim on its own: rounds of [`PostgresStore::claim_round`] until one decides.
+    pub(crate) async fn claim_alone(
+        &self,
+        id: &RecordId,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<ClaimAnswer, StoreError> {
+        let req = ClaimRequest::new(id, fingerprint);
+        for round in 1..=MAX_CLAIM_ROUNDS {
+            match self.claim_round(id, req, policy, now).await {
+                Ok(Some(answer)) => return Ok(answer),
+                Ok(None) => continue,
+                Err(e) if is_transient_conflict(&e) => conflict_backoff(round).await,
+                Err(e) => return Err(claim_error(e)),
+            }
+        }
+        tracing::warn!(scope = %id.scope(), key = %id.key(), "claim gave up: the record kept changing");
+        Err(StoreError::Unavailable {
+            message: format!(
+                "postgres claim: the record changed {MAX_CLAIM_ROUNDS} times while claiming; try again"
+            ),
+            source: None,
+        })
     }
 }
 

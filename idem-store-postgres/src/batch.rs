@@ -1,0 +1,412 @@
+//! Batching: the writes of claims (and completions) that arrive together on one store handle
+//! share one statement and one commit.
+//!
+//! Each kind has a lane: a queue of waiting writes and a few turns ([`TURNS`], batches in flight
+//! at once). A write joins the queue and waits for its answer or a turn, whichever comes first;
+//! whoever gets a turn takes everything queued (up to [`MAX_BATCH`]) and runs it as one batch. A
+//! lone write takes a free turn at once and runs alone, with the statement it would run
+//! unbatched: nothing waits for company.
+//!
+//! A claim reads on its own, as unbatched (a replay, an in-flight or a mismatched request is that
+//! one read, and reads need no commit); only the insert of a key it found absent goes into the
+//! lane. An insert batch is one `INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING`,
+//! answered once it has committed, so a claim still commits before its operation runs (contract
+//! §2); a key not inserted (a concurrent claim inserted it first) is read again by its claim, as
+//! unbatched. Two inserts of one key in a batch: the first goes into the statement, the other is
+//! answered "not inserted" and reads the record the first left. A completion batch is one fenced
+//! `UPDATE … FROM unnest(…)`: a key updated is completed, one not updated is `Fenced`, as
+//! unbatched; two completions of one key in a batch: the second runs alone after it.
+//!
+//! Rows are written in key order, so two batches cannot deadlock on each other's keys; a
+//! serialization failure or deadlock runs the batch's statement again, as every write is. A write
+//! whose caller went away before a batch took it is not run; once taken, it runs to the end in a
+//! task of its own (a caller that leaves while its batch runs cancels nothing of the others').
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use idem_core::machine::{self, CompleteAnswer};
+use idem_core::{Outcome, Policy, Record, RecordId, RecordState, StoreError, Timestamp, Token};
+use sqlx::Row;
+use tokio::sync::{Semaphore, oneshot};
+
+use crate::PostgresStore;
+use crate::conflict::retry_conflicts;
+use crate::ops::Held;
+use crate::row::{big, bind_record, bind_records, ts};
+
+/// The most requests one batch takes; the rest wait for the next turn.
+pub(crate) const MAX_BATCH: usize = 64;
+
+/// How many batches of one kind run at once: while they run, the next requests queue and go
+/// together in the next batch.
+pub(crate) const TURNS: usize = 2;
+
+/// The two lanes of a store handle (shared by its clones).
+#[derive(Default)]
+pub(crate) struct Batches {
+    inserts: Lane<InsertJob>,
+    completions: Lane<CompleteJob>,
+    /// Requests that ran in a batch with others (for tests).
+    pub(crate) shared: AtomicU64,
+}
+
+/// Requests of one kind waiting for a batch, and the turns to run one.
+struct Lane<J> {
+    queue: Mutex<VecDeque<J>>,
+    turns: Arc<Semaphore>,
+}
+
+impl<J> Default for Lane<J> {
+    fn default() -> Self {
+        Self {
+            queue: Mutex::default(),
+            turns: Arc::new(Semaphore::new(TURNS)),
+        }
+    }
+}
+
+impl<J: Job> Lane<J> {
+    fn push(&self, job: J) {
+        self.lock().push_back(job);
+    }
+
+    /// Up to [`MAX_BATCH`] requests whose callers still wait; empty only if none is queued.
+    fn take(&self) -> Vec<J> {
+        let mut queue = self.lock();
+        let mut jobs = Vec::new();
+        while jobs.len() < MAX_BATCH {
+            match queue.pop_front() {
+                Some(job) if job.abandoned() => {} // its caller left: not run
+                Some(job) => jobs.push(job),
+                None => break,
+            }
+        }
+        jobs
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<J>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A queued request.
+trait Job: Send + 'static {
+    /// Which request of the lane it is (to know a lone batch is the caller's own).
+    fn seq(&self) -> u64;
+    /// Its caller went away before a batch took it.
+    fn abandoned(&self) -> bool;
+}
+
+type Answer<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// A batch's run, answering each of its requests.
+type Batch = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A claim's insert of a key it found absent, waiting for a batch: answered whether it inserted.
+pub(crate) struct InsertJob {
+    seq: u64,
+    record: Record,
+    answer: Answer<bool>,
+}
+
+impl Job for InsertJob {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn abandoned(&self) -> bool {
+        self.answer.is_closed()
+    }
+}
+
+/// A completion waiting for a batch.
+pub(crate) struct CompleteJob {
+    seq: u64,
+    id: RecordId,
+    token: Token,
+    outcome: Outcome,
+    policy: Policy,
+    now: Timestamp,
+    answer: Answer<CompleteAnswer>,
+}
+
+impl Job for CompleteJob {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn abandoned(&self) -> bool {
+        self.answer.is_closed()
+    }
+}
+
+/// A record's address, as the table keys it.
+fn key_of(record: &Record) -> (String, String) {
+    (
+        record.scope.as_str().to_owned(),
+        record.key.as_str().to_owned(),
+    )
+}
+
+fn same_key(a: &Record, b: &Record) -> bool {
+    a.scope == b.scope && a.key == b.key
+}
+
+/// Numbers the requests of a process (which request a lone batch holds).
+fn next_seq() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The error of a batch's statement, for each of its requests (a [`StoreError`] has one owner).
+fn shared(e: &StoreError) -> StoreError {
+    let text = e.to_string();
+    match e {
+        StoreError::Unavailable { .. } => StoreError::unavailable(text.clone(), text),
+        StoreError::Corrupt { .. } => StoreError::corrupt(text),
+        StoreError::Misconfigured { .. } => StoreError::Misconfigured { message: text },
+        _ => StoreError::backend(text.clone(), text),
+    }
+}
+
+fn gone() -> StoreError {
+    StoreError::unavailable(
+        "postgres: the request's batch ended without an answer",
+        "its task was cancelled or panicked",
+    )
+}
+
+impl PostgresStore {
+    /// Queues `job` on `lane` and waits for its answer, running a batch when a turn comes first.
+    async fn submit<J, T>(
+        &self,
+        lane: impl Fn(&Batches) -> &Lane<J>,
+        job: J,
+        mut answer: oneshot::Receiver<Result<T, StoreError>>,
+        run: fn(PostgresStore, Vec<J>) -> Batch,
+    ) -> Result<T, StoreError>
+    where
+        J: Job,
+    {
+        let mine = job.seq();
+        lane(&self.batches).push(job);
+        loop {
+            let turns = lane(&self.batches).turns.clone();
+            tokio::select! {
+                biased;
+                answer = &mut answer => return answer.unwrap_or_else(|_| Err(gone())),
+                turn = turns.acquire_owned() => {
+                    let Ok(turn) = turn else { return Err(gone()) }; // never closed
+                    let jobs = lane(&self.batches).take();
+                    match jobs.as_slice() {
+                        // Nothing queued: a batch took ours, and answers it.
+                        [] => {
+                            drop(turn);
+                            return answer.await.unwrap_or_else(|_| Err(gone()));
+                        }
+                        // Our own request alone: run it here, as an unbatched call would.
+                        [job] if job.seq() == mine => {
+                            run(self.clone(), jobs).await;
+                        }
+                        // Others' requests (ours among them, or still queued after them): in a
+                        // task of its own, holding the turn, which runs to the end whether or
+                        // not this caller stays.
+                        _ => {
+                            if jobs.len() > 1 {
+                                let n = jobs.len() as u64;
+                                self.batches.shared.fetch_add(n, Ordering::Relaxed);
+                            }
+                            let batch = run(self.clone(), jobs);
+                            tokio::spawn(async move {
+                                batch.await;
+                                drop(turn);
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A claim's insert of `record` (a key found absent) through the insert lane: whether it
+    /// inserted (`false`: the key exists, inserted by a concurrent claim).
+    pub(crate) async fn insert_batched(&self, record: &Record) -> Result<bool, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        let job = InsertJob {
+            seq: next_seq(),
+            record: record.clone(),
+            answer: tx,
+        };
+        self.submit(
+            |b| &b.inserts,
+            job,
+            rx,
+            |store, jobs| Box::pin(async move { store.run_inserts(jobs).await }),
+        )
+        .await
+    }
+
+    /// [`KeyStore::complete`](idem_core::KeyStore::complete) through the completion lane (the
+    /// outcome's size already checked).
+    pub(crate) async fn complete_batched(
+        &self,
+        id: &RecordId,
+        token: Token,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<CompleteAnswer, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        let job = CompleteJob {
+            seq: next_seq(),
+            id: id.clone(),
+            token,
+            outcome: outcome.clone(),
+            policy: *policy,
+            now,
+            answer: tx,
+        };
+        self.submit(
+            |b| &b.completions,
+            job,
+            rx,
+            |store, jobs| Box::pin(async move { store.run_completions(jobs).await }),
+        )
+        .await
+    }
+
+    async fn run_inserts(self, jobs: Vec<InsertJob>) {
+        let mut batch: Vec<InsertJob> = Vec::with_capacity(jobs.len());
+        let mut repeats = Vec::new();
+        for job in jobs {
+            if batch.iter().any(|b| same_key(&b.record, &job.record)) {
+                repeats.push(job);
+            } else {
+                batch.push(job);
+            }
+        }
+        batch.sort_by_key(|job| key_of(&job.record));
+        let records: Vec<&Record> = batch.iter().map(|job| &job.record).collect();
+        let inserted = retry_conflicts("claim", || async {
+            if let [record] = records.as_slice() {
+                let n = bind_record(self.statement(&self.sql.insert), record)
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected();
+                return Ok(if n == 1 { vec![key_of(record)] } else { vec![] });
+            }
+            let rows = bind_records(self.statement(&self.sql.insert_many), &records)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| Ok((row.try_get("scope")?, row.try_get("key")?)))
+                .collect::<Result<Vec<(String, String)>, sqlx::Error>>()
+        })
+        .await;
+        match inserted {
+            Ok(inserted) => {
+                for job in batch {
+                    let done = inserted.contains(&key_of(&job.record));
+                    let _ = job.answer.send(Ok(done));
+                }
+                // The key's first insert in the batch is committed (or lost to another claim):
+                // either way this one inserts nothing, and its claim reads what is there.
+                for job in repeats {
+                    let _ = job.answer.send(Ok(false));
+                }
+            }
+            Err(e) => {
+                for job in batch.into_iter().chain(repeats) {
+                    let _ = job.answer.send(Err(shared(&e)));
+                }
+            }
+        }
+    }
+
+    async fn run_completions(self, jobs: Vec<CompleteJob>) {
+        if let [job] = jobs.as_slice() {
+            let answer = self.complete_alone(job).await;
+            let _ = jobs.into_iter().next().map(|job| job.answer.send(answer));
+            return;
+        }
+        let mut batch: Vec<CompleteJob> = Vec::with_capacity(jobs.len());
+        let mut alone = Vec::new();
+        for job in jobs {
+            if batch.iter().any(|b| b.id == job.id) {
+                alone.push(job);
+            } else {
+                batch.push(job);
+            }
+        }
+        batch.sort_by(|a, b| a.id.cmp(&b.id));
+        match retry_conflicts("complete", || self.complete_batch(&batch)).await {
+            Ok(updated) => {
+                for job in batch {
+                    let id = (job.id.scope().as_str(), job.id.key().as_str());
+                    let done = updated.iter().any(|(s, k)| (s.as_str(), k.as_str()) == id);
+                    let state = machine::completed_state(&job.outcome, &job.policy);
+                    let answer = match (done, state) {
+                        (false, _) => CompleteAnswer::Fenced,
+                        (true, RecordState::Completed) => CompleteAnswer::Completed,
+                        (true, _) => CompleteAnswer::MarkedRetryable,
+                    };
+                    let _ = job.answer.send(Ok(answer));
+                }
+            }
+            Err(e) => {
+                for job in batch {
+                    let _ = job.answer.send(Err(shared(&e)));
+                }
+            }
+        }
+        for job in alone {
+            let answer = self.complete_alone(&job).await;
+            let _ = job.answer.send(answer);
+        }
+    }
+
+    /// One fenced `UPDATE` of every record of `jobs` (one per key, in key order): the keys it
+    /// updated.
+    async fn complete_batch(
+        &self,
+        jobs: &[CompleteJob],
+    ) -> Result<Vec<(String, String)>, sqlx::Error> {
+        fn column<T>(jobs: &[CompleteJob], f: impl Fn(&CompleteJob) -> T) -> Vec<T> {
+            jobs.iter().map(f).collect()
+        }
+        let state = |j: &CompleteJob| machine::completed_state(&j.outcome, &j.policy);
+        let rows = self
+            .statement(&self.sql.complete_many)
+            .bind(column(jobs, |j| j.id.scope().as_str().to_owned()))
+            .bind(column(jobs, |j| j.id.key().as_str().to_owned()))
+            .bind(column(jobs, |j| big(j.token.seq)))
+            .bind(column(jobs, |j| j.token.id_hex()))
+            .bind(column(jobs, |j| ts(j.now)))
+            .bind(column(jobs, |j| state(j).as_str().to_owned()))
+            .bind(column(jobs, |j| i32::from(j.outcome.status())))
+            .bind(column(jobs, |j| j.outcome.body().to_owned()))
+            .bind(column(jobs, |j| j.outcome.class().as_str().to_owned()))
+            .bind(column(jobs, |j| ts(j.now + j.policy.ttl())))
+            .bind(column(jobs, |j| self.payload(&j.id)))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| (row.get("scope"), row.get("key")))
+            .collect())
+    }
+
+    /// One completion, unbatched.
+    async fn complete_alone(&self, job: &CompleteJob) -> Result<CompleteAnswer, StoreError> {
+        retry_conflicts("complete", || {
+            let held = Held {
+                id: &job.id,
+                token: job.token,
+            };
+            self.complete_on(&self.pool, held, &job.outcome, &job.policy, job.now)
+        })
+        .await
+    }
+}
