@@ -47,6 +47,8 @@ use schema::{MIGRATIONS, Statements};
 /// - `complete`, `release` and `extend` are one fenced `UPDATE` each, run again when the server
 ///   reports a serialization failure or a deadlock (SQLSTATE 40001, 40P01), as a claim is: a
 ///   server whose `default_transaction_isolation` is `serializable` loses no outcome.
+/// - Claims' inserts and completions that arrive together on one handle share one statement and
+///   one commit ([`PostgresStore::with_batching`], on by default); reads are never batched.
 /// - [`PostgresStore::complete_in`] completes inside the caller's transaction, so the
 ///   business write and the record commit together.
 /// - Time always comes from the caller's `now`; the server's clock is never consulted.
