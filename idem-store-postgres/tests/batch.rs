@@ -65,6 +65,18 @@ where
     out
 }
 
+/// Claims every key of `ids` at once (key `i` with the arguments `fp(i)`), default policy.
+async fn claim_each(store: &PostgresStore, ids: &[RecordId]) -> Vec<ClaimAnswer> {
+    all_at_once(ids.len(), |i| {
+        let (store, id) = (store.clone(), ids[i].clone());
+        async move {
+            let policy = Policy::default();
+            store.claim(&id, &fp(i), &policy, t0()).await.unwrap()
+        }
+    })
+    .await
+}
+
 fn claimed(answer: &ClaimAnswer) -> Token {
     match answer {
         ClaimAnswer::Claimed {
@@ -83,11 +95,7 @@ async fn claims_that_arrive_together_each_hold_their_own_claim() {
     let scope = Scope::new(common::unique("batch-claims")).unwrap();
     let ids = ids(&scope, N);
     let policy = Policy::default();
-    let answers = all_at_once(N, |i| {
-        let (store, id) = (store.clone(), ids[i].clone());
-        async move { store.claim(&id, &fp(i), &policy, t0()).await.unwrap() }
-    })
-    .await;
+    let answers = claim_each(&store, &ids).await;
     assert!(
         store.batched_requests() > 0,
         "{N} claims at once on one handle: some must have shared a batch"
@@ -129,11 +137,7 @@ async fn claims_that_arrive_together_each_hold_their_own_claim() {
         store.batched_requests() > before,
         "completions shared a batch"
     );
-    let replays = all_at_once(N, |i| {
-        let (store, id) = (store.clone(), ids[i].clone());
-        async move { store.claim(&id, &fp(i), &policy, t0()).await.unwrap() }
-    })
-    .await;
+    let replays = claim_each(&store, &ids).await;
     for (i, answer) in replays.iter().enumerate() {
         let ClaimAnswer::Replay(outcome) = answer else {
             panic!("{i}: a completed key replays, got {answer:?}")
@@ -296,12 +300,7 @@ async fn without_batching_no_request_shares_a_batch() {
         .with_batching(false);
     let scope = Scope::new(common::unique("batch-off")).unwrap();
     let ids = ids(&scope, N);
-    let policy = Policy::default();
-    let answers = all_at_once(N, |i| {
-        let (store, id) = (store.clone(), ids[i].clone());
-        async move { store.claim(&id, &fp(i), &policy, t0()).await.unwrap() }
-    })
-    .await;
+    let answers = claim_each(&store, &ids).await;
     answers.iter().for_each(|a| {
         claimed(a);
     });
