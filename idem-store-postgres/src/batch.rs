@@ -165,7 +165,6 @@ fn shared(e: &StoreError) -> StoreError {
     let text = e.to_string();
     match e {
         StoreError::Unavailable { .. } => StoreError::unavailable(text.clone(), text),
-        StoreError::Corrupt { .. } => StoreError::corrupt(text),
         StoreError::Misconfigured { .. } => StoreError::Misconfigured { message: text },
         _ => StoreError::backend(text.clone(), text),
     }
@@ -392,10 +391,9 @@ impl PostgresStore {
             .bind(column(jobs, |j| self.payload(&j.id)))
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows
-            .iter()
-            .map(|row| (row.get("scope"), row.get("key")))
-            .collect())
+        rows.iter()
+            .map(|row| Ok((row.try_get("scope")?, row.try_get("key")?)))
+            .collect()
     }
 
     /// One completion, unbatched.
@@ -408,5 +406,131 @@ impl PostgresStore {
             self.complete_on(&self.pool, held, &job.outcome, &job.policy, job.now)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use idem_conformance::kit::{postgres_url, unique};
+    use idem_core::machine::ClaimAnswer;
+    use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Scope};
+    use sqlx::postgres::PgPoolOptions;
+
+    use super::*;
+
+    const NOW: Timestamp = Timestamp::from_millis(946_684_800_000);
+
+    async fn store(url: &str, table: &str, max: u32) -> PostgresStore {
+        let pool = PgPoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(Duration::from_millis(300))
+            .connect(url)
+            .await
+            .expect("connect to IDEM_TEST_POSTGRES_URL");
+        PostgresStore::with_table(pool, "idem_test", table).unwrap()
+    }
+
+    fn ids(prefix: &str, n: usize) -> Vec<RecordId> {
+        let scope = Scope::new(unique(prefix)).unwrap();
+        (0..n)
+            .map(|i| RecordId::new(scope.clone(), IdempotencyKey::new(format!("k{i}")).unwrap()))
+            .collect()
+    }
+
+    fn fp() -> Fingerprint {
+        Fingerprint::of("tool", &serde_json::json!({})).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_insert_whose_caller_left_before_its_batch_is_not_run() {
+        let Some(url) = postgres_url() else { return };
+        let store = store(&url, "idem_records", 4).await;
+        store.migrate().await.unwrap();
+        let ids = ids("batch-left", 2);
+        let (left, next) = (&ids[0], &ids[1]);
+        let policy = Policy::default();
+
+        // Every turn is taken: the claim's insert queues, and its caller gives up.
+        let lane = &store.batches.inserts;
+        let turns = lane.turns.clone().acquire_many_owned(TURNS as u32).await;
+        let waited = tokio::time::timeout(
+            Duration::from_millis(200),
+            store.claim(left, &fp(), &policy, NOW),
+        )
+        .await;
+        assert!(
+            waited.is_err(),
+            "the claim inserted while every turn was taken"
+        );
+        assert_eq!(lane.lock().len(), 1);
+        drop(turns);
+
+        // The next claim takes the queue: the abandoned insert is dropped, not run.
+        let answer = store.claim(next, &fp(), &policy, NOW).await.unwrap();
+        assert!(matches!(answer, ClaimAnswer::Claimed { .. }), "{answer:?}");
+        assert!(lane.lock().is_empty());
+        assert!(store.get(left, NOW).await.unwrap().is_none());
+        assert!(store.get(next, NOW).await.unwrap().is_some());
+    }
+
+    /// Completes every record of `ids` at once, each with a fresh token: the answers.
+    async fn complete_at_once(
+        store: &PostgresStore,
+        ids: &[RecordId],
+    ) -> Vec<Result<CompleteAnswer, StoreError>> {
+        let outcome = Outcome::definitive(200, &serde_json::json!({})).unwrap();
+        let tasks: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (store, id, outcome) = (store.clone(), id.clone(), outcome.clone());
+                tokio::spawn(async move {
+                    let policy = Policy::default();
+                    store
+                        .complete(&id, Token::new(1), &outcome, &policy, NOW)
+                        .await
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.unwrap());
+        }
+        answers
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_batch_answers_each_of_its_writes_with_its_error() {
+        let Some(url) = postgres_url() else { return };
+        // The pool's one connection is held: every batch's statement times out waiting for it.
+        let starved = store(&url, "idem_records", 1).await;
+        let held = starved.pool().acquire().await.unwrap();
+        let answers = complete_at_once(&starved, &ids("batch-unavailable", 8)).await;
+        assert!(
+            starved.batched_requests() > 0,
+            "some completions shared a batch"
+        );
+        for answer in &answers {
+            assert!(
+                matches!(answer, Err(StoreError::Unavailable { .. })),
+                "{answer:?}"
+            );
+        }
+        drop(held);
+
+        // A table that does not exist: each write of the batch is told to migrate.
+        let unmigrated = store(&url, "idem_no_such_table", 4).await;
+        let answers = complete_at_once(&unmigrated, &ids("batch-misconfigured", 8)).await;
+        assert!(
+            unmigrated.batched_requests() > 0,
+            "some completions shared a batch"
+        );
+        for answer in &answers {
+            assert!(
+                matches!(answer, Err(StoreError::Misconfigured { .. })),
+                "{answer:?}"
+            );
+        }
     }
 }
