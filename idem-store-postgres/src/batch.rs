@@ -3,9 +3,9 @@
 //!
 //! Each kind has a lane: a queue of waiting writes and a few turns ([`TURNS`], batches in flight
 //! at once). A write joins the queue and waits for its answer or a turn, whichever comes first;
-//! whoever gets a turn takes everything queued (up to [`MAX_BATCH`]) and runs it as one batch. A
-//! lone write takes a free turn at once and runs alone, with the statement it would run
-//! unbatched: nothing waits for company.
+//! whoever gets a turn takes everything queued (up to [`MAX_BATCH`]) and runs it as one batch, in a
+//! task of its own. A lone write takes a free turn at once and runs alone, with the statement it
+//! would run unbatched: nothing waits for company.
 //!
 //! A claim reads on its own, as unbatched (a replay, an in-flight or a mismatched request is that
 //! one read, and reads need no commit); only the insert of a key it found absent goes into the
@@ -95,8 +95,6 @@ impl<J: Job> Lane<J> {
 
 /// A queued request.
 trait Job: Send + 'static {
-    /// Which request of the lane it is (to know a lone batch is the caller's own).
-    fn seq(&self) -> u64;
     /// Its caller went away before a batch took it.
     fn abandoned(&self) -> bool;
 }
@@ -108,15 +106,11 @@ type Batch = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A claim's insert of a key it found absent, waiting for a batch: answered whether it inserted.
 pub(crate) struct InsertJob {
-    seq: u64,
     record: Record,
     answer: Answer<bool>,
 }
 
 impl Job for InsertJob {
-    fn seq(&self) -> u64 {
-        self.seq
-    }
     fn abandoned(&self) -> bool {
         self.answer.is_closed()
     }
@@ -124,7 +118,6 @@ impl Job for InsertJob {
 
 /// A completion waiting for a batch.
 pub(crate) struct CompleteJob {
-    seq: u64,
     id: RecordId,
     token: Token,
     outcome: Outcome,
@@ -134,9 +127,6 @@ pub(crate) struct CompleteJob {
 }
 
 impl Job for CompleteJob {
-    fn seq(&self) -> u64 {
-        self.seq
-    }
     fn abandoned(&self) -> bool {
         self.answer.is_closed()
     }
@@ -152,12 +142,6 @@ fn key_of(record: &Record) -> (String, String) {
 
 fn same_key(a: &Record, b: &Record) -> bool {
     a.scope == b.scope && a.key == b.key
-}
-
-/// Numbers the requests of a process (which request a lone batch holds).
-fn next_seq() -> u64 {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    SEQ.fetch_add(1, Ordering::Relaxed)
 }
 
 /// The error of a batch's statement, for each of its requests (a [`StoreError`] has one owner).
@@ -189,7 +173,6 @@ impl PostgresStore {
     where
         J: Job,
     {
-        let mine = job.seq();
         lane(&self.batches).push(job);
         loop {
             let turns = lane(&self.batches).turns.clone();
@@ -199,31 +182,23 @@ impl PostgresStore {
                 turn = turns.acquire_owned() => {
                     let Ok(turn) = turn else { return Err(gone()) }; // never closed
                     let jobs = lane(&self.batches).take();
-                    match jobs.as_slice() {
+                    if jobs.is_empty() {
                         // Nothing queued: a batch took ours, and answers it.
-                        [] => {
-                            drop(turn);
-                            return answer.await.unwrap_or_else(|_| Err(gone()));
-                        }
-                        // Our own request alone: run it here, as an unbatched call would.
-                        [job] if job.seq() == mine => {
-                            run(self.clone(), jobs).await;
-                        }
-                        // Others' requests (ours among them, or still queued after them): in a
-                        // task of its own, holding the turn, which runs to the end whether or
-                        // not this caller stays.
-                        _ => {
-                            if jobs.len() > 1 {
-                                let n = jobs.len() as u64;
-                                self.batches.shared.fetch_add(n, Ordering::Relaxed);
-                            }
-                            let batch = run(self.clone(), jobs);
-                            tokio::spawn(async move {
-                                batch.await;
-                                drop(turn);
-                            });
-                        }
+                        drop(turn);
+                        return answer.await.unwrap_or_else(|_| Err(gone()));
                     }
+                    if jobs.len() > 1 {
+                        let n = jobs.len() as u64;
+                        self.batches.shared.fetch_add(n, Ordering::Relaxed);
+                    }
+                    // In a task of its own, holding the turn, which runs to the end whether or
+                    // not this caller stays (the batch may hold others' requests; ours among
+                    // them, or still queued after them).
+                    let batch = run(self.clone(), jobs);
+                    tokio::spawn(async move {
+                        batch.await;
+                        drop(turn);
+                    });
                 }
             }
         }
@@ -234,7 +209,6 @@ impl PostgresStore {
     pub(crate) async fn insert_batched(&self, record: &Record) -> Result<bool, StoreError> {
         let (tx, rx) = oneshot::channel();
         let job = InsertJob {
-            seq: next_seq(),
             record: record.clone(),
             answer: tx,
         };
@@ -259,7 +233,6 @@ impl PostgresStore {
     ) -> Result<CompleteAnswer, StoreError> {
         let (tx, rx) = oneshot::channel();
         let job = CompleteJob {
-            seq: next_seq(),
             id: id.clone(),
             token,
             outcome: outcome.clone(),
@@ -441,6 +414,37 @@ mod tests {
 
     fn fp() -> Fingerprint {
         Fingerprint::of("tool", &serde_json::json!({})).unwrap()
+    }
+
+    /// A queued request whose caller is there or not.
+    struct Queued(bool);
+
+    impl Job for Queued {
+        fn abandoned(&self) -> bool {
+            !self.0
+        }
+    }
+
+    #[test]
+    fn a_batch_takes_at_most_max_batch_requests_and_never_an_abandoned_one() {
+        let lane = Lane::<Queued>::default();
+        lane.push(Queued(false));
+        for _ in 0..MAX_BATCH + 6 {
+            lane.push(Queued(true));
+        }
+        lane.push(Queued(false));
+        let first = lane.take();
+        assert_eq!(first.len(), MAX_BATCH);
+        assert!(
+            first.iter().all(|job| job.0),
+            "the abandoned one is not taken"
+        );
+        assert_eq!(lane.take().len(), 6);
+        assert!(
+            lane.take().is_empty(),
+            "only an abandoned one was left, and it is dropped"
+        );
+        assert!(lane.lock().is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
