@@ -479,6 +479,43 @@ mod tests {
         assert!(store.get(next, NOW).await.unwrap().is_some());
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_completion_whose_caller_left_before_its_batch_is_not_run() {
+        let Some(url) = postgres_url() else { return };
+        let store = store(&url, "idem_records", 4).await;
+        store.migrate().await.unwrap();
+        let ids = ids("batch-left-complete", 2);
+        let policy = Policy::default();
+        let mut tokens = Vec::new();
+        for id in &ids {
+            match store.claim(id, &fp(), &policy, NOW).await.unwrap() {
+                ClaimAnswer::Claimed { token, .. } => tokens.push(token),
+                other => panic!("{other:?}"),
+            }
+        }
+        let outcome = Outcome::definitive(200, &serde_json::json!({})).unwrap();
+
+        // Every turn is taken: the completion queues, and its caller gives up.
+        let lane = &store.batches.completions;
+        let turns = lane.turns.clone().acquire_many_owned(TURNS as u32).await;
+        let left = store.complete(&ids[0], tokens[0], &outcome, &policy, NOW);
+        let waited = tokio::time::timeout(Duration::from_millis(200), left).await;
+        assert!(
+            waited.is_err(),
+            "the completion ran while every turn was taken"
+        );
+        assert_eq!(lane.lock().len(), 1);
+        drop(turns);
+
+        // The next completion takes the queue: the abandoned one is dropped, not run.
+        let answer = store.complete(&ids[1], tokens[1], &outcome, &policy, NOW);
+        assert_eq!(answer.await.unwrap(), CompleteAnswer::Completed);
+        assert!(lane.lock().is_empty());
+        let left = store.get(&ids[0], NOW).await.unwrap().unwrap();
+        assert_eq!(left.state, RecordState::Processing, "nothing written");
+        assert!(left.outcome.is_none());
+    }
+
     /// Completes every record of `ids` at once, each with a fresh token: the answers.
     async fn complete_at_once(
         store: &PostgresStore,
