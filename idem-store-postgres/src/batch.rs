@@ -140,8 +140,22 @@ fn key_of(record: &Record) -> (String, String) {
     )
 }
 
-fn same_key(a: &Record, b: &Record) -> bool {
-    a.scope == b.scope && a.key == b.key
+/// The first request of each key, in key order (the rows of one statement, locked in that order,
+/// so two batches cannot deadlock on each other's keys), and the requests repeating a key of
+/// theirs, in the order they came.
+fn firsts_and_repeats<J>(jobs: Vec<J>, id: impl Fn(&J) -> RecordId) -> (Vec<J>, Vec<J>) {
+    let mut firsts: Vec<(RecordId, J)> = Vec::with_capacity(jobs.len());
+    let mut repeats = Vec::new();
+    for job in jobs {
+        let key = id(&job);
+        if firsts.iter().any(|(first, _)| *first == key) {
+            repeats.push(job);
+        } else {
+            firsts.push((key, job));
+        }
+    }
+    firsts.sort_by(|a, b| a.0.cmp(&b.0));
+    (firsts.into_iter().map(|(_, job)| job).collect(), repeats)
 }
 
 /// The error of a batch's statement, for each of its requests (a [`StoreError`] has one owner).
@@ -250,16 +264,7 @@ impl PostgresStore {
     }
 
     async fn run_inserts(self, jobs: Vec<InsertJob>) {
-        let mut batch: Vec<InsertJob> = Vec::with_capacity(jobs.len());
-        let mut repeats = Vec::new();
-        for job in jobs {
-            if batch.iter().any(|b| same_key(&b.record, &job.record)) {
-                repeats.push(job);
-            } else {
-                batch.push(job);
-            }
-        }
-        batch.sort_by_key(|job| key_of(&job.record));
+        let (batch, repeats) = firsts_and_repeats(jobs, |job| job.record.id());
         let records: Vec<&Record> = batch.iter().map(|job| &job.record).collect();
         let inserted = retry_conflicts("claim", || async {
             if let [record] = records.as_slice() {
@@ -303,16 +308,7 @@ impl PostgresStore {
             let _ = jobs.into_iter().next().map(|job| job.answer.send(answer));
             return;
         }
-        let mut batch: Vec<CompleteJob> = Vec::with_capacity(jobs.len());
-        let mut alone = Vec::new();
-        for job in jobs {
-            if batch.iter().any(|b| b.id == job.id) {
-                alone.push(job);
-            } else {
-                batch.push(job);
-            }
-        }
-        batch.sort_by(|a, b| a.id.cmp(&b.id));
+        let (batch, alone) = firsts_and_repeats(jobs, |job| job.id.clone());
         match retry_conflicts("complete", || self.complete_batch(&batch)).await {
             Ok(updated) => {
                 for job in batch {
@@ -387,7 +383,7 @@ mod tests {
     use std::time::Duration;
 
     use idem_conformance::kit::{postgres_url, unique};
-    use idem_core::machine::ClaimAnswer;
+    use idem_core::machine::{ClaimAnswer, ClaimRequest};
     use idem_core::{Fingerprint, IdempotencyKey, KeyStore, Scope};
     use sqlx::postgres::PgPoolOptions;
 
@@ -477,6 +473,53 @@ mod tests {
         assert!(lane.lock().is_empty());
         assert!(store.get(left, NOW).await.unwrap().is_none());
         assert!(store.get(next, NOW).await.unwrap().is_some());
+    }
+
+    /// Runs `records` as one insert batch: whether each was inserted.
+    async fn insert_batch(store: &PostgresStore, records: &[Record]) -> Vec<bool> {
+        let (mut jobs, mut answers) = (Vec::new(), Vec::new());
+        for record in records {
+            let (answer, rx) = oneshot::channel();
+            let record = record.clone();
+            jobs.push(InsertJob { record, answer });
+            answers.push(rx);
+        }
+        store.clone().run_inserts(jobs).await;
+        let mut inserted = Vec::new();
+        for rx in answers {
+            inserted.push(rx.await.unwrap().unwrap());
+        }
+        inserted
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_insert_batch_answers_for_each_key_whether_it_inserted_it() {
+        let Some(url) = postgres_url() else { return };
+        let store = store(&url, "idem_records", 4).await;
+        store.migrate().await.unwrap();
+        let ids = ids("batch-inserts", 3);
+        let policy = Policy::default();
+        let claim = |id: &RecordId| {
+            let t = machine::claim(None, ClaimRequest::new(id, &fp()), NOW, &policy);
+            t.write.expect("a new key's claim writes")
+        };
+        let mut records: Vec<Record> = ids.iter().map(claim).collect();
+        // The first key again, with another token: the batch's second insert of one key.
+        records.push(claim(&ids[0]));
+        assert_eq!(
+            insert_batch(&store, &records).await,
+            [true, true, true, false]
+        );
+        let stored = store.get(&ids[0], NOW).await.unwrap().unwrap();
+        assert_eq!(
+            stored.token, records[0].token,
+            "the first insert of the key is stored"
+        );
+        // Every key exists now: nothing is inserted again.
+        assert_eq!(
+            insert_batch(&store, &records[..3]).await,
+            [false, false, false]
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
