@@ -4,8 +4,8 @@
 //! Each kind has a lane: a queue of waiting writes and a few turns ([`TURNS`], batches in flight
 //! at once). A write joins the queue and waits for its answer or a turn, whichever comes first;
 //! whoever gets a turn takes everything queued (up to [`MAX_BATCH`]) and runs it as one batch, in a
-//! task of its own. A lone write takes a free turn at once and runs alone, with the statement it
-//! would run unbatched: nothing waits for company.
+//! task of its own. A lone write (nothing queued, a turn free) runs at once, alone and in its
+//! caller's task, with the statement it would run unbatched: nothing waits for company.
 //!
 //! A claim reads on its own, as unbatched (a replay, an in-flight or a mismatched request is that
 //! one read, and reads need no commit); only the insert of a key it found absent goes into the
@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use idem_core::machine::{self, CompleteAnswer};
 use idem_core::{Outcome, Policy, Record, RecordId, RecordState, StoreError, Timestamp, Token};
 use sqlx::Row;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::PostgresStore;
 use crate::conflict::retry_conflicts;
@@ -86,6 +86,14 @@ impl<J: Job> Lane<J> {
             }
         }
         jobs
+    }
+
+    /// A turn for a write that is alone: nothing queued and a turn free.
+    fn lone_turn(&self) -> Option<OwnedSemaphorePermit> {
+        if !self.lock().is_empty() {
+            return None;
+        }
+        self.turns.clone().try_acquire_owned().ok()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<J>> {
@@ -187,6 +195,13 @@ impl PostgresStore {
     where
         J: Job,
     {
+        // A lone write (nothing queued, a turn free) runs here, in its caller's task, as an
+        // unbatched one would: no queue, no task of its own.
+        if let Some(turn) = lane(&self.batches).lone_turn() {
+            run(self.clone(), vec![job]).await;
+            drop(turn);
+            return answer.await.unwrap_or_else(|_| Err(gone()));
+        }
         lane(&self.batches).push(job);
         loop {
             let turns = lane(&self.batches).turns.clone();
@@ -216,6 +231,12 @@ impl PostgresStore {
                 }
             }
         }
+    }
+
+    /// A turn of the insert lane for a claim's insert that is alone (nothing queued, a turn
+    /// free): the claim runs the unbatched insert on its own connection while it holds it.
+    pub(crate) fn lone_insert_turn(&self) -> Option<OwnedSemaphorePermit> {
+        self.batches.inserts.lone_turn()
     }
 
     /// A claim's insert of `record` (a key found absent) through the insert lane: whether it

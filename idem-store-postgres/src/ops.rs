@@ -100,11 +100,14 @@ impl PostgresStore {
                 let Some(record) = &fresh.write else {
                     return Ok(Some(fresh.answer));
                 };
-                if self.batching {
-                    // With the inserts of claims arriving together (`crate::batch`), on the
-                    // batch's connection: ours goes back to the pool meanwhile, or claims holding
-                    // every connection would wait for a batch that cannot get one. A
-                    // `StoreError` travels as a decode error, which `claim_error` unwraps.
+                // Batching: alone (nothing queued, a turn free), the unbatched insert below on
+                // this connection, holding the turn; else with the inserts of claims arriving
+                // together (`crate::batch`), on the batch's connection.
+                let alone = self.batching.then(|| self.lone_insert_turn());
+                if let Some(None) = alone {
+                    // Ours goes back to the pool meanwhile, or claims holding every connection
+                    // would wait for a batch that cannot get one. A `StoreError` travels as a
+                    // decode error, which `claim_error` unwraps.
                     drop(conn);
                     let inserted = self.insert_batched(record).await;
                     if inserted.map_err(|e| sqlx::Error::Decode(e.into()))? {
@@ -116,6 +119,7 @@ impl PostgresStore {
                         .execute(&mut *conn)
                         .await?
                         .rows_affected();
+                    drop(alone);
                     if inserted == 1 {
                         return Ok(Some(fresh.answer));
                     }

@@ -37,8 +37,10 @@ fn ids(scope: &Scope, n: usize) -> Vec<RecordId> {
         .collect()
 }
 
+/// A store whose pool lets many claims read at once, so that their inserts meet in the lane
+/// (a claim alone at its insert runs it on its own connection).
 async fn store(url: &str, name: &str) -> PostgresStore {
-    common::store(url, name).await
+    common::sized_store(url, name, 16).await
 }
 
 /// Runs `f(i)` for each `i` at once, released together by a barrier; the answers in order.

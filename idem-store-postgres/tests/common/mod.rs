@@ -138,7 +138,12 @@ pub fn conformance_factory(url: Option<String>, app: &'static str) -> Option<Fac
 /// A migrated store on a fresh pool of up to 4 connections, in the test schema, on `url` or on
 /// `IDEM_TEST_POSTGRES_STORE_URL` when set (see `StoreTarget`).
 pub async fn store(url: &str, application_name: &str) -> PostgresStore {
-    let store = StoreTarget::of(url).store(application_name, 4).await;
+    sized_store(url, application_name, 4).await
+}
+
+/// [`store`] on a pool of up to `max` connections.
+pub async fn sized_store(url: &str, application_name: &str, max: u32) -> PostgresStore {
+    let store = StoreTarget::of(url).store(application_name, max).await;
     store.migrate().await.expect("migrate");
     store
 }
