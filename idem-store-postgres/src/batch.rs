@@ -580,11 +580,14 @@ mod tests {
         assert!(left.outcome.is_none());
     }
 
-    /// Completes every record of `ids` at once, each with a fresh token: the answers.
+    /// Completes every record of `ids` in one batch, each with a fresh token: the answers. Every
+    /// turn is held until all of them are queued, so the first turn given back takes them all.
     async fn complete_at_once(
         store: &PostgresStore,
         ids: &[RecordId],
     ) -> Vec<Result<CompleteAnswer, StoreError>> {
+        let lane = &store.batches.completions;
+        let turns = lane.turns.clone().acquire_many_owned(TURNS as u32).await;
         let outcome = Outcome::definitive(200, &serde_json::json!({})).unwrap();
         let tasks: Vec<_> = ids
             .iter()
@@ -598,6 +601,10 @@ mod tests {
                 })
             })
             .collect();
+        while lane.lock().len() < ids.len() {
+            tokio::task::yield_now().await;
+        }
+        drop(turns);
         let mut answers = Vec::new();
         for task in tasks {
             answers.push(task.await.unwrap());
@@ -613,8 +620,8 @@ mod tests {
         let held = starved.pool().acquire().await.unwrap();
         let answers = complete_at_once(&starved, &ids("batch-unavailable", 8)).await;
         assert!(
-            starved.batched_requests() > 0,
-            "some completions shared a batch"
+            starved.batched_requests() == 8,
+            "the eight completions shared one batch"
         );
         for answer in &answers {
             assert!(
@@ -628,8 +635,8 @@ mod tests {
         let unmigrated = store(&url, "idem_no_such_table", 4).await;
         let answers = complete_at_once(&unmigrated, &ids("batch-misconfigured", 8)).await;
         assert!(
-            unmigrated.batched_requests() > 0,
-            "some completions shared a batch"
+            unmigrated.batched_requests() == 8,
+            "the eight completions shared one batch"
         );
         for answer in &answers {
             assert!(

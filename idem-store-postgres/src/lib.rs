@@ -182,15 +182,16 @@ impl PostgresStore {
         self
     }
 
-    /// Whether claims and completions that arrive together on this store (and its clones) share
-    /// one statement and one commit (`true`, the default). A claim arriving while
-    /// [`batch::TURNS`] batches of claims are running waits for the next turn, and then goes with
-    /// everything queued meanwhile (up to 64): a read of every key, and one insert of those found
-    /// absent, committed before any of them is answered; completions likewise, one fenced
-    /// `UPDATE` for all. A lone claim runs at once, alone, with the same statements as
-    /// unbatched. Every answer is the one the unbatched store would give: what cannot be decided
-    /// in the batch (a takeover, a record replaced, a key inserted meanwhile by another process)
-    /// runs the unbatched claim. `false` runs each request on its own pooled connection.
+    /// Whether the writes of claims and completions that arrive together on this store (and its
+    /// clones) share one statement and one commit (`true`, the default). While two batches of a
+    /// kind are running, a claim's insert of a key it found absent (or a completion) queues, and
+    /// the next batch takes everything queued (up to 64): one insert of all those keys, committed
+    /// before any of them is answered, or one fenced `UPDATE` of all those records. A write that
+    /// is alone (nothing queued, a batch's turn free) runs at once with the unbatched statement:
+    /// nothing waits for company. A claim's read is never batched. Every answer is the one the
+    /// unbatched store would give: a key a concurrent claim inserted first, or two writes of one
+    /// key, go the unbatched way. `false` runs every write on its own. In a URL (see
+    /// [`PostgresStore::connect`]): `batching=off`.
     pub fn with_batching(mut self, enabled: bool) -> Self {
         self.batching = enabled;
         self
