@@ -44,8 +44,8 @@ const MAX_NATIVE_TTL_MS: u64 = 1 << 53;
 ///   decides whether a record exists.
 ///
 /// - A request waiting for an in-flight answer is woken by pub/sub: completion, release and
-///   takeover publish on the record's channel (`SPUBLISH` on a cluster), and the store subscribes
-///   on one connection of its own, made at the first wait.
+///   takeover publish on the record's channel (`SPUBLISH` on a cluster) when a waiter marked
+///   the record, and the store subscribes on one connection of its own, made at the first wait.
 ///
 /// Clones share the connection. See the crate documentation for the layout and the durability
 /// trade-offs.

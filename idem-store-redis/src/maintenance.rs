@@ -63,11 +63,12 @@ impl Maintenance for RedisStore {
 }
 
 /// Every script a store on a cluster (`true`) or a standalone server runs, for preloading.
-fn all_scripts(cluster: bool) -> [&'static Script; 8] {
+fn all_scripts(cluster: bool) -> [&'static Script; 9] {
     let p = scripts::publishing(cluster);
     [
         &scripts::CHECKPOINT_SCRIPT,
         &scripts::CONFIRM_SCRIPT,
+        &scripts::MARK_WAITED_SCRIPT,
         &p.claim,
         &p.complete,
         &p.release,

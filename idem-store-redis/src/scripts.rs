@@ -21,7 +21,11 @@
 //! - Completion, release and a claim that replaces a `processing` record publish an empty message
 //!   on the channel named like the record's key (`KEYS[1]`), so the requests waiting on it wake
 //!   (`wake.rs`); on a cluster the sharded variant (`SPUBLISH`, Redis 7), whose channel lives in
-//!   the key's slot. An extension and a checkpoint do not: the record stays `processing`.
+//!   the key's slot. They publish only where a waiter marked the record (field `w`, set by
+//!   `MARK_WAITED` after the waiter subscribed and before it reads), and take the mark off as
+//!   they publish (`HDEL` answers whether it was there): a deployment where nobody waits
+//!   publishes nothing, so nothing reaches the replication stream or a subscriber for it. An
+//!   extension and a checkpoint do not publish: the record stays `processing`.
 //! - A record's index entry (its member) is the tail of its key, `KEYS[1]` from `#KEYS[2] - 2`
 //!   on (`<base>:r:<member>` against the lease index `<base>:lease`): it is not sent.
 //!
@@ -182,7 +186,9 @@ local function write(kind, fp, ca, newseq, att, rec)
   redis.call('ZADD', KEYS[2], lu_new, mb)
   gc(KEYS[1], ttl)
   -- Replacing a processing record (a takeover, an expired one) wakes its waiters.
-  if rec and rec.st == 'p' then redis.call('PUBLISH', KEYS[1], '') end
+  if rec and rec.st == 'p' and redis.call('HDEL', KEYS[1], 'w') == 1 then
+    redis.call('PUBLISH', KEYS[1], '')
+  end
   return {ok = newseq .. '|' .. att .. '|' .. kind}
 end
 if not m and not r[3] then return write('n', ARGV[1], ARGV[2], '1', '1', nil) end
@@ -246,7 +252,7 @@ if m and string.byte(m) == 112 and string.find(m, ARGV[4], 67, true) == 67
     end
     redis.call('ZREM', KEYS[2], mb)
     if ARGV[8] == '' then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[8]) end
-    redis.call('PUBLISH', KEYS[1], '')
+    if redis.call('HDEL', KEYS[1], 'w') == 1 then redis.call('PUBLISH', KEYS[1], '') end
     -- A completed record's checkpoints end with it; a failed_retryable one keeps them.
     if ARGV[5] == 'c' then
       redis.call('HDEL', KEYS[1], 'c')
@@ -275,7 +281,7 @@ local mb = member()
 if tonumber(ARGV[7]) < tonumber(rec.ea) then push(mb) end
 redis.call('ZREM', KEYS[2], mb)
 gc(KEYS[1], ARGV[8])
-redis.call('PUBLISH', KEYS[1], '')
+if redis.call('HDEL', KEYS[1], 'w') == 1 then redis.call('PUBLISH', KEYS[1], '') end
 if ARGV[5] == 'c' then
   redis.call('HDEL', KEYS[1], 'c')
   return 'completed'
@@ -297,7 +303,7 @@ redis.call('ZREM', KEYS[2], member())
 redis.call('HSET', KEYS[1], 'm', meta('f', rec.ck, rec.fp, rec.tid, ARGV[1], rec.ea, rec.lu, rec.seq, rec.att, rec.ca, ARGV[2]))
 drop_v1(KEYS[1], rec)
 if r[3] then redis.call('HDEL', KEYS[1], 'o') end
-redis.call('PUBLISH', KEYS[1], '')
+if redis.call('HDEL', KEYS[1], 'w') == 1 then redis.call('PUBLISH', KEYS[1], '') end
 return 'released'
 "#;
 
@@ -351,6 +357,19 @@ drop_v1(KEYS[1], rec)
 local ttl = ea_new - now + tonumber(ARGV[6])
 if ttl >= 9007199254740992 then gc(KEYS[1], '') else gc(KEYS[1], fmt(ttl)) end
 return {'extended', lu_s}
+"#;
+
+/// KEYS: record. No ARGV.
+/// A waiter's mark (`wake.rs`): sets field `w` on a `processing` record (either format), so that
+/// the write that ends or replaces it publishes, then answers the whole hash (`HGETALL`), read in
+/// the same step: a write before the mark is in the answer, a write after it publishes. A record
+/// that is not `processing` (or absent) is not marked: the waiter sees it changed.
+const MARK_WAITED: &str = r#"
+local m = redis.call('HGET', KEYS[1], 'm')
+if (m and string.byte(m) == 112) or (not m and redis.call('HGET', KEYS[1], 'st') == 'processing') then
+  redis.call('HSET', KEYS[1], 'w', '1')
+end
+return redis.call('HGETALL', KEYS[1])
 "#;
 
 /// KEYS: record. ARGV: the nonce of the caller's last write.
@@ -413,3 +432,4 @@ pub(crate) fn publishing(cluster: bool) -> &'static Publishing {
 pub(crate) static EXTEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(EXTEND));
 pub(crate) static CHECKPOINT_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CHECKPOINT));
 pub(crate) static CONFIRM_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(CONFIRM));
+pub(crate) static MARK_WAITED_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_WAITED));

@@ -3,8 +3,14 @@
 //!
 //! - Writers: the completion, release and claim scripts publish an empty message on the channel
 //!   named like the record's key when they complete, release or replace a `processing` record
-//!   (`scripts.rs`): `PUBLISH` on a server, `SPUBLISH` on a cluster (the channel lives in the
-//!   key's slot, so the message stays on that shard).
+//!   that a waiter marked (`scripts.rs`): `PUBLISH` on a server, `SPUBLISH` on a cluster (the
+//!   channel lives in the key's slot, so the message stays on that shard). A record nobody
+//!   waits on publishes nothing.
+//! - The mark: a wait, once its subscription is confirmed, sets field `w` of the `processing`
+//!   record and reads the record in one script. Redis runs it and the writes one at a time, so
+//!   a write before the mark is in what the wait reads, and a write after it publishes to a
+//!   subscription that is already there. The write that publishes takes the mark off; a wait
+//!   that goes on waiting (a takeover woke it, the record is `processing` again) marks again.
 //! - Subscriber: one RESP3 connection per store (shared by its clones), made at the first wait,
 //!   whose pushes wake the waits by channel. A wait subscribes to its record's channel (one
 //!   subscription per key however many requests wait on it: the executor shares one wait per
@@ -22,14 +28,17 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use idem_core::wait::{Timer, Waiters, changed, poll_every, poll_for_change};
-use idem_core::{Clock, KeyStore, Record, StoreError};
+use idem_core::{Clock, KeyStore, Record, RecordId, StoreError, Timestamp};
 use redis::aio::ConnectionManager;
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 
 use crate::RedisStore;
+use crate::command::{evalsha, run};
 use crate::keys::RecordKeys;
+use crate::record::{self, Fields};
+use crate::scripts::MARK_WAITED_SCRIPT;
 
 /// How often a subscribed wait also reads the record, in case its subscription went deaf.
 pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
@@ -261,7 +270,21 @@ impl Hub {
     }
 }
 
-/// [`KeyStore::wait_for_change`] for Redis: register and subscribe, read, then the first of a
+/// Marks the record `id` as waited on if it is `processing` and reads it, in one script: a write
+/// that ends or replaces it after this publishes, one before it is in the answer.
+async fn mark_and_get(
+    store: &RedisStore,
+    id: &RecordId,
+    now: Timestamp,
+) -> Result<Option<Record>, StoreError> {
+    let keys = RecordKeys::new(&store.prefix, id);
+    let script = &MARK_WAITED_SCRIPT;
+    let fields: Fields = run(script, &evalsha(script, &keys), &mut store.conn(), "wait").await?;
+    let names = || Ok((id.scope().as_str().to_owned(), id.key().as_str().to_owned()));
+    Ok(record::record(fields, names)?.filter(|r| !r.is_expired(now)))
+}
+
+/// [`KeyStore::wait_for_change`] for Redis: register and subscribe, mark and read, then the first of a
 /// message and a poll (every [`SAFETY_POLL`] when subscribed, the portable backoff when not).
 pub(crate) async fn wait_for_change(
     store: &RedisStore,
@@ -278,7 +301,14 @@ pub(crate) async fn wait_for_change(
     // unsubscribed by a later subscription.
     let mut registered = store.hub.waiters.register(name.clone());
     let subscribed = store.hub.subscribe(&mut subscriber, &name).await;
-    if changed(seen, store.get(&id, clock.now()).await?.as_ref()) {
+    // Subscribed, the wait marks the record as it reads it, so that the write that ends it
+    // publishes (writes publish only for a marked record); polling, it needs no message.
+    let now = if subscribed {
+        mark_and_get(store, &id, clock.now()).await?
+    } else {
+        store.get(&id, clock.now()).await?
+    };
+    if changed(seen, now.as_ref()) {
         return Ok(());
     }
     if subscribed {

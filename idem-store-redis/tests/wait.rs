@@ -370,3 +370,120 @@ async fn a_store_on_a_callers_connection_manager_polls() {
     tokio::time::timeout(HANG, waiter).await.unwrap().unwrap();
     assert_eq!(b.subscriber_connections_opened(), 0, "no subscriber");
 }
+
+/// The name of the one record hash under `prefix` (the tests do not know the bucket).
+async fn record_key(prefix: &str) -> String {
+    let url = common::url().unwrap();
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*:r:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "one record under {prefix}: {keys:?}");
+    keys.into_iter().next().unwrap()
+}
+
+/// Whether the record hash `key` carries a waiter's mark.
+async fn marked(key: &str) -> bool {
+    let mut conn = redis::Client::open(common::url().unwrap())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("HEXISTS")
+        .arg(key)
+        .arg("w")
+        .query_async::<bool>(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Counted at the sink: a subscriber to every channel of the test's keys sees a message for the
+/// completion and the takeover of records a waiter marked, and none for the completion, release
+/// and takeover of records nobody waits on. A message published by the test itself after the
+/// writes ends the count (a server delivers to one subscriber in order).
+#[tokio::test]
+async fn writes_publish_only_for_a_record_a_waiter_marked() {
+    let Some(url) = common::url() else { return };
+    let p = policy(StalePolicy::Takeover);
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let mut sub = redis::Client::open(url.clone())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.set_read_timeout(Some(HANG)).unwrap();
+    let base = common::unique("wait-mark");
+    pubsub.psubscribe(format!("{base}*")).unwrap();
+    let store = |case: &str| {
+        let prefix = format!("{base}-{case}");
+        async move { handle(false, &prefix).await.unwrap() }
+    };
+
+    // Nobody waits: a completion, a release, a takeover.
+    let a = store("complete").await;
+    let ids = self::ids("quiet");
+    let id = RecordId::new(ids.0.clone(), ids.1.clone());
+    let token = claim(&a, &ids, &p, clock.now()).await;
+    let done = a.complete(&id, token, &ticket(), &p, clock.now()).await;
+    assert_eq!(done.unwrap(), CompleteAnswer::Completed);
+    let a = store("release").await;
+    let token = claim(&a, &ids, &p, clock.now()).await;
+    let released = a.release(&id, token, clock.now()).await.unwrap();
+    assert_eq!(released, ReleaseAnswer::Released);
+    let a = store("takeover").await;
+    claim(&a, &ids, &p, clock.now()).await;
+    let later = clock.now() + Duration::from_secs(31);
+    claim(&a, &ids, &p, later).await;
+
+    // Waited: the waiter's mark is on the record before the write.
+    let mut expected = Vec::new();
+    for case in ["waited-complete", "waited-takeover"] {
+        let prefix = format!("{base}-{case}");
+        let (a, b) = (store(case).await, store(case).await);
+        let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+        let token = claim(&a, &ids, &p, clock.now()).await;
+        let key = record_key(&prefix).await;
+        let waiter = wait_on(&b, &ids, &clock).await;
+        while !marked(&key).await {
+            tokio::task::yield_now().await;
+        }
+        if case == "waited-complete" {
+            let done = a.complete(&id, token, &ticket(), &p, clock.now()).await;
+            assert_eq!(done.unwrap(), CompleteAnswer::Completed);
+        } else {
+            clock.advance(Duration::from_secs(31));
+            claim(&a, &ids, &p, clock.now()).await;
+        }
+        woken(waiter, case).await;
+        assert!(!marked(&key).await, "{case}: the write took the mark off");
+        expected.push(key);
+    }
+
+    let end = format!("{base}-end");
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(&end)
+        .arg("")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut published = Vec::new();
+    loop {
+        let channel = pubsub.get_message().unwrap().get_channel_name().to_owned();
+        if channel == end {
+            break;
+        }
+        published.push(channel);
+    }
+    assert_eq!(published, expected, "messages only for the marked records");
+}
