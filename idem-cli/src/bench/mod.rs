@@ -13,6 +13,7 @@ mod saturation;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_conformance::kit::{FaultStore, Op};
 use idem_core::machine::ClaimAnswer;
 use idem_core::store::ReplayCache;
 use idem_core::{
@@ -63,31 +64,40 @@ pub struct BenchOptions {
 /// many live records, then measures idem against the bare engine operations; then, with
 /// `purge`, measures claims while expired records are purged.
 pub async fn bench(url: &StoreUrl, opts: &BenchOptions) -> Result<BenchReport, Failure> {
-    let (store, raw, run) = open_bench(url, opts.replay_cache.then_some(opts.operations)).await?;
-    self::run(store, raw, run, opts)
+    let (store, raw, run, reached) =
+        open_bench(url, opts.replay_cache.then_some(opts.operations)).await?;
+    self::run(store, raw, run, reached, opts)
         .await
         .map_err(Failure::store)
 }
 
 /// The store to measure, the bare engine beside it and a fresh run id. With `cache_keys`, the
 /// store is wrapped in a [`ReplayCache`] with room for that many measured keys (and the purge's
-/// claims), so none is evicted.
+/// claims), so none is evicted, over a [`FaultStore`] that counts the calls the cache lets
+/// through (no fault is programmed).
 async fn open_bench(
     url: &StoreUrl,
     cache_keys: Option<usize>,
-) -> Result<(Arc<dyn KeyStore>, Raw, String), Failure> {
+) -> Result<(Arc<dyn KeyStore>, Raw, String, Option<Reached>), Failure> {
     let opened = open(url).await?;
     let raw = Raw::open(&opened).await.map_err(Failure::store)?;
     let run = format!("{:016x}", rand::random::<u64>());
     let mut store = raw.bench_store(&opened, &run).map_err(Failure::store)?;
+    let mut reached = None;
     if let Some(keys) = cache_keys {
         let entries = keys
             .saturating_mul(4)
             .max(ReplayCache::<Arc<dyn KeyStore>>::DEFAULT_MAX_ENTRIES);
-        store = Arc::new(ReplayCache::new(store).max_entries(entries));
+        // Between the cache and the store, counting what the cache lets through.
+        let counted = FaultStore::new(store);
+        reached = Some(counted.clone());
+        store = Arc::new(ReplayCache::new(counted).max_entries(entries));
     }
-    Ok((store, raw, run))
+    Ok((store, raw, run, reached))
 }
+
+/// The store under a [`ReplayCache`], counting the calls that reach it.
+type Reached = FaultStore<Arc<dyn KeyStore>>;
 
 /// The bench's shared inputs.
 struct Setup {
@@ -99,6 +109,8 @@ struct Setup {
     outcome: Outcome,
     /// `store` is wrapped in a [`ReplayCache`]: fill it before measuring replays.
     replay_cache: bool,
+    /// With the cache: the store under it, counting the claims that reach it.
+    reached: Option<Reached>,
 }
 
 impl Setup {
@@ -107,7 +119,7 @@ impl Setup {
         store: Arc<dyn KeyStore>,
         raw: Raw,
         run: String,
-        replay_cache: bool,
+        reached: Option<Reached>,
     ) -> Result<Setup, BoxError> {
         Ok(Setup {
             store,
@@ -116,8 +128,14 @@ impl Setup {
             policy: Policy::default(),
             outcome: Outcome::definitive(201, &json!({"ticket_id": "T-1", "status": "open"}))?,
             run,
-            replay_cache,
+            replay_cache: reached.is_some(),
+            reached,
         })
+    }
+
+    /// With the cache: how many claims have reached the store under it so far.
+    fn claims_reached(&self) -> Option<usize> {
+        self.reached.as_ref().map(|r| r.calls(Op::Claim))
     }
 }
 
@@ -125,6 +143,7 @@ async fn run(
     store: Arc<dyn KeyStore>,
     raw: Raw,
     run: String,
+    reached: Option<Reached>,
     opts: &BenchOptions,
 ) -> Result<BenchReport, BoxError> {
     let args = json!({"title": "bench", "priority": 2});
@@ -135,7 +154,7 @@ async fn run(
         }
         t.elapsed().as_secs_f64() * 1e6 / 1000.0
     };
-    let setup = Arc::new(Setup::new(store, raw, run, opts.replay_cache)?);
+    let setup = Arc::new(Setup::new(store, raw, run, reached)?);
     let fill_scope = format!("idem-bench/{}/fill", setup.run);
     let purge_scope = format!("idem-bench/{}/expired", setup.run);
     let mut report = BenchReport {
@@ -318,7 +337,8 @@ mod tests {
     use super::*;
 
     /// With `--replay-cache` every measured replay is still a replay of the record (the bench
-    /// checks each answer), the report says the cache answered, and it reads back so.
+    /// checks each answer), answered by the cache (the claims that reach the store under it are
+    /// counted), the report says so, and it reads back so.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_replays_through_the_replay_cache() {
         let (dir, url) = super::scratch_sqlite().await;
@@ -336,6 +356,8 @@ mod tests {
         assert!(report.replay_cache);
         let point = &report.points[0];
         assert_eq!((point.replay.idem.n, point.replay.raw.n), (12, 12));
+        // Counted under the cache: none of the measured replays reached the store.
+        assert_eq!(point.replays_from_store, Some(0));
         let json = report.to_json();
         assert_eq!(json["replay_cache"], true);
         assert!(BenchReport::from_json(&json).unwrap().replay_cache);

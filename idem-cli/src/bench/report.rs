@@ -103,6 +103,9 @@ pub struct Point {
     pub store_bytes: u64,
     /// Bytes per prefilled record: growth of `store_bytes` over the records added.
     pub bytes_per_record: Option<f64>,
+    /// With `--replay-cache`: idem's measured replays that reached the store (the cache did not
+    /// answer them).
+    pub replays_from_store: Option<u64>,
 }
 
 /// Claims while expired records are purged (`idem bench --purge N`).
@@ -252,6 +255,7 @@ impl BenchReport {
                     "read_idem_row": p.read_idem_row.map(Stats::to_json),
                     "store_bytes": p.store_bytes,
                     "bytes_per_record": p.bytes_per_record,
+                    "replays_from_store": p.replays_from_store,
                 })
             })
             .collect();
@@ -359,6 +363,13 @@ impl fmt::Display for BenchReport {
             alone("  complete", p.complete)?;
             if let Some(read) = p.read_idem_row {
                 alone("  SELECT * record", read)?;
+            }
+            if let Some(missed) = p.replays_from_store {
+                writeln!(
+                    f,
+                    "replays that reached the store past the cache: {missed} of {}",
+                    p.replay.idem.n
+                )?;
             }
         }
         if let Some(purge) = &self.purge {

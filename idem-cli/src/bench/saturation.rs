@@ -90,9 +90,10 @@ pub async fn saturation(
     url: &StoreUrl,
     opts: &SaturationOptions,
 ) -> Result<SaturationReport, Failure> {
-    let (store, raw, run) = open_bench(url, opts.replay_cache.then_some(opts.operations)).await?;
+    let (store, raw, run, reached) =
+        open_bench(url, opts.replay_cache.then_some(opts.operations)).await?;
     let cpu = Cpu::of(&raw, url);
-    let setup = Arc::new(Setup::new(store, raw, run, opts.replay_cache).map_err(Failure::store)?);
+    let setup = Arc::new(Setup::new(store, raw, run, reached).map_err(Failure::store)?);
     let mut report = SaturationReport {
         engine: setup.raw.engine().to_owned(),
         replay_cache: opts.replay_cache,
