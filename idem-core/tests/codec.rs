@@ -368,3 +368,25 @@ async fn reconciliation_stores_the_sealed_outcome() {
     assert_eq!(replay.outcome(), &secret_outcome());
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// One codec shared by several executors as an `Arc` (its keys loaded once): what the first
+/// stores is sealed with the codec's key, and the second replays it in clear.
+#[tokio::test]
+async fn a_codec_shared_as_an_arc_seals_and_opens_as_itself() {
+    let store = MemoryStore::new();
+    let shared = Arc::new(aes("shared", 4));
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let one = Executor::new(store.clone()).with_codec(shared.clone());
+    let first = charge(&one, "k-1", &runs).await.unwrap();
+    assert_eq!(first.outcome(), &secret_outcome());
+    let stored = at_rest(&store, "k-1").await;
+    assert!(!stored.body().contains(SECRET), "{}", stored.body());
+    assert_eq!(sealed_info(stored.body()).unwrap().key_id, "shared");
+
+    let two = Executor::new(store.clone()).with_codec(shared);
+    let again = charge(&two, "k-1", &runs).await.unwrap();
+    assert!(again.is_replay());
+    assert_eq!(again.outcome(), &secret_outcome());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
