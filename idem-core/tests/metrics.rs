@@ -10,8 +10,8 @@ use idem_core::machine::ClaimAnswer;
 use idem_core::metrics::{self as names, describe};
 use idem_core::reconcile::{Finding, Probe, Reconciler, purge_expired_all};
 use idem_core::{
-    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, RecordId, Scope, Timestamp, async_trait,
+    Clock, ErrorAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
+    Outcome, Policy, Record, RecordId, Refusal, Scope, Timestamp, async_trait,
 };
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -111,6 +111,41 @@ async fn the_executor_times_claim_extend_and_complete() {
     assert_eq!(claims("claimed"), 1);
     assert_eq!(claims("replayed"), 1);
     assert_eq!(m.count(names::COMPLETIONS, &[("result", "completed")]), 1);
+}
+
+/// A key reused with other arguments is refused and counted once in `idem_refusals_total` with
+/// its transport and reason, as a transport observes it ([contract
+/// §8](idem_core::contract#observability)).
+#[tokio::test]
+async fn a_fingerprint_mismatch_is_counted_as_a_refusal_of_its_transport() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let executor = Executor::new(MemoryStore::new()).with_policy(policy());
+    let scope = Scope::new("tenant/tool").unwrap();
+    let key = IdempotencyKey::new("k-1").unwrap();
+    let ok = || async { Outcome::definitive(200, &json!({"ok": true})).unwrap() };
+    let first = Fingerprint::of("tool", &json!({"a": 1})).unwrap();
+    executor.run(&scope, &key, &first, |_| ok()).await.unwrap();
+    let other = Fingerprint::of("tool", &json!({"a": 2})).unwrap();
+    let error = executor
+        .run(&scope, &key, &other, |_| ok())
+        .await
+        .unwrap_err();
+    let answer = ErrorAnswer::observed(&error, "http");
+    assert!(matches!(
+        answer,
+        ErrorAnswer::Refuse(Refusal::FingerprintMismatch)
+    ));
+    let m = snapshot(&snapshotter);
+    let reason = Refusal::FingerprintMismatch.name();
+    let refusals = |transport| {
+        m.count(
+            names::REFUSALS,
+            &[("transport", transport), ("reason", reason)],
+        )
+    };
+    assert_eq!((refusals("http"), refusals("mcp")), (1, 0));
 }
 
 /// Each claim answer is counted with where its key came from ([contract
