@@ -168,6 +168,41 @@ async fn an_effect_that_happened_is_completed_and_replays() {
     );
 }
 
+/// A probe that keeps the token of each record it was shown, and finds the effect done.
+struct Tokens(Arc<Mutex<Vec<idem_core::Token>>>);
+
+#[async_trait]
+impl Probe for Tokens {
+    async fn probe(&self, record: &Record) -> Finding {
+        self.0.lock().unwrap().push(record.token);
+        Finding::Happened(Outcome::definitive(201, &json!({"ticket_id": "T-1"})).unwrap())
+    }
+}
+
+/// The probe is shown the record as the reconciler took it over: with the token the finding is
+/// then written with, not the stale holder's.
+#[tokio::test]
+async fn the_probe_sees_the_record_under_the_reconcilers_token() {
+    let w = world();
+    let (key, stale) = w.crashed_holder("k-token", true).await;
+    w.clock.advance(Duration::from_secs(31));
+    let shown = Arc::new(Mutex::new(Vec::new()));
+    let report = Reconciler::new(
+        Arc::new(w.store.clone()),
+        Arc::new(w.clock.clone()),
+        w.policy,
+        Tokens(shown.clone()),
+    )
+    .run_once()
+    .await
+    .unwrap();
+    assert_eq!(report.completed, 1);
+    let settled = w.record(&key).await;
+    assert_eq!(settled.state, RecordState::Completed);
+    assert_ne!(settled.token, stale);
+    assert_eq!(*shown.lock().unwrap(), vec![settled.token]);
+}
+
 #[tokio::test]
 async fn an_effect_that_did_not_happen_is_released_and_runs_once_on_retry() {
     let w = world();

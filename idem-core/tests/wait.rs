@@ -632,3 +632,46 @@ fn debug_counts_the_waits_and_numbers_each_without_the_names() {
         "{all}"
     );
 }
+
+/// `poll_every`, the safety poll a store with notifications races its notification against:
+/// while the record stays as seen it sleeps `every` and reads again, and never returns; once the
+/// record changed, the next read returns.
+#[tokio::test]
+async fn poll_every_reads_every_interval_until_the_record_changed() {
+    let store = MemoryStore::new();
+    let (scope, key, fp) = ids();
+    let id = RecordId::new(scope, key);
+    let p = policy(StalePolicy::Reconcile);
+    let clock = idem_core::SystemClock;
+    let ClaimAnswer::Claimed { token, .. } = store.claim(&id, &fp, &p, clock.now()).await.unwrap()
+    else {
+        panic!("a claim")
+    };
+    let seen = store.get(&id, clock.now()).await.unwrap().unwrap();
+    let slept = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let timer = {
+        let slept = slept.clone();
+        Timer::new(move |d| {
+            slept.lock().unwrap().push(d);
+            Box::pin(tokio::task::yield_now())
+        })
+    };
+    let every = Duration::from_millis(250);
+    let polling = idem_core::wait::poll_every(&store, &seen, &clock, &timer, every);
+    tokio::pin!(polling);
+    // Twenty intervals with the record as seen: still polling.
+    let twenty = async {
+        while slept.lock().unwrap().len() < 20 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::select! {
+        ended = &mut polling => panic!("poll_every ended with the record unchanged: {ended:?}"),
+        () = twenty => {}
+    }
+    assert!(slept.lock().unwrap().iter().all(|d| *d == every));
+    let done = Outcome::definitive(201, &json!({"ticket": "T-1"})).unwrap();
+    let completed = store.complete(&id, token, &done, &p, clock.now()).await;
+    assert_eq!(completed.unwrap(), CompleteAnswer::Completed);
+    polling.await.unwrap();
+}

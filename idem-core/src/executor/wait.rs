@@ -235,3 +235,36 @@ async fn round(
         }
     }
 }
+
+#[cfg(all(test, feature = "tokio"))]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::{IdempotencyKey, MemoryStore, Outcome, Policy, Scope, SystemClock};
+
+    /// A waiter dropped while it waits takes its round with it: an executor that many waiters
+    /// leave (callers that time out) keeps no entry for their keys.
+    #[tokio::test]
+    async fn a_dropped_waiter_leaves_no_round_behind() {
+        let store = MemoryStore::new();
+        let executor = Executor::new(store.clone()).waiting(Duration::from_secs(30));
+        let (scope, key) = (Scope::new("t").unwrap(), IdempotencyKey::new("k").unwrap());
+        let fp = Fingerprint::of("tool", &json!({})).unwrap();
+        let id = RecordId::new(scope.clone(), key.clone());
+        let policy = Policy::default();
+        let claimed = store.claim(&id, &fp, &policy, SystemClock.now()).await;
+        assert!(matches!(claimed.unwrap(), ClaimAnswer::Claimed { .. }));
+        let rounds = executor.waiting.rounds.clone();
+        let waiter = tokio::spawn(async move {
+            let ok = || async { Outcome::definitive(200, &json!({})).unwrap() };
+            executor.run(&scope, &key, &fp, |_| ok()).await
+        });
+        while rounds.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+        assert!(rounds.lock().unwrap().is_empty(), "a round left behind");
+    }
+}

@@ -25,7 +25,9 @@ pub enum Finding {
 /// its checkpoints, and the next attempt resumes after them.
 #[async_trait]
 pub trait Probe: Send + Sync {
-    /// Looks `record`'s operation up downstream.
+    /// Looks `record`'s operation up downstream. `record` is as the reconciler holds it: taken
+    /// over from the stale holder (its `token` is the reconciler's, which the finding is written
+    /// with), its checkpoints decoded.
     async fn probe(&self, record: &Record) -> Finding;
 }
 
