@@ -675,3 +675,38 @@ async fn poll_every_reads_every_interval_until_the_record_changed() {
     assert_eq!(completed.unwrap(), CompleteAnswer::Completed);
     polling.await.unwrap();
 }
+
+/// A caller that did not ask to wait is answered "in flight" from its one claim: no second
+/// claim, no wait counted (the executor waits only for a caller that asked, under a usable
+/// timer).
+#[tokio::test]
+async fn a_caller_that_did_not_ask_to_wait_is_answered_from_one_claim() {
+    use idem_conformance::kit::{FaultStore, Op};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = FaultStore::new(MemoryStore::new());
+    let (scope, key, fp) = ids();
+    let p = policy(StalePolicy::Reconcile);
+    let id = RecordId::new(scope.clone(), key.clone());
+    let holder = store
+        .inner()
+        .claim(&id, &fp, &p, idem_core::SystemClock.now())
+        .await;
+    assert!(matches!(holder.unwrap(), ClaimAnswer::Claimed { .. }));
+    let executor = Executor::new(store.clone()).with_policy(p);
+    let sink = Sink::default();
+    let answer = executor
+        .run(&scope, &key, &fp, |_| async { sink.create_ticket() })
+        .await;
+    assert!(matches!(answer, Err(Error::InFlight { .. })), "{answer:?}");
+    assert_eq!(store.calls(Op::Claim), 1);
+    assert_eq!(sink.count(), 0);
+    let waits = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == names::WAITS)
+        .count();
+    assert_eq!(waits, 0, "no wait counted");
+}
