@@ -179,3 +179,67 @@ fn record_v2(
     }
     .into_record()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Result<(String, String), StoreError> {
+        Ok(("scope".into(), "key".into()))
+    }
+
+    /// A valid format-2 metadata field: 130 fixed characters, then the six numbers.
+    fn meta() -> String {
+        format!(
+            "pn{}{}{}1|1|1700000030000|1700000000000|1700086400000|1700000000000",
+            "a".repeat(64),
+            "b".repeat(32),
+            "c".repeat(32)
+        )
+    }
+
+    fn v2(m: &str, o: Option<&[u8]>) -> Fields {
+        let mut fields = Fields::new();
+        fields.insert("m".into(), m.as_bytes().to_vec());
+        if let Some(o) = o {
+            fields.insert("o".into(), o.to_vec());
+        }
+        fields
+    }
+
+    fn corrupt(result: Result<Option<Record>, StoreError>) -> String {
+        match result {
+            Err(e) => {
+                assert_eq!(e.kind(), "corrupt", "{e}");
+                e.to_string()
+            }
+            Ok(r) => panic!("read a damaged record as {r:?}"),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_record_reads_back() {
+        let header = format!("c{}{:020}", "a".repeat(64), 1_700_086_400_000_u64);
+        let o = format!("{header}201|d|{{\"ticket\":\"T-1\"}}");
+        let record = record(v2(&meta(), Some(o.as_bytes())), names)
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.token.seq, 1);
+        assert_eq!(record.outcome.unwrap().status(), 201);
+    }
+
+    /// Damaged fields are a corrupt-record error, never a panic or a guess: metadata shorter
+    /// than its fixed part, metadata with a character outside ASCII (every field of it is
+    /// ASCII, and it is cut at fixed byte offsets), an outcome whose header is cut short.
+    #[test]
+    fn damaged_fields_are_a_corrupt_record_error() {
+        let short = &meta()[..120];
+        assert!(corrupt(record(v2(short, None), names)).contains("metadata"));
+        let wide = meta().replacen('a', "é", 1);
+        assert!(wide.len() > 131);
+        assert!(corrupt(record(v2(&wide, None), names)).contains("metadata"));
+        let cut = format!("c{}", "a".repeat(20));
+        assert!(corrupt(record(v2(&meta(), Some(cut.as_bytes())), names)).contains("outcome"));
+        assert!(outcome(b"c1".to_vec()).is_err());
+    }
+}
