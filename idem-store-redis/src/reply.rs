@@ -12,12 +12,11 @@ pub(crate) fn short() -> StoreError {
     StoreError::corrupt("redis claim script: short answer")
 }
 
-/// A text field of a script's answer.
+/// A text field of a script's answer (a Lua string: a bulk string, never a status reply).
 pub(crate) fn text(v: Option<&Value>) -> Result<&str, StoreError> {
     match v {
         Some(Value::BulkString(b)) => std::str::from_utf8(b)
             .map_err(|e| StoreError::corrupt_with("redis: answer is not UTF-8", e)),
-        Some(Value::SimpleString(s)) => Ok(s),
         _ => Err(short()),
     }
 }
