@@ -5,6 +5,7 @@
 pub mod server;
 
 use std::pin::Pin;
+use std::sync::LazyLock;
 
 use idem_store_redis::RedisStore;
 
@@ -62,8 +63,14 @@ pub fn tls_cas() -> Option<(String, String)> {
 pub type Factory =
     Box<dyn Fn() -> Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + Sync + 'static>;
 
+/// The key prefix of every store the conformance factories make in this test process: one
+/// process's stores share their records (the suite opens several as several processes would),
+/// and what the cases leave behind (stale claims among them) stays out of the default prefix,
+/// which `idem demo` and `idem serve` use and reconcile on the same server.
+static PREFIX: LazyLock<String> = LazyLock::new(|| unique("conformance"));
+
 /// The conformance suite's factory for the standalone server at `url` (verified against the CA
-/// file `ca` if given): every call is a new store with its own connection.
+/// file `ca` if given): every call is a new store with its own connection, under [`PREFIX`].
 pub fn standalone_factory(url: String, ca: Option<String>) -> Factory {
     Box::new(move || {
         let (url, ca) = (url.clone(), ca.clone());
@@ -73,12 +80,14 @@ pub fn standalone_factory(url: String, ca: Option<String>) -> Factory {
                 None => RedisStore::connect(&url).await,
             }
             .expect("connect to redis")
+            .with_prefix(&PREFIX)
+            .expect("a valid prefix")
         })
     })
 }
 
 /// The conformance suite's factory for the cluster of `urls` (verified against the CA file `ca`
-/// if given): every call is a new store with its own cluster connection.
+/// if given): every call is a new store with its own cluster connection, under [`PREFIX`].
 pub fn cluster_factory(urls: Vec<String>, ca: Option<String>) -> Factory {
     Box::new(move || {
         let (urls, ca) = (urls.clone(), ca.clone());
@@ -87,7 +96,9 @@ pub fn cluster_factory(urls: Vec<String>, ca: Option<String>) -> Factory {
                 Some(ca) => RedisStore::connect_cluster_with_ca(&urls, ca).await,
                 None => RedisStore::connect_cluster(&urls).await,
             }
-            .expect("connect to the redis cluster");
+            .expect("connect to the redis cluster")
+            .with_prefix(&PREFIX)
+            .expect("a valid prefix");
             assert!(store.is_cluster());
             store
         })
