@@ -345,7 +345,7 @@ mod tests {
         let opts = BenchOptions {
             operations: 12,
             concurrency: 2,
-            records: vec![0],
+            records: vec![0, 4],
             duration: None,
             purge: None,
             purge_batch: 64,
@@ -356,8 +356,10 @@ mod tests {
         assert!(report.replay_cache);
         let point = &report.points[0];
         assert_eq!((point.replay.idem.n, point.replay.raw.n), (12, 12));
-        // Counted under the cache: none of the measured replays reached the store.
-        assert_eq!(point.replays_from_store, Some(0));
+        // Counted under the cache, at each point: none of the measured replays reached the
+        // store.
+        let missed: Vec<_> = report.points.iter().map(|p| p.replays_from_store).collect();
+        assert_eq!(missed, [Some(0), Some(0)]);
         let json = report.to_json();
         assert_eq!(json["replay_cache"], true);
         assert!(BenchReport::from_json(&json).unwrap().replay_cache);
