@@ -65,9 +65,11 @@ impl TasksOptions {
     }
 
     /// The lease of the idem replicas: short enough that a killed holder's task is taken over
-    /// soon, renewed by the heartbeat while the holder lives.
+    /// soon, renewed by the heartbeat while the holder lives. Not below a second: a lease covers
+    /// the store's writes too (contract §1), and on a loaded machine one commit can take a few
+    /// hundred milliseconds (a 300 ms lease let a live holder be taken over there).
     fn lease(&self) -> Duration {
-        (self.tool_latency / 4).max(Duration::from_millis(200))
+        (self.tool_latency / 4).max(Duration::from_secs(1))
     }
 
     fn poll_interval(&self) -> Duration {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::Sink;
 use futures_util::future::{Either, select};
+use idem_conformance::kit::{FaultStore, Op};
 use idem_core::metrics as names;
 use idem_core::{
     Attempt, Clock, Error, Execution, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore,
@@ -162,6 +163,40 @@ async fn without_heartbeats_the_same_holder_is_taken_over_and_the_effect_doubles
     }
     assert_eq!(sink.count(), 2, "the double effect heartbeats prevent");
     assert_eq!(attempt.lease_until(), claimed, "never renewed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_slow_to_answer_is_renewed_at_once_not_a_whole_interval_later() {
+    let (start, sink) = (Instant::now(), Arc::new(Sink::default()));
+    let store = FaultStore::new(MemoryStore::new());
+    // The claim is written at 0 s (lease to 30 s); its answer arrives at 25 s, as from a commit
+    // held up by the disk or a queue before the store.
+    store.after_once(Op::Claim, |_| sleep(LEASE * 5 / 6));
+    let policy = Policy::builder()
+        .lease(LEASE)
+        .stale(StalePolicy::Takeover)
+        .build()
+        .unwrap();
+    let holder_exec = Executor::new(store.clone())
+        .with_policy(policy)
+        .with_clock(TokioClock::new(start));
+    let (attempt, holder) = hold(&holder_exec, &sink, 2 * LEASE).await;
+    assert_eq!(start.elapsed(), LEASE * 5 / 6, "the claim answered late");
+    // Renewed as the operation started, from 25 s to 55 s.
+    sleep(SECOND).await;
+    assert_eq!(
+        attempt.lease_until(),
+        Timestamp::from_millis(1_700_000_000_000) + LEASE * 5 / 6 + LEASE
+    );
+
+    let taker = executor(&store.inner(), TokioClock::new(start)).with_heartbeat(None);
+    let taken = take_over_throughout(&taker, &sink, &holder, start).await;
+
+    // A first renewal a third of the lease after the answer (at 35 s) would have come after the
+    // taker's try at 31 s: taken over while alive, two tickets.
+    assert!(taken.is_empty(), "taken over while alive at {taken:?}");
+    holder.await.unwrap().expect("the holder completes");
+    assert_eq!(sink.count(), 1, "one ticket at the sink");
 }
 
 /// Observations of the memory store's `extend` since the previous snapshot.

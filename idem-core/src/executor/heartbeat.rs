@@ -35,7 +35,9 @@ impl Executor {
     /// Renews the lease of a running operation every `every` (`None`: never). By default the
     /// executor renews it every third of the [policy's lease](crate::Policy::lease), to
     /// `now + lease`, for as long as the operation runs, so a holder whose work outlives its
-    /// lease is not taken over while it is alive. Renewal stops when the operation returns, when
+    /// lease is not taken over while it is alive. The interval counts from the time the lease
+    /// was last set (the claim's or the renewal's `now`), not from when the store answered: a
+    /// claim slow to answer is renewed as its operation starts. Renewal stops when the operation returns, when
     /// it is fenced (the operation learns it through [`Attempt::is_lost`] and [`Attempt::lost`]),
     /// and when the caller's future is dropped: the lease then runs out as for a crashed holder.
     /// An interval below 1 ms is taken as 1 ms; one that is not well below the lease lets the
@@ -74,22 +76,34 @@ impl Executor {
 
 /// Renews `attempt`'s lease to `now + lease` every `every`, until it is lost or recorded.
 async fn beat(attempt: Attempt, timer: Timer, every: Duration, lease: Duration) {
+    let mut wait = next_renewal(&attempt, every, lease);
     loop {
-        timer.sleep(every).await;
+        timer.sleep(wait).await;
         // Recorded by the operation's own transaction: the claim ended well, nothing to renew
         // (a renewal racing that commit is fenced, and only logged).
         if attempt.recorded.is_marked() || attempt.is_lost() {
             return;
         }
         match attempt.extend(lease).await {
-            Ok(true) => {}
+            Ok(true) => wait = next_renewal(&attempt, every, lease),
             // Fenced: `extend` marked the attempt lost and said so.
             Ok(false) => return,
             Err(error) => {
                 tracing::warn!(%error, "heartbeat: the lease could not be renewed; trying again at the next beat");
+                wait = every;
             }
         }
     }
+}
+
+/// How long until the next renewal: `every` after the lease was last set (its deadline less
+/// `lease`), counted from the time that write was asked for, not from when its answer came. A
+/// claim or renewal slow to answer (a commit held up by the disk, a queue before the store) has
+/// already spent part of the lease; the next renewal comes that much sooner, at once if it is
+/// due.
+fn next_renewal(attempt: &Attempt, every: Duration, lease: Duration) -> Duration {
+    let set_at = attempt.lease_until() - lease;
+    (set_at + every).saturating_since(attempt.now())
 }
 
 /// Runs `operation` to its end with `heartbeat` beside it; the heartbeat stops with it.
