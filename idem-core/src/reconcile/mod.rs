@@ -43,6 +43,13 @@
 //! doing long work must keep true by heartbeating ([`crate::Attempt::extend`]) and stopping when a
 //! heartbeat reports the claim lost. Pass the [`crate::downstream_key`] to the provider too, so
 //! the provider itself refuses a second effect.
+//!
+//! **A reconciler settles every stale record of its store**, whatever tool wrote it: a pass
+//! lists the store's stale records oldest first (the whole table, the whole key prefix), and its
+//! probe's [`Finding::NotHappened`] releases a record for a retry. Give a store one reconciler
+//! whose probe knows every tool that writes to it; services that each bring their own probe keep
+//! their records apart, a table or key prefix each (a probe that does not know a record's tool
+//! must answer [`Finding::Unknown`], and a pass of `batch` such records leaves the rest unseen).
 
 use std::future::Future;
 use std::sync::Arc;
