@@ -148,6 +148,19 @@ async fn a_fingerprint_mismatch_is_counted_as_a_refusal_of_its_transport() {
     assert_eq!((refusals("http"), refusals("mcp")), (1, 0));
 }
 
+/// A request a transport passed through unprotected (no key where the key is optional) is counted
+/// in `idem_unprotected_total` with its transport.
+#[test]
+fn a_request_passed_through_unprotected_is_counted_with_its_transport() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    idem_core::metrics::count_unprotected("mcp");
+    let m = snapshot(&snapshotter);
+    let unprotected = |transport| m.count(names::UNPROTECTED, &[("transport", transport)]);
+    assert_eq!((unprotected("mcp"), unprotected("http")), (1, 0));
+}
+
 /// Each claim answer is counted with where its key came from ([contract
 /// §5.1](idem_core::contract#keyless)): a sent key and each derived one, and the effect ran once
 /// per key.

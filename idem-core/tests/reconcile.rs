@@ -229,6 +229,34 @@ async fn an_effect_that_did_not_happen_is_released_and_runs_once_on_retry() {
     assert_eq!(w.effects(), 1, "exactly one ticket");
 }
 
+/// `stale_for` holds a record back until its lease has been over that long: a claim whose lease
+/// ended 5 s ago is left to its holder (nothing probed, nothing written), one whose lease ended
+/// 15 s ago is settled.
+#[tokio::test]
+async fn stale_for_leaves_a_claim_whose_lease_ended_more_recently() {
+    let w = world();
+    let (early, early_token) = w.crashed_holder("k-early", false).await;
+    w.clock.advance(Duration::from_secs(10));
+    let (late, late_token) = w.crashed_holder("k-late", false).await;
+    // `k-early`'s lease ended 15 s ago, `k-late`'s 5 s ago.
+    w.clock.advance(Duration::from_secs(35));
+    let report = w
+        .reconciler()
+        .stale_for(Duration::from_secs(10))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!((report.examined, report.released), (1, 1));
+    let (early, late) = (w.record(&early).await, w.record(&late).await);
+    assert_eq!(early.state, RecordState::FailedRetryable);
+    assert_ne!(early.token, early_token, "taken over to be released");
+    assert_eq!(
+        (late.state, late.token),
+        (RecordState::Processing, late_token),
+        "left to its holder"
+    );
+}
+
 #[tokio::test]
 async fn unknown_is_left_and_reported_with_the_original_holder_fenced() {
     let w = world();
