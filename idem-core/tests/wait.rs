@@ -617,6 +617,32 @@ forward!(
     }
 );
 
+/// `wake` wakes the waits of its name only; `wake_all` (what a store does when it may have missed
+/// a notification: a dropped connection) wakes every wait on every name, and not a wait
+/// registered after it.
+#[test]
+fn wake_wakes_one_name_and_wake_all_every_wait_registered_before_it() {
+    use futures_util::FutureExt;
+    let waiters: idem_core::wait::Waiters<String> = idem_core::wait::Waiters::new();
+    let mut a = waiters.register("a".to_owned());
+    let mut b1 = waiters.register("b".to_owned());
+    let mut b2 = waiters.register("b".to_owned());
+    waiters.wake("a");
+    assert!(a.woken().now_or_never().is_some(), "a woken");
+    assert!(
+        b1.woken().now_or_never().is_none(),
+        "b not woken by a's wake"
+    );
+    waiters.wake_all();
+    assert!(b1.woken().now_or_never().is_some(), "b woken by wake_all");
+    assert!(b2.woken().now_or_never().is_some(), "every wait of b");
+    let mut later = waiters.register("b".to_owned());
+    assert!(
+        later.woken().now_or_never().is_none(),
+        "a wait registered after wake_all waits for the next wake"
+    );
+}
+
 /// What a log shows of the waits: how many wait, and which wait a [`Waiter`] is, never the names
 /// waited on (a record id names a tenant's scope and key).
 #[test]
