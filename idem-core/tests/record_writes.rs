@@ -272,3 +272,28 @@ async fn a_checkpoint_of_exactly_the_limit_is_saved_one_byte_more_is_refused() {
     assert_eq!(names, ["step-1"]);
     assert_eq!(record.updated_at, t(1));
 }
+
+/// Under the default policy a completed record replays for 24 hours (contract §1, ttl) and is
+/// gone after: a claim a minute before the ttl ends is a replay, one at its end is new.
+#[tokio::test]
+async fn the_default_policy_keeps_a_record_for_24_hours() {
+    let w = world();
+    let p = Policy::default();
+    let (token, _) = w.claimed(&p, t(0)).await;
+    let done = Outcome::definitive(201, &serde_json::json!({"ticket": "T-1"})).unwrap();
+    let id = RecordId::new(w.scope.clone(), w.key.clone());
+    let completed = w.store.complete(&id, token, &done, &p, t(0)).await;
+    assert_eq!(completed.unwrap(), CompleteAnswer::Completed);
+    let day = 24 * 3600;
+    assert!(matches!(
+        w.claim(&p, t(day - 60)).await,
+        ClaimAnswer::Replay(_)
+    ));
+    assert!(matches!(
+        w.claim(&p, t(day)).await,
+        ClaimAnswer::Claimed {
+            kind: ClaimKind::ExpiredReplaced,
+            ..
+        }
+    ));
+}
