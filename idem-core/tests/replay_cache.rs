@@ -368,3 +368,33 @@ async fn the_byte_bound_counts_a_record_kept_again_once_and_what_a_purge_dropped
         "b kept beyond the bound"
     );
 }
+
+/// The byte bound is inclusive: an outcome of exactly `max_bytes` is kept.
+#[tokio::test]
+async fn an_outcome_of_exactly_the_byte_bound_is_kept() {
+    let store = MemoryStore::new();
+    let outcome = ticket("T-1");
+    let cache = ReplayCache::new(store.clone()).max_bytes(outcome.size());
+    completed_and_replayed(&cache, "k1", &outcome).await;
+    gone_from_the_store(&store).await;
+    assert!(from_memory(&cache, "k1", NOW).await);
+}
+
+/// What the cache does not answer goes to the store behind it: `get` reads the store's record,
+/// and `backend` (the label of every store metric) names the store's engine.
+#[tokio::test]
+async fn reads_and_the_backend_name_are_the_stores() {
+    let store = MemoryStore::new();
+    let cache = ReplayCache::new(store.clone());
+    let id = RecordId::new(scope(), key("k1"));
+    let claimed = cache.claim(&id, &fp("printer"), &policy(), NOW).await;
+    assert!(matches!(claimed.unwrap(), ClaimAnswer::Claimed { .. }));
+    let record = cache
+        .get(&id, NOW)
+        .await
+        .unwrap()
+        .expect("the store's record");
+    assert_eq!(record.state, idem_core::RecordState::Processing);
+    assert_eq!(Some(record), store.get(&id, NOW).await.unwrap());
+    assert_eq!(cache.backend(), "memory");
+}

@@ -348,6 +348,25 @@ mod tests {
         ));
     }
 
+    /// An envelope of another version of the same algorithm is refused as malformed, not opened
+    /// as version 1.
+    #[test]
+    fn another_envelope_version_is_malformed() {
+        let (scope, key) = parts();
+        let cx = CodecContext::new(&scope, &key);
+        let codec = AesGcmCodec::new("k1", [1; 32]).unwrap();
+        let o = Outcome::definitive(200, &json!({"x": 1})).unwrap();
+        let sealed = seal(&codec, &cx, &o);
+        assert_eq!(codec.decode(&cx, &sealed).unwrap(), o.body());
+        let mut envelope: Value = sealed.body_json();
+        envelope[SEALED_MARKER]["v"] = json!(2);
+        let v2 = Outcome::from_json_text(200, envelope.to_string(), o.class()).unwrap();
+        assert!(matches!(
+            codec.decode(&cx, &v2),
+            Err(CodecError::Malformed { .. })
+        ));
+    }
+
     #[test]
     fn debug_shows_key_ids_only() {
         let codec = AesGcmCodec::new("new", [0xAB; 32])
