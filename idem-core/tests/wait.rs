@@ -736,3 +736,53 @@ async fn a_caller_that_did_not_ask_to_wait_is_answered_from_one_claim() {
         .count();
     assert_eq!(waits, 0, "no wait counted");
 }
+
+/// Outside a tokio runtime the default timer cannot sleep: a caller that asked to wait is
+/// answered "in flight" from its one claim instead of a panic, and an operation that runs gets no
+/// heartbeat (it runs to its end and is recorded).
+#[test]
+fn outside_a_tokio_runtime_nothing_sleeps_on_the_default_timer() {
+    let store = MemoryStore::new();
+    let (scope, key, fp) = ids();
+    let p = policy(StalePolicy::Reconcile);
+    let executor = Executor::new(store.clone())
+        .with_policy(p)
+        .waiting(Duration::from_secs(5));
+    let id = RecordId::new(scope.clone(), key.clone());
+    let sink = Sink::default();
+    block_on(async {
+        let holder = store
+            .claim(&id, &fp, &p, idem_core::SystemClock.now())
+            .await;
+        assert!(matches!(holder.unwrap(), ClaimAnswer::Claimed { .. }));
+        let answer = executor
+            .run(&scope, &key, &fp, |_| async { sink.create_ticket() })
+            .await;
+        assert!(matches!(answer, Err(Error::InFlight { .. })), "{answer:?}");
+        let other = IdempotencyKey::new("wf-1:step-2").unwrap();
+        let ran = executor
+            .run(&scope, &other, &fp, |_| async { sink.create_ticket() })
+            .await;
+        assert!(!ran.unwrap().is_replay());
+    });
+    assert_eq!(sink.count(), 1);
+}
+
+/// Runs `future` to its end on this thread, with no runtime of any kind.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
