@@ -1,15 +1,17 @@
 //! Batching: the writes of claims (and completions) that arrive together on one store handle
 //! share one statement and one commit.
 //!
-//! Each kind has a lane: a queue of waiting writes and a few turns ([`TURNS`], batches in flight
-//! at once). A write joins the queue and waits for its answer or a turn, whichever comes first;
+//! Each kind has a lane: a queue of waiting writes and one turn ([`TURNS`], the batch in flight).
+//! A write joins the queue and waits for its answer or a turn, whichever comes first;
 //! whoever gets a turn takes everything queued (up to [`MAX_BATCH`]) and runs it as one batch, in a
 //! task of its own. A lone write (nothing queued, a turn free) runs at once, alone and in its
 //! caller's task, with the statement it would run unbatched: nothing waits for company.
 //!
-//! A claim reads on its own, as unbatched (a replay, an in-flight or a mismatched request is that
-//! one read, and reads need no commit); only the insert of a key it found absent goes into the
-//! lane. An insert batch is one `INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING`,
+//! A claim whose lane is idle reads on its own, as unbatched (a replay, an in-flight or a
+//! mismatched request is that one read, and reads need no commit); only the insert of a key it
+//! found absent goes into the lane. Under load (inserts queued or a batch running), a claim
+//! inserts first, without reading: a new key is then its share of one batch, and a key that
+//! exists comes back not inserted and is read, as after a lost race. An insert batch is one `INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING`,
 //! answered once it has committed, so a claim still commits before its operation runs (contract
 //! §2); a key not inserted (a concurrent claim inserted it first) is read again by its claim, as
 //! unbatched. Two inserts of one key in a batch: the first goes into the statement, the other is
@@ -41,9 +43,10 @@ use crate::row::{big, bind_record, bind_records, ts};
 /// The most requests one batch takes; the rest wait for the next turn.
 pub(crate) const MAX_BATCH: usize = 64;
 
-/// How many batches of one kind run at once: while they run, the next requests queue and go
-/// together in the next batch.
-pub(crate) const TURNS: usize = 2;
+/// How many batches of one kind run at once: one. While it runs, the next requests queue and go
+/// together in the next batch (two turns made batches half the size, and each claim and
+/// completion cost the server about twice the CPU at 32 callers: docs/bench.md).
+pub(crate) const TURNS: usize = 1;
 
 /// The two lanes of a store handle (shared by its clones).
 #[derive(Default)]
@@ -237,6 +240,13 @@ impl PostgresStore {
     /// free): the claim runs the unbatched insert on its own connection while it holds it.
     pub(crate) fn lone_insert_turn(&self) -> Option<OwnedSemaphorePermit> {
         self.batches.inserts.lone_turn()
+    }
+
+    /// Whether claims' inserts are queued or a batch of them runs: a claim then inserts first
+    /// (`claim_round`), without reading.
+    pub(crate) fn inserts_busy(&self) -> bool {
+        let lane = &self.batches.inserts;
+        !lane.lock().is_empty() || lane.turns.available_permits() == 0
     }
 
     /// A claim's insert of `record` (a key found absent) through the insert lane: whether it
@@ -494,6 +504,86 @@ mod tests {
         assert!(lane.lock().is_empty());
         assert!(store.get(left, NOW).await.unwrap().is_none());
         assert!(store.get(next, NOW).await.unwrap().is_some());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn under_load_a_claim_inserts_first_and_a_key_that_exists_is_read() {
+        let Some(url) = postgres_url() else { return };
+        let store = store(&url, "idem_records", 4).await;
+        store.migrate().await.unwrap();
+        let ids = ids("batch-first", 4);
+        let policy = Policy::default();
+        let claimed = |answer: ClaimAnswer| match answer {
+            ClaimAnswer::Claimed { token, .. } => token,
+            other => panic!("{other:?}"),
+        };
+        // With the lane idle: `k0` completed, `k1` in flight.
+        let done = claimed(store.claim(&ids[0], &fp(), &policy, NOW).await.unwrap());
+        let outcome = Outcome::definitive(201, &serde_json::json!({"paid": 1})).unwrap();
+        let completed = store.complete(&ids[0], done, &outcome, &policy, NOW).await;
+        assert_eq!(completed.unwrap(), CompleteAnswer::Completed);
+        let held = claimed(store.claim(&ids[1], &fp(), &policy, NOW).await.unwrap());
+
+        // A batch runs (the turn is taken): each claim queues an insert without reading, even
+        // of a key that exists.
+        let lane = &store.batches.inserts;
+        let turn = lane.turns.clone().acquire_many_owned(TURNS as u32).await;
+        let other = Fingerprint::of("tool", &serde_json::json!({"other": 1})).unwrap();
+        let claims: Vec<_> = [(0, fp()), (1, fp()), (2, fp()), (3, other)]
+            .into_iter()
+            .map(|(i, fingerprint)| {
+                let (store, id) = (store.clone(), ids[i].clone());
+                tokio::spawn(async move { store.claim(&id, &fingerprint, &policy, NOW).await })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while lane.lock().len() < 4 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the claims did not queue"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(turn);
+        let mut answers = Vec::new();
+        for claim in claims {
+            answers.push(claim.await.unwrap().unwrap());
+        }
+        assert_eq!(
+            answers[0],
+            ClaimAnswer::Replay(outcome),
+            "the completed key replays"
+        );
+        assert!(
+            matches!(answers[1], ClaimAnswer::InFlight { .. }),
+            "{:?}",
+            answers[1]
+        );
+        let new = claimed(answers[2].clone());
+        assert!(
+            matches!(answers[3], ClaimAnswer::Claimed { .. }),
+            "{:?}",
+            answers[3]
+        );
+        assert!(
+            store.batches.shared.load(Ordering::Relaxed) >= 4,
+            "one batch took them"
+        );
+
+        // The keys that existed are as they were; the new keys hold their claims.
+        let record = |i: usize| {
+            let (store, id) = (store.clone(), ids[i].clone());
+            async move { store.get(&id, NOW).await.unwrap().unwrap() }
+        };
+        assert_eq!(
+            (record(0).await.state, record(0).await.token),
+            (RecordState::Completed, done)
+        );
+        assert_eq!(
+            (record(1).await.state, record(1).await.token),
+            (RecordState::Processing, held)
+        );
+        assert_eq!(record(2).await.token, new);
     }
 
     /// Runs `records` as one insert batch: whether each was inserted.

@@ -89,6 +89,20 @@ impl PostgresStore {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<Option<ClaimAnswer>, sqlx::Error> {
+        // Under load (claims' inserts queued, or a batch of them running), insert first: the
+        // record a new key gets goes into the next batch without a read before it, so a first
+        // execution costs its share of one statement and one commit. A key that exists comes
+        // back not inserted and is read below, as after a lost race.
+        if self.batching && self.inserts_busy() {
+            let fresh = machine::claim(None, req, now, policy);
+            if let Some(record) = &fresh.write {
+                // A `StoreError` travels as a decode error, which `claim_error` unwraps.
+                let inserted = self.insert_batched(record).await;
+                if inserted.map_err(|e| sqlx::Error::Decode(e.into()))? {
+                    return Ok(Some(fresh.answer));
+                }
+            }
+        }
         // The round's statements share one pooled connection: one wait for the pool, as a
         // single statement would have (each statement still commits on its own).
         let mut conn = self.pool.acquire().await?;
