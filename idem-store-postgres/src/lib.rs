@@ -43,7 +43,8 @@ use schema::{MIGRATIONS, Statements};
 ///   [contract §7](idem_core::contract#traps)). The rules of
 ///   [`idem_core::machine`] decide; a write they call for (expired record, retry, takeover) is a
 ///   compare-and-set `UPDATE` that re-reads and retries if the record changed meanwhile. Replays
-///   only read.
+///   only read. Under load, with batching on, a claim inserts first and reads only a key that
+///   exists (below).
 /// - `complete`, `release` and `extend` are one fenced `UPDATE` each, run again when the server
 ///   reports a serialization failure or a deadlock (SQLSTATE 40001, 40P01), as a claim is: a
 ///   server whose `default_transaction_isolation` is `serializable` loses no outcome.
@@ -183,15 +184,17 @@ impl PostgresStore {
     }
 
     /// Whether the writes of claims and completions that arrive together on this store (and its
-    /// clones) share one statement and one commit (`true`, the default). While two batches of a
-    /// kind are running, a claim's insert of a key it found absent (or a completion) queues, and
-    /// the next batch takes everything queued (up to 64): one insert of all those keys, committed
-    /// before any of them is answered, or one fenced `UPDATE` of all those records. A write that
-    /// is alone (nothing queued, a batch's turn free) runs at once with the unbatched statement:
-    /// nothing waits for company. A claim's read is never batched. Every answer is the one the
-    /// unbatched store would give: a key a concurrent claim inserted first, or two writes of one
-    /// key, go the unbatched way. `false` runs every write on its own. In a URL (see
-    /// [`PostgresStore::connect`]): `batching=off`.
+    /// clones) share one statement and one commit (`true`, the default). While a batch of a kind
+    /// runs, a claim's insert (or a completion) queues, and the next batch takes everything
+    /// queued (up to 64): one insert of all those keys, committed before any of them is
+    /// answered, or one fenced `UPDATE` of all those records. A write that is alone (nothing
+    /// queued, no batch running) runs at once with the unbatched statement: nothing waits for
+    /// company. A claim reads first while its kind's lane is idle; while inserts queue or run,
+    /// it inserts first, and a key that exists comes back not inserted and is read then. A
+    /// claim's read is never batched. Every answer is the one the unbatched store would give: a
+    /// key a concurrent claim inserted first, or two writes of one key, go the unbatched way.
+    /// `false` runs every write on its own. In a URL (see [`PostgresStore::connect`]):
+    /// `batching=off`.
     pub fn with_batching(mut self, enabled: bool) -> Self {
         self.batching = enabled;
         self
