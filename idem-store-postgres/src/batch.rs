@@ -582,6 +582,118 @@ mod tests {
         assert_eq!(record(2).await.token, new);
     }
 
+    /// With the lane idle (and with batching off) a claim reads first: a replay is one `SELECT`,
+    /// which a transaction writing the record does not hold up. An insert first would wait for
+    /// that transaction (its unique check waits on the row's in-progress version).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_the_lane_idle_a_replay_reads_and_does_not_wait_for_a_writer_of_its_record() {
+        let Some(url) = postgres_url() else { return };
+        for batching in [true, false] {
+            let store = store(&url, "idem_records", 4).await.with_batching(batching);
+            store.migrate().await.unwrap();
+            let id = &ids("batch-idle", 1)[0];
+            let policy = Policy::default();
+            let ClaimAnswer::Claimed { token, .. } =
+                store.claim(id, &fp(), &policy, NOW).await.unwrap()
+            else {
+                panic!("a new key is claimed")
+            };
+            let outcome = Outcome::definitive(200, &serde_json::json!({"sent": 1})).unwrap();
+            store
+                .complete(id, token, &outcome, &policy, NOW)
+                .await
+                .unwrap();
+
+            // Another transaction rewrites the record (an indexed column: a new row version)
+            // and stays open.
+            let mut writer = store.pool.begin().await.unwrap();
+            let sql = "UPDATE idem_test.idem_records SET updated_at = updated_at + 1 \
+                       WHERE scope = $1 AND key = $2";
+            let updated = sqlx::query(sql)
+                .bind(id.scope().as_str())
+                .bind(id.key().as_str())
+                .execute(&mut *writer)
+                .await
+                .unwrap();
+            assert_eq!(updated.rows_affected(), 1);
+            let replay =
+                tokio::time::timeout(Duration::from_secs(2), store.claim(id, &fp(), &policy, NOW))
+                    .await;
+            writer.rollback().await.unwrap();
+            let replay = replay.unwrap_or_else(|_| {
+                panic!("batching {batching}: the replay waited for the writer")
+            });
+            assert_eq!(replay.unwrap(), ClaimAnswer::Replay(outcome));
+        }
+    }
+
+    /// Under load a claim inserts first, but a key that exists is left alone without the unique
+    /// check, which would wait for a transaction writing its row (a `complete_in` not yet
+    /// committed) and hold the whole batch, others' new keys too, until it ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn under_load_a_batch_does_not_wait_for_a_transaction_writing_a_key_of_it() {
+        let Some(url) = postgres_url() else { return };
+        let store = store(&url, "idem_records", 4).await;
+        store.migrate().await.unwrap();
+        let ids = ids("batch-writer", 2);
+        let policy = Policy::default();
+        let ClaimAnswer::Claimed { token, .. } =
+            store.claim(&ids[0], &fp(), &policy, NOW).await.unwrap()
+        else {
+            panic!("a new key is claimed")
+        };
+        let outcome = Outcome::definitive(200, &serde_json::json!({"sent": 1})).unwrap();
+        store
+            .complete(&ids[0], token, &outcome, &policy, NOW)
+            .await
+            .unwrap();
+        let mut writer = store.pool.begin().await.unwrap();
+        let sql = "UPDATE idem_test.idem_records SET updated_at = updated_at + 1 \
+                   WHERE scope = $1 AND key = $2";
+        let updated = sqlx::query(sql)
+            .bind(ids[0].scope().as_str())
+            .bind(ids[0].key().as_str())
+            .execute(&mut *writer)
+            .await
+            .unwrap();
+        assert_eq!(updated.rows_affected(), 1);
+
+        let lane = &store.batches.inserts;
+        let turn = lane.turns.clone().acquire_many_owned(TURNS as u32).await;
+        let claims: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (store, id) = (store.clone(), id.clone());
+                tokio::spawn(async move { store.claim(&id, &fp(), &policy, NOW).await })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while lane.lock().len() < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the claims did not queue"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(turn);
+        let answers = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut answers = Vec::new();
+            for claim in claims {
+                answers.push(claim.await.unwrap().unwrap());
+            }
+            answers
+        })
+        .await;
+        writer.rollback().await.unwrap();
+        let answers = answers.expect("the batch waited for the writer's transaction");
+        assert_eq!(answers[0], ClaimAnswer::Replay(outcome));
+        assert!(
+            matches!(answers[1], ClaimAnswer::Claimed { .. }),
+            "{:?}",
+            answers[1]
+        );
+    }
+
     /// Runs `records` as one insert batch: whether each was inserted.
     async fn insert_batch(store: &PostgresStore, records: &[Record]) -> Vec<bool> {
         let (mut jobs, mut answers) = (Vec::new(), Vec::new());

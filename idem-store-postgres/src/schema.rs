@@ -145,18 +145,27 @@ impl Statements {
         // absent is inserted here, writing nothing if a concurrent claim inserted it first; the
         // claim then reads again with a new statement, whose snapshot sees that row
         // (idem_core::contract §7).
+        // An insert-if-absent that leaves alone a key the statement's snapshot already holds,
+        // without the unique check: that check waits for a transaction writing the row (a
+        // `complete_in` not yet committed), and a claim that inserts first (`crate::batch`) must
+        // not wait for it, nor hold a batch of others' claims behind it. A key inserted since
+        // the snapshot is left by the check (`ON CONFLICT`), as before.
         let insert = format!(
             "INSERT INTO {t} ({COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15 \
+             WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE scope = $1 AND key = $2) \
              ON CONFLICT (scope, key) DO NOTHING"
         );
         let select_any = format!("SELECT {COLUMNS} FROM {t} WHERE scope = $1 AND key = $2");
         // The inserts of a batch of claims (`crate::batch`): one array per column, in key order;
-        // RETURNING names the keys inserted (a key a concurrent claim inserted first is not).
+        // RETURNING names the keys inserted (a key a concurrent claim inserted first is not);
+        // a key the snapshot holds is left alone without waiting, as in `insert`.
         let insert_many = format!(
             "INSERT INTO {t} ({COLUMNS}) SELECT * FROM unnest($1::text[], $2::text[], \
              $3::text[], $4::text[], $5::int8[], $6::text[], $7::int8[], $8::int8[], $9::int4[], \
              $10::text[], $11::text[], $12::int8[], $13::int8[], $14::int8[], $15::text[]) \
+             AS n({COLUMNS}) \
+             WHERE NOT EXISTS (SELECT 1 FROM {t} r WHERE r.scope = n.scope AND r.key = n.key) \
              ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key"
         );
         // Compare-and-set: the write the machine decided, only if the record is still the one it
