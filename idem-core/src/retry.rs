@@ -147,6 +147,18 @@ mod tests {
         let min = Some(Duration::from_millis(1500));
         let err = short.check_minimum(min).unwrap_err();
         assert!(err.to_string().contains("minimum client deadline"));
+        // The minimum itself is enough: a deadline of exactly the published minimum covers the
+        // window and the store's write.
+        let exact = RetryPolicy {
+            attempt_timeout: Duration::from_millis(1500),
+            ..short
+        };
+        assert!(exact.check_minimum(min).is_ok());
+        let under = RetryPolicy {
+            attempt_timeout: Duration::from_millis(1499),
+            ..short
+        };
+        assert!(under.check_minimum(min).is_err());
         let opted = RetryPolicy {
             allow_short_attempts: true,
             ..short

@@ -297,3 +297,61 @@ async fn the_default_policy_keeps_a_record_for_24_hours() {
         }
     ));
 }
+
+/// What an operator lists (`idem keys ls --state`, `--scope`) is the records of that state and
+/// scope, no other; a store that holds a record is not empty.
+#[tokio::test]
+async fn a_listing_by_state_or_scope_selects_only_those_records() {
+    let store = MemoryStore::new();
+    assert!(store.is_empty());
+    let p = policy(StalePolicy::Reconcile);
+    let fp = Fingerprint::of_bytes(b"request");
+    let (a, b) = (
+        Scope::new("records/a").unwrap(),
+        Scope::new("records/b").unwrap(),
+    );
+    let id =
+        |scope: &Scope, key: &str| RecordId::new(scope.clone(), IdempotencyKey::new(key).unwrap());
+    // `a/done` completed; `a/running` and `b/running` in flight.
+    for id in [id(&a, "done"), id(&a, "running"), id(&b, "running")] {
+        let answer = store.claim(&id, &fp, &p, t(0)).await.unwrap();
+        let ClaimAnswer::Claimed { token, .. } = answer else {
+            panic!("{answer:?}")
+        };
+        if id.key().as_str() == "done" {
+            let outcome = Outcome::definitive(200, &serde_json::json!({})).unwrap();
+            let done = store.complete(&id, token, &outcome, &p, t(1)).await;
+            assert_eq!(done.unwrap(), CompleteAnswer::Completed);
+        }
+    }
+    assert!(!store.is_empty());
+    let listed = |filter: ListFilter| {
+        let store = &store;
+        async move {
+            let records = store.list(&filter, t(2), 10).await.unwrap();
+            let mut names: Vec<String> = records
+                .iter()
+                .map(|r| format!("{}/{}", r.scope.as_str(), r.key.as_str()))
+                .collect();
+            names.sort();
+            names
+        }
+    };
+    let state = |state| ListFilter {
+        state: Some(state),
+        ..ListFilter::default()
+    };
+    assert_eq!(
+        listed(state(RecordState::Completed)).await,
+        ["records/a/done"]
+    );
+    assert_eq!(
+        listed(state(RecordState::Processing)).await,
+        ["records/a/running", "records/b/running"]
+    );
+    let scope = ListFilter {
+        scope: Some(b.clone()),
+        ..ListFilter::default()
+    };
+    assert_eq!(listed(scope).await, ["records/b/running"]);
+}
