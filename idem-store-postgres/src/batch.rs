@@ -583,8 +583,8 @@ mod tests {
     }
 
     /// With the lane idle (and with batching off) a claim reads first: a replay is one `SELECT`,
-    /// which a transaction writing the record does not hold up. An insert first would wait for
-    /// that transaction (its unique check waits on the row's in-progress version).
+    /// which a transaction writing the record does not hold up (a plain insert's unique check
+    /// would wait for it; idem's leaves a key its snapshot holds alone before that check).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn with_the_lane_idle_a_replay_reads_and_does_not_wait_for_a_writer_of_its_record() {
         let Some(url) = postgres_url() else { return };
