@@ -79,4 +79,14 @@ mod tests {
         assert_eq!(Token::parse_id_hex(&a.id_hex()), Some(a.id));
         assert_eq!(Token::parse_id_hex("zz"), None);
     }
+
+    #[test]
+    fn a_short_token_is_its_seq_and_the_first_8_hex_digits_of_its_id() {
+        let token = Token {
+            seq: 7,
+            id: 0x0123_4567_89ab_cdef_0011_2233_4455_6677,
+        };
+        assert_eq!(token.short(), "7-01234567");
+        assert!(token.id_hex().starts_with("01234567"));
+    }
 }

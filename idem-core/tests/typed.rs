@@ -87,6 +87,7 @@ async fn a_value_runs_once_and_replays_as_the_type() {
     let runs = Arc::new(AtomicUsize::new(0));
     let first = create(&executor, "k-1", &runs, Ok(ticket())).await.unwrap();
     assert!(matches!(first, TypedExecution::Executed { attempt: 1, .. }));
+    assert!(!first.is_replay(), "the first call executed");
     assert_eq!(first.result(), Ok(&ticket()));
     let other = Ticket {
         id: "T-2".into(),
