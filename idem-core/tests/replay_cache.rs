@@ -367,6 +367,22 @@ async fn the_byte_bound_counts_a_record_kept_again_once_and_what_a_purge_dropped
         !from_memory(&cache, "b", later).await,
         "b kept beyond the bound"
     );
+
+    // A purge gives back the bytes of what it dropped, not of what it kept: `d` (s bytes)
+    // dropped, `e` (2 bytes fewer) kept; `f` (1 byte more than s) then fits beside `e`.
+    let cache = ReplayCache::new(store.clone()).max_bytes(2 * s);
+    let (d, e, f) = (ticket("T-7"), ticket("8"), ticket("T-99"));
+    assert_eq!((d.size(), e.size() + 2, f.size() - 1), (s, s, s));
+    kept_at(&cache, "d", &d, NOW).await;
+    kept_at(&cache, "e", &e, b_at).await;
+    cache.purge_expired(later, 1000).await.unwrap();
+    kept_at(&cache, "f", &f, later).await;
+    store.purge_expired(far, 1000).await.unwrap();
+    assert!(from_memory(&cache, "f", later).await);
+    assert!(
+        from_memory(&cache, "e", later).await,
+        "e made way: the purge gave back the bytes of what it kept"
+    );
 }
 
 /// The byte bound is inclusive: an outcome of exactly `max_bytes` is kept.
