@@ -59,8 +59,12 @@ async fn check(store: StoreUrl) {
     .await
     .unwrap();
     assert_eq!(no_wait.double_effects, 0, "{no_wait:?}");
+    // What waiting changes, whatever the machine's timing: a call sent twice at once is told
+    // 409 without it (the second copy arrives while the first runs), never with it (asserted
+    // above). The hung holders' retries are 409s or not by when their backoff falls against the
+    // lease, in both runs alike, so the totals are not compared.
     assert!(
-        no_wait.conflicts > with.conflicts,
+        no_wait.conflicts_sent_twice > 0,
         "without waiting the overlap is 409s: {no_wait:?} vs {with:?}"
     );
     let without = demo::run(&options, false).await.unwrap();
