@@ -403,3 +403,44 @@ fn describe_gives_every_metric_a_description_and_a_unit() {
         assert!(!text.is_empty(), "{name} has no description");
     }
 }
+
+/// An outcome over the size limit is recorded as "ran, response not kept" and still counted by
+/// the state it leaves: a definitive one as `completed`, a retryable one as `retryable`.
+#[tokio::test]
+async fn an_outcome_too_large_to_keep_is_counted_by_the_state_it_leaves() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let policy = Policy::builder()
+        .lease(Duration::from_secs(30))
+        .max_outcome_bytes(8)
+        .build()
+        .unwrap();
+    let executor = Executor::new(MemoryStore::new()).with_policy(policy);
+    let scope = Scope::new("tenant/tool").unwrap();
+    let fp = Fingerprint::of("tool", &json!({})).unwrap();
+    let large = json!({"ticket": "a body longer than eight bytes"});
+    let run = |key: &'static str, outcome: Outcome| {
+        let (executor, scope, fp) = (&executor, &scope, &fp);
+        async move {
+            let key = IdempotencyKey::new(key).unwrap();
+            let err = executor
+                .run(scope, &key, fp, |_| async move { outcome })
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, idem_core::Error::OutcomeTooLarge { .. }),
+                "{err:?}"
+            );
+        }
+    };
+    run("k-definitive", Outcome::definitive(200, &large).unwrap()).await;
+    let m = snapshot(&snapshotter);
+    assert_eq!(m.count(names::COMPLETIONS, &[("result", "completed")]), 1);
+    assert_eq!(m.count(names::COMPLETIONS, &[("result", "retryable")]), 0);
+    // Counted since the last snapshot.
+    run("k-retryable", Outcome::retryable(503, &large).unwrap()).await;
+    let m = snapshot(&snapshotter);
+    assert_eq!(m.count(names::COMPLETIONS, &[("result", "completed")]), 0);
+    assert_eq!(m.count(names::COMPLETIONS, &[("result", "retryable")]), 1);
+}
