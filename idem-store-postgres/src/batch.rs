@@ -506,38 +506,68 @@ mod tests {
         assert!(store.get(next, NOW).await.unwrap().is_some());
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn under_load_a_claim_inserts_first_and_a_key_that_exists_is_read() {
-        let Some(url) = postgres_url() else { return };
-        let store = store(&url, "idem_records", 4).await;
-        store.migrate().await.unwrap();
-        let ids = ids("batch-first", 3);
-        let policy = Policy::default();
-        let claimed = |answer: ClaimAnswer| match answer {
+    /// Claims `id` (a new key) with the default policy: the claim's token.
+    async fn claimed(store: &PostgresStore, id: &RecordId) -> Token {
+        match store
+            .claim(id, &fp(), &Policy::default(), NOW)
+            .await
+            .unwrap()
+        {
             ClaimAnswer::Claimed { token, .. } => token,
-            other => panic!("{other:?}"),
-        };
-        // With the lane idle: `k0` completed, `k1` in flight.
-        let done = claimed(store.claim(&ids[0], &fp(), &policy, NOW).await.unwrap());
-        let outcome = Outcome::definitive(201, &serde_json::json!({"paid": 1})).unwrap();
-        let completed = store.complete(&ids[0], done, &outcome, &policy, NOW).await;
-        assert_eq!(completed.unwrap(), CompleteAnswer::Completed);
-        let held = claimed(store.claim(&ids[1], &fp(), &policy, NOW).await.unwrap());
+            other => panic!("a new key is claimed: {other:?}"),
+        }
+    }
 
-        // A batch runs (the turn is taken): each claim queues an insert without reading, even
-        // of a key that exists: a replay, an in-flight request, a new key and a mismatch.
+    /// Claims and completes `id` with `outcome`.
+    async fn completed(store: &PostgresStore, id: &RecordId, outcome: &Outcome) {
+        let token = claimed(store, id).await;
+        let done = store
+            .complete(id, token, outcome, &Policy::default(), NOW)
+            .await;
+        assert_eq!(done.unwrap(), CompleteAnswer::Completed);
+    }
+
+    /// A transaction of another session that has rewritten `id`'s row (an indexed column: a new
+    /// row version) and stays open until it is dropped or rolled back.
+    async fn writing(
+        store: &PostgresStore,
+        id: &RecordId,
+    ) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut writer = store.pool.begin().await.unwrap();
+        let sql = "UPDATE idem_test.idem_records SET updated_at = updated_at + 1 \
+                   WHERE scope = $1 AND key = $2";
+        let updated = sqlx::query(sql)
+            .bind(id.scope().as_str())
+            .bind(id.key().as_str())
+            .execute(&mut *writer)
+            .await
+            .unwrap();
+        assert_eq!(updated.rows_affected(), 1);
+        writer
+    }
+
+    /// Spawns a claim of each `(id, fingerprint)` while the insert lane's turn is taken, waits
+    /// until every one has queued its insert, then gives the turn back: the claims' tasks.
+    async fn claims_behind_a_batch(
+        store: &PostgresStore,
+        claims: Vec<(RecordId, Fingerprint)>,
+    ) -> Vec<tokio::task::JoinHandle<Result<ClaimAnswer, StoreError>>> {
         let lane = &store.batches.inserts;
         let turn = lane.turns.clone().acquire_many_owned(TURNS as u32).await;
-        let other = Fingerprint::of("tool", &serde_json::json!({"other": 1})).unwrap();
-        let claims: Vec<_> = [(0, fp()), (1, fp()), (2, fp()), (0, other)]
+        let n = claims.len();
+        let tasks = claims
             .into_iter()
-            .map(|(i, fingerprint)| {
-                let (store, id) = (store.clone(), ids[i].clone());
-                tokio::spawn(async move { store.claim(&id, &fingerprint, &policy, NOW).await })
+            .map(|(id, fingerprint)| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .claim(&id, &fingerprint, &Policy::default(), NOW)
+                        .await
+                })
             })
             .collect();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while lane.lock().len() < 4 {
+        while lane.lock().len() < n {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the claims did not queue"
@@ -545,8 +575,30 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         drop(turn);
+        tasks
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn under_load_a_claim_inserts_first_and_a_key_that_exists_is_read() {
+        let Some(url) = postgres_url() else { return };
+        let store = store(&url, "idem_records", 4).await;
+        store.migrate().await.unwrap();
+        let ids = ids("batch-first", 3);
+        // With the lane idle: `k0` completed, `k1` in flight.
+        let outcome = Outcome::definitive(201, &serde_json::json!({"paid": 1})).unwrap();
+        completed(&store, &ids[0], &outcome).await;
+        let done = store.get(&ids[0], NOW).await.unwrap().unwrap().token;
+        let held = claimed(&store, &ids[1]).await;
+
+        // A batch runs (the turn is taken): each claim queues an insert without reading, even
+        // of a key that exists: a replay, an in-flight request, a new key and a mismatch.
+        let other = Fingerprint::of("tool", &serde_json::json!({"other": 1})).unwrap();
+        let claims = [(0, fp()), (1, fp()), (2, fp()), (0, other)]
+            .into_iter()
+            .map(|(i, fingerprint)| (ids[i].clone(), fingerprint))
+            .collect();
         let mut answers = Vec::new();
-        for claim in claims {
+        for claim in claims_behind_a_batch(&store, claims).await {
             answers.push(claim.await.unwrap().unwrap());
         }
         assert_eq!(
@@ -559,7 +611,9 @@ mod tests {
             "{:?}",
             answers[1]
         );
-        let new = claimed(answers[2].clone());
+        let ClaimAnswer::Claimed { token: new, .. } = answers[2] else {
+            panic!("the new key is claimed: {:?}", answers[2])
+        };
         assert_eq!(answers[3], ClaimAnswer::FingerprintMismatch);
         assert!(
             store.batches.shared.load(Ordering::Relaxed) >= 4,
@@ -571,14 +625,9 @@ mod tests {
             let (store, id) = (store.clone(), ids[i].clone());
             async move { store.get(&id, NOW).await.unwrap().unwrap() }
         };
-        assert_eq!(
-            (record(0).await.state, record(0).await.token),
-            (RecordState::Completed, done)
-        );
-        assert_eq!(
-            (record(1).await.state, record(1).await.token),
-            (RecordState::Processing, held)
-        );
+        let (r0, r1) = (record(0).await, record(1).await);
+        assert_eq!((r0.state, r0.token), (RecordState::Completed, done));
+        assert_eq!((r1.state, r1.token), (RecordState::Processing, held));
         assert_eq!(record(2).await.token, new);
     }
 
@@ -592,33 +641,14 @@ mod tests {
             let store = store(&url, "idem_records", 4).await.with_batching(batching);
             store.migrate().await.unwrap();
             let id = &ids("batch-idle", 1)[0];
-            let policy = Policy::default();
-            let ClaimAnswer::Claimed { token, .. } =
-                store.claim(id, &fp(), &policy, NOW).await.unwrap()
-            else {
-                panic!("a new key is claimed")
-            };
             let outcome = Outcome::definitive(200, &serde_json::json!({"sent": 1})).unwrap();
-            store
-                .complete(id, token, &outcome, &policy, NOW)
-                .await
-                .unwrap();
-
-            // Another transaction rewrites the record (an indexed column: a new row version)
-            // and stays open.
-            let mut writer = store.pool.begin().await.unwrap();
-            let sql = "UPDATE idem_test.idem_records SET updated_at = updated_at + 1 \
-                       WHERE scope = $1 AND key = $2";
-            let updated = sqlx::query(sql)
-                .bind(id.scope().as_str())
-                .bind(id.key().as_str())
-                .execute(&mut *writer)
-                .await
-                .unwrap();
-            assert_eq!(updated.rows_affected(), 1);
-            let replay =
-                tokio::time::timeout(Duration::from_secs(2), store.claim(id, &fp(), &policy, NOW))
-                    .await;
+            completed(&store, id, &outcome).await;
+            let writer = writing(&store, id).await;
+            let replay = tokio::time::timeout(
+                Duration::from_secs(2),
+                store.claim(id, &fp(), &Policy::default(), NOW),
+            )
+            .await;
             writer.rollback().await.unwrap();
             let replay = replay.unwrap_or_else(|_| {
                 panic!("batching {batching}: the replay waited for the writer")
@@ -636,46 +666,12 @@ mod tests {
         let store = store(&url, "idem_records", 4).await;
         store.migrate().await.unwrap();
         let ids = ids("batch-writer", 2);
-        let policy = Policy::default();
-        let ClaimAnswer::Claimed { token, .. } =
-            store.claim(&ids[0], &fp(), &policy, NOW).await.unwrap()
-        else {
-            panic!("a new key is claimed")
-        };
         let outcome = Outcome::definitive(200, &serde_json::json!({"sent": 1})).unwrap();
-        store
-            .complete(&ids[0], token, &outcome, &policy, NOW)
-            .await
-            .unwrap();
-        let mut writer = store.pool.begin().await.unwrap();
-        let sql = "UPDATE idem_test.idem_records SET updated_at = updated_at + 1 \
-                   WHERE scope = $1 AND key = $2";
-        let updated = sqlx::query(sql)
-            .bind(ids[0].scope().as_str())
-            .bind(ids[0].key().as_str())
-            .execute(&mut *writer)
-            .await
-            .unwrap();
-        assert_eq!(updated.rows_affected(), 1);
+        completed(&store, &ids[0], &outcome).await;
+        let writer = writing(&store, &ids[0]).await;
 
-        let lane = &store.batches.inserts;
-        let turn = lane.turns.clone().acquire_many_owned(TURNS as u32).await;
-        let claims: Vec<_> = ids
-            .iter()
-            .map(|id| {
-                let (store, id) = (store.clone(), id.clone());
-                tokio::spawn(async move { store.claim(&id, &fp(), &policy, NOW).await })
-            })
-            .collect();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while lane.lock().len() < 2 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the claims did not queue"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        drop(turn);
+        let claims = ids.iter().map(|id| (id.clone(), fp())).collect();
+        let claims = claims_behind_a_batch(&store, claims).await;
         let answers = tokio::time::timeout(Duration::from_secs(2), async {
             let mut answers = Vec::new();
             for claim in claims {
