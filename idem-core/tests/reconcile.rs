@@ -558,3 +558,14 @@ async fn run_periodically_settles_each_pass_and_sleeps_the_interval_between() {
         "{passes:#?}"
     );
 }
+
+/// A reconciler in a log line says what it settles and how: its store, its batch and its grace.
+#[test]
+fn debug_says_the_store_the_batch_and_the_grace() {
+    let w = world();
+    let shown = format!("{:?}", w.reconciler().stale_for(Duration::from_secs(10)));
+    assert!(shown.starts_with("Reconciler {"), "{shown}");
+    for part in ["store: MemoryStore", "batch: ", "stale_for: 10s"] {
+        assert!(shown.contains(part), "{part} in {shown}");
+    }
+}
