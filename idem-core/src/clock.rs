@@ -142,6 +142,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_timestamp_in_a_log_line_is_its_milliseconds() {
+        assert_eq!(
+            format!("{:?}", Timestamp::from_millis(1_700_000_000_123)),
+            "Timestamp(1700000000123)"
+        );
+    }
+
+    #[test]
     fn arithmetic_saturates() {
         let t = Timestamp::from_millis(10);
         assert_eq!(t - Duration::from_secs(1), Timestamp::from_millis(0));

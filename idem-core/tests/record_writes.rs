@@ -279,6 +279,10 @@ async fn a_checkpoint_of_exactly_the_limit_is_saved_one_byte_more_is_refused() {
 async fn the_default_policy_keeps_a_record_for_24_hours() {
     let w = world();
     let p = Policy::default();
+    // And its other limits: a 30 s lease, 1 MiB outcomes, 64 KiB checkpoints.
+    assert_eq!(p.lease(), Duration::from_secs(30));
+    assert_eq!(p.max_outcome_bytes(), 1024 * 1024);
+    assert_eq!(p.max_checkpoint_bytes(), 64 * 1024);
     let (token, _) = w.claimed(&p, t(0)).await;
     let done = Outcome::definitive(201, &serde_json::json!({"ticket": "T-1"})).unwrap();
     let id = RecordId::new(w.scope.clone(), w.key.clone());

@@ -165,3 +165,19 @@ fn a_key_and_its_origin_are_written_as_their_text() {
     }
     assert_eq!(KeyOrigin::ModelArgument.to_string(), "model_argument");
 }
+
+#[test]
+fn a_model_argument_that_fits_with_its_prefix_is_kept_as_it_is() {
+    // 7 bytes of prefix and 200 of value fit in 255: kept in clear, not digested.
+    let value = "v".repeat(200);
+    let key = IdempotencyKey::from_model_argument(&value).unwrap();
+    assert_eq!(key.as_str(), format!("model: {value}"));
+    // One byte more than fits is digested.
+    let long = "v".repeat(255 - 7 + 1);
+    let key = IdempotencyKey::from_model_argument(&long).unwrap();
+    assert!(
+        key.as_str().starts_with("model: sha256 "),
+        "{}",
+        key.as_str()
+    );
+}
