@@ -11,7 +11,8 @@
 //! mismatched request is that one read, and reads need no commit); only the insert of a key it
 //! found absent goes into the lane. Under load (inserts queued or a batch running), a claim
 //! inserts first, without reading: a new key is then its share of one batch, and a key that
-//! exists comes back not inserted and is read, as after a lost race. An insert batch is one `INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING`,
+//! exists comes back not inserted and is read, as after a lost race. An insert batch is one
+//! `INSERT … SELECT FROM unnest(…) WHERE NOT EXISTS … ON CONFLICT DO NOTHING RETURNING`,
 //! answered once it has committed, so a claim still commits before its operation runs (contract
 //! §2); a key not inserted (a concurrent claim inserted it first) is read again by its claim, as
 //! unbatched. Two inserts of one key in a batch: the first goes into the statement, the other is
@@ -249,8 +250,8 @@ impl PostgresStore {
         !lane.lock().is_empty() || lane.turns.available_permits() == 0
     }
 
-    /// A claim's insert of `record` (a key found absent) through the insert lane: whether it
-    /// inserted (`false`: the key exists, inserted by a concurrent claim).
+    /// A claim's insert of `record` (a key found absent, or under load not read) through the
+    /// insert lane: whether it inserted (`false`: the key exists).
     pub(crate) async fn insert_batched(&self, record: &Record) -> Result<bool, StoreError> {
         let (tx, rx) = oneshot::channel();
         let job = InsertJob {
@@ -518,13 +519,14 @@ mod tests {
         }
     }
 
-    /// Claims and completes `id` with `outcome`.
-    async fn completed(store: &PostgresStore, id: &RecordId, outcome: &Outcome) {
+    /// Claims and completes `id` with `outcome`: the claim's token.
+    async fn completed(store: &PostgresStore, id: &RecordId, outcome: &Outcome) -> Token {
         let token = claimed(store, id).await;
         let done = store
             .complete(id, token, outcome, &Policy::default(), NOW)
             .await;
         assert_eq!(done.unwrap(), CompleteAnswer::Completed);
+        token
     }
 
     /// A transaction of another session that has rewritten `id`'s row (an indexed column: a new
@@ -586,8 +588,7 @@ mod tests {
         let ids = ids("batch-first", 3);
         // With the lane idle: `k0` completed, `k1` in flight.
         let outcome = Outcome::definitive(201, &serde_json::json!({"paid": 1})).unwrap();
-        completed(&store, &ids[0], &outcome).await;
-        let done = store.get(&ids[0], NOW).await.unwrap().unwrap().token;
+        let done = completed(&store, &ids[0], &outcome).await;
         let held = claimed(&store, &ids[1]).await;
 
         // A batch runs (the turn is taken): each claim queues an insert without reading, even

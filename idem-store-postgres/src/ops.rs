@@ -95,12 +95,10 @@ impl PostgresStore {
         // back not inserted and is read below, as after a lost race.
         if self.batching && self.inserts_busy() {
             let fresh = machine::claim(None, req, now, policy);
-            if let Some(record) = &fresh.write {
-                // A `StoreError` travels as a decode error, which `claim_error` unwraps.
-                let inserted = self.insert_batched(record).await;
-                if inserted.map_err(|e| sqlx::Error::Decode(e.into()))? {
-                    return Ok(Some(fresh.answer));
-                }
+            if let Some(record) = &fresh.write
+                && self.insert_in_lane(record).await?
+            {
+                return Ok(Some(fresh.answer));
             }
         }
         // The round's statements share one pooled connection: one wait for the pool, as a
@@ -120,11 +118,9 @@ impl PostgresStore {
                 let alone = self.batching.then(|| self.lone_insert_turn());
                 if let Some(None) = alone {
                     // Ours goes back to the pool meanwhile, or claims holding every connection
-                    // would wait for a batch that cannot get one. A `StoreError` travels as a
-                    // decode error, which `claim_error` unwraps.
+                    // would wait for a batch that cannot get one.
                     drop(conn);
-                    let inserted = self.insert_batched(record).await;
-                    if inserted.map_err(|e| sqlx::Error::Decode(e.into()))? {
+                    if self.insert_in_lane(record).await? {
                         return Ok(Some(fresh.answer));
                     }
                     conn = self.pool.acquire().await?;
@@ -170,6 +166,13 @@ impl PostgresStore {
         }
         let replaced = replace.execute(&mut *conn).await?.rows_affected();
         Ok((replaced == 1).then_some(decided.answer))
+    }
+
+    /// [`Self::insert_batched`] inside a claim's round, whose errors are `sqlx::Error`s: a
+    /// `StoreError` travels as a decode error, which `claim_error` unwraps.
+    async fn insert_in_lane(&self, record: &Record) -> Result<bool, sqlx::Error> {
+        let inserted = self.insert_batched(record).await;
+        inserted.map_err(|e| sqlx::Error::Decode(e.into()))
     }
 
     /// Marks `id` as waited on, so that its next writes notify ([`crate::wake`]).

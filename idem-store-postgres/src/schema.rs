@@ -144,12 +144,10 @@ impl Statements {
         // NOTHING` that conflicts costs a write statement's set-up on every replay). A key found
         // absent is inserted here, writing nothing if a concurrent claim inserted it first; the
         // claim then reads again with a new statement, whose snapshot sees that row
-        // (idem_core::contract §7).
-        // An insert-if-absent that leaves alone a key the statement's snapshot already holds,
-        // without the unique check: that check waits for a transaction writing the row (a
-        // `complete_in` not yet committed), and a claim that inserts first (`crate::batch`) must
-        // not wait for it, nor hold a batch of others' claims behind it. A key inserted since
-        // the snapshot is left by the check (`ON CONFLICT`), as before.
+        // (idem_core::contract §7). A key the statement's snapshot already holds is left alone
+        // before the unique check (`NOT EXISTS`): that check waits for a transaction writing the
+        // row (a `complete_in` not yet committed), and a claim that inserts first under load
+        // (`crate::batch`) must neither wait for it nor hold a batch of others' claims behind it.
         let insert = format!(
             "INSERT INTO {t} ({COLUMNS}) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15 \
