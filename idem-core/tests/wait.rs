@@ -643,6 +643,28 @@ fn wake_wakes_one_name_and_wake_all_every_wait_registered_before_it() {
     );
 }
 
+/// `is_waited` (what a store asks before it unsubscribes a channel): a name is waited on while a
+/// wait registered on it lives, woken or not, and no longer once its last wait is dropped.
+#[test]
+fn a_name_is_waited_on_until_its_last_wait_is_dropped() {
+    let waiters: idem_core::wait::Waiters<String> = idem_core::wait::Waiters::new();
+    assert!(!waiters.is_waited("a"), "nothing registered");
+    let first = waiters.register("a".to_owned());
+    let second = waiters.register("a".to_owned());
+    assert!(waiters.is_waited("a"));
+    assert!(!waiters.is_waited("b"), "only the name registered");
+    waiters.wake("a");
+    assert!(
+        waiters.is_waited("a"),
+        "a woken wait is waited on until dropped"
+    );
+    drop(first);
+    assert!(waiters.is_waited("a"), "one wait of two dropped");
+    drop(second);
+    assert!(!waiters.is_waited("a"), "the last wait dropped");
+    assert_eq!(waiters.waiting(), 0);
+}
+
 /// What a log shows of the waits: how many wait, and which wait a [`Waiter`] is, never the names
 /// waited on (a record id names a tenant's scope and key).
 #[test]
