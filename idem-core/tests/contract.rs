@@ -37,3 +37,25 @@ fn the_listing_publishes_the_window_the_minimum_deadline_and_the_wait() {
     );
     assert_eq!(tool.max_wait(), Some(Duration::from_secs(5)));
 }
+
+/// What a contract holds reads back as it was given (an MCP server takes its store write budget
+/// from the contract `idem serve` builds), and a new contract has the default budget and
+/// publishes no wait.
+#[test]
+fn a_contract_reads_back_its_window_budget_and_wait() {
+    let new = ToolContract::new(Duration::from_secs(2));
+    assert_eq!(new.processing_window(), Duration::from_secs(2));
+    assert_eq!(new.store_write(), ToolContract::DEFAULT_STORE_WRITE);
+    assert_eq!(
+        ToolContract::DEFAULT_STORE_WRITE,
+        Duration::from_millis(500)
+    );
+    assert_eq!(new.max_wait(), None);
+
+    let set = new
+        .with_store_write(Duration::from_millis(250))
+        .with_max_wait(Duration::from_secs(5));
+    assert_eq!(set.processing_window(), Duration::from_secs(2));
+    assert_eq!(set.store_write(), Duration::from_millis(250));
+    assert_eq!(set.max_wait(), Some(Duration::from_secs(5)));
+}
