@@ -143,10 +143,9 @@ mod tests {
 
     #[test]
     fn a_timestamp_in_a_log_line_is_its_milliseconds() {
-        assert_eq!(
-            format!("{:?}", Timestamp::from_millis(1_700_000_000_123)),
-            "Timestamp(1700000000123)"
-        );
+        let t = Timestamp::from_millis(1_700_000_000_123);
+        assert_eq!(format!("{t:?}"), "Timestamp(1700000000123)");
+        assert_eq!(t.to_string(), "1700000000123ms");
     }
 
     #[test]
