@@ -262,3 +262,34 @@ fn each_refusal_says_what_to_do() {
         assert_eq!(&refusal.detail(), why);
     }
 }
+
+/// A refusal's `title` (the problem's summary for people) is its own: the two a caller most
+/// often meets read as documented, and no two refusals share one.
+#[test]
+fn each_refusal_has_its_own_title() {
+    assert_eq!(
+        Refusal::FingerprintMismatch.title(),
+        "Idempotency-Key reused with a different request"
+    );
+    assert_eq!(
+        Refusal::KeyRequired.title(),
+        "Idempotency-Key header required"
+    );
+    let all = [
+        Refusal::KeyRequired,
+        Refusal::InvalidKey(String::new()),
+        Refusal::InvalidBody(String::new()),
+        Refusal::BodyTooLarge { limit: 1 },
+        Refusal::FingerprintMismatch,
+        Refusal::InFlight {
+            retry_after: Duration::from_secs(1),
+            stale: false,
+        },
+        Refusal::StoreUnavailable,
+        Refusal::StoreError,
+        Refusal::Unauthenticated(String::new()),
+        Refusal::InvalidScope(String::new()),
+    ];
+    let titles: std::collections::HashSet<_> = all.iter().map(Refusal::title).collect();
+    assert_eq!(titles.len(), all.len(), "{titles:?}");
+}

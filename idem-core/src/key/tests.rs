@@ -64,6 +64,18 @@ fn step_keys_are_stable_valid_and_distinct() {
     assert_eq!(k.as_str().matches('~').count(), 3);
 }
 
+/// A step key whose plain parts join to exactly the 255 bytes a key may hold is kept in clear;
+/// one byte more and every part is digested.
+#[test]
+fn a_step_key_of_exactly_the_limit_is_kept_in_clear() {
+    let (run, step) = ("r".repeat(126), "s".repeat(126));
+    let k = IdempotencyKey::for_step(&run, &step, "t").unwrap();
+    assert_eq!(k.as_str().len(), 255);
+    assert_eq!(k.as_str(), format!("{run}:{step}:t"));
+    let k = IdempotencyKey::for_step(&run, &step, "tt").unwrap();
+    assert_eq!(k.as_str().matches('~').count(), 3, "{}", k.as_str());
+}
+
 #[test]
 fn step_keys_of_ordinary_and_digested_parts_are_unchanged() {
     for (parts, key) in [
@@ -142,10 +154,11 @@ fn scope_rules() {
         Scope::new("x".repeat(513)),
         Err(ScopeError::TooLong { len: 513 })
     ));
-    assert_eq!(
-        Scope::from_parts(["a%b", "c/d"]).unwrap().as_str(),
-        "a%25b/c%2Fd"
-    );
+    let scope = Scope::from_parts(["a%b", "c/d"]).unwrap();
+    assert_eq!(scope.as_str(), "a%25b/c%2Fd");
+    // Written (logs, `idem keys ls`) as its text, and read back from it.
+    assert_eq!(scope.to_string(), "a%25b/c%2Fd");
+    assert_eq!(scope.to_string().parse::<Scope>().unwrap(), scope);
 }
 
 /// A key is written (logs, headers, `idem keys ls`) as the text it was made from, and read back
