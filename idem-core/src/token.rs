@@ -89,4 +89,19 @@ mod tests {
         assert_eq!(token.short(), "7-01234567");
         assert!(token.id_hex().starts_with("01234567"));
     }
+
+    /// In full (a record shown by `idem keys show`, a fenced write in a log), a token is its
+    /// `seq` and all 32 hex digits of its id: two claims are told apart by the id.
+    #[test]
+    fn a_token_is_written_whole_as_its_seq_and_id() {
+        let token = Token {
+            seq: 7,
+            id: 0x0123_4567_89ab_cdef_0011_2233_4455_6677,
+        };
+        assert_eq!(token.to_string(), "7-0123456789abcdef0011223344556677");
+        assert_eq!(
+            format!("{token:?}"),
+            "Token(7-0123456789abcdef0011223344556677)"
+        );
+    }
 }
