@@ -53,8 +53,10 @@ pub struct ReconcileReport {
     /// one saying which step the operation had reached).
     pub unknown: Vec<Record>,
     /// Skipped: no longer the stale claim that was listed (completed, released, retried,
-    /// expired or taken meanwhile, or too close to its expiry to be taken over). Nothing was
-    /// probed; any claim won by accident was given back.
+    /// expired or taken meanwhile, or too close to its expiry to be taken over): nothing was
+    /// probed, and any claim won by accident was given back. Also a record taken from the
+    /// reconciler while its probe ran (its lease ran out): the finding was not written, and the
+    /// record is left to the process that took it.
     pub skipped: usize,
     /// Of `completed`: the probe's outcome was over the size limit, so the record holds
     /// [`Outcome::not_kept`] instead.
