@@ -2,7 +2,8 @@
 //! attempt starts with the steps earlier attempts saved (after a retryable outcome, a release and
 //! a takeover), a stale holder's checkpoint is fenced and writes nothing, completion ends them,
 //! the codec encodes them, the size limit refuses before anything is written, and a store
-//! without checkpoints says so. Effects are counted at a sink.
+//! without checkpoints says so; the steps are read back only where there can be some. Effects
+//! are counted at a sink.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -456,4 +457,37 @@ async fn a_store_without_checkpoints_is_not_asked_and_the_executor_refuses_them(
         .unwrap();
     let record = store.get(&id, Timestamp::now()).await.unwrap().unwrap();
     assert!(record.checkpoints.is_empty(), "nothing written");
+}
+
+/// The steps a claim resumes from cost a read only where there can be some: after a retry's
+/// claim on a store that keeps checkpoints. A first execution (a new record has none) and a
+/// retry on a store without checkpoints go from the claim to the operation without reading the
+/// record back.
+#[tokio::test]
+async fn only_a_retry_on_a_store_that_keeps_checkpoints_reads_its_steps_back() {
+    use idem_conformance::kit::{FaultStore, Op};
+    let (scope, key) = (Scope::new("s").unwrap(), IdempotencyKey::new("k").unwrap());
+    let fp = Fingerprint::of("op", &json!({})).unwrap();
+    let retryable = |_| async { Outcome::retryable(503, &json!({})).unwrap() };
+
+    let keeps = FaultStore::new(MemoryStore::new());
+    assert!(keeps.as_checkpoint_store().is_some());
+    let executor = Executor::new(keeps.clone());
+    executor.run(&scope, &key, &fp, retryable).await.unwrap();
+    assert_eq!(
+        keeps.calls(Op::Get),
+        0,
+        "a first execution reads nothing back"
+    );
+    executor.run(&scope, &key, &fp, retryable).await.unwrap();
+    assert_eq!(keeps.calls(Op::Get), 1, "a retry reads its steps");
+
+    let plain = FaultStore::new(Plain::default());
+    assert!(plain.as_checkpoint_store().is_none());
+    let executor = Executor::new(plain.clone());
+    for _ in 0..2 {
+        executor.run(&scope, &key, &fp, retryable).await.unwrap();
+    }
+    assert_eq!(plain.calls(Op::Claim), 2);
+    assert_eq!(plain.calls(Op::Get), 0, "no steps to read back");
 }
