@@ -283,6 +283,61 @@ mod tests {
         assert_eq!(&lines[1..], &others);
     }
 
+    /// The streamable HTTP transport's rewrite: a `POST` of a call carrying the field reaches
+    /// rmcp with the key in `_meta` (and without the old `Content-Length`, since the body
+    /// changed); a `GET` passes untouched; a `POST` body is read up to the documented 4 MiB and
+    /// refused with 413 one byte over.
+    #[cfg(feature = "axum")]
+    #[tokio::test]
+    async fn lift_http_request_rewrites_a_posted_call_and_holds_the_body_to_4_mib() {
+        use axum::body::{Body, to_bytes};
+        use axum::http::{Method, Request, StatusCode, header};
+        let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+            "params": {"name": "t", "arguments": {}, "idempotencyKey": "k-9"}})
+        .to_string();
+        let post = |body: Vec<u8>| {
+            Request::builder()
+                .method(Method::POST)
+                .uri("/mcp")
+                .header(header::CONTENT_LENGTH, body.len())
+                .body(Body::from(body))
+                .unwrap()
+        };
+        let read = |request: axum::extract::Request| to_bytes(request.into_body(), usize::MAX);
+
+        let lifted = lift_http_request(post(call.clone().into_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(
+            (lifted.method(), lifted.uri().path()),
+            (&Method::POST, "/mcp")
+        );
+        assert!(lifted.headers().get(header::CONTENT_LENGTH).is_none());
+        let body: Value = serde_json::from_slice(&read(lifted).await.unwrap()).unwrap();
+        assert_eq!(body["params"]["_meta"][LIFTED_META_KEY], "k-9");
+        assert!(body["params"].get(PARAMS_FIELD).is_none());
+
+        let get = Request::builder()
+            .method(Method::GET)
+            .uri("/mcp")
+            .body(Body::from(call.clone()))
+            .unwrap();
+        let passed = lift_http_request(get).await.unwrap();
+        assert_eq!(passed.method(), Method::GET);
+        assert_eq!(
+            read(passed).await.unwrap(),
+            call.as_bytes(),
+            "a GET is passed as it is"
+        );
+
+        let limit = 4 * 1024 * 1024;
+        // Not JSON: read whole and passed on unchanged.
+        let at_limit = lift_http_request(post(vec![b' '; limit])).await.unwrap();
+        assert_eq!(read(at_limit).await.unwrap().len(), limit);
+        let over = lift_http_request(post(vec![b' '; limit + 1])).await;
+        assert_eq!(over.unwrap_err(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
     #[test]
     fn lift_removes_a_client_sent_lifted_entry() {
         let mut m = json!({"method": "tools/call",
