@@ -283,3 +283,55 @@ async fn typed_and_encrypted() {
     assert_eq!(again.into_result(), Ok(ticket()));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// An error that names its own HTTP status.
+#[derive(Debug, Serialize)]
+enum OrderError {
+    /// 409, for good.
+    Conflict,
+    /// 429, try again later.
+    RateLimited,
+    /// A status that is not an error's (200): the class's default replaces it.
+    Confused,
+}
+
+impl OperationError for OrderError {
+    fn class(&self) -> OutcomeClass {
+        match self {
+            Self::Conflict | Self::Confused => OutcomeClass::Definitive,
+            Self::RateLimited => OutcomeClass::Retryable,
+        }
+    }
+    fn status(&self) -> u16 {
+        match self {
+            Self::Conflict => 409,
+            Self::RateLimited => 429,
+            Self::Confused => 200,
+        }
+    }
+}
+
+/// The outcome recorded for an error keeps the status the error names when it is an error's
+/// (400–599), with its class; any other status gives way to the class's default (422, 503), so
+/// a stored error never reads back as a success.
+#[test]
+fn an_error_is_recorded_with_its_own_status_or_its_class_default() {
+    let recorded = |e: OrderError| {
+        let outcome = idem_core::Outcome::from_result(&Err::<(), _>(e)).unwrap();
+        (outcome.status(), outcome.class())
+    };
+    assert_eq!(
+        recorded(OrderError::Conflict),
+        (409, OutcomeClass::Definitive)
+    );
+    assert_eq!(
+        recorded(OrderError::RateLimited),
+        (429, OutcomeClass::Retryable)
+    );
+    assert_eq!(
+        recorded(OrderError::Confused),
+        (422, OutcomeClass::Definitive)
+    );
+    let ok = idem_core::Outcome::from_result(&Ok::<_, OrderError>(ticket())).unwrap();
+    assert_eq!((ok.status(), ok.class()), (200, OutcomeClass::Definitive));
+}
