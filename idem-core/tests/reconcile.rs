@@ -2,12 +2,11 @@
 //! records in batches. Effects are counted downstream.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_conformance::kit::{FaultStore, Op};
-use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
+use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::reconcile::{
     Finding, Probe, PurgePace, Reconciler, purge_expired_all, purge_expired_paced,
 };
@@ -320,163 +319,6 @@ async fn a_claim_taken_over_elsewhere_is_not_reconciled() {
         "a running lease is left alone"
     );
     assert!(report.unknown.is_empty() && report.failed.is_empty());
-}
-
-/// The stale holder, waking up late, settles its claim between the reconciler's read and its
-/// claim. Released: the reconciler's claim is a retry's, not a takeover, and it gives that claim
-/// straight back; completed: its claim answers the replay. Either way nothing is probed, the
-/// record counts as skipped and stays as its holder left it, and the next call runs the operation
-/// once (released) or replays the holder's answer (completed).
-#[tokio::test]
-async fn a_record_its_holder_settles_after_the_read_is_skipped_unprobed() {
-    for completed in [false, true] {
-        let w = world();
-        let (key, holder) = w.crashed_holder("k-late-holder", false).await;
-        w.clock.advance(Duration::from_secs(31));
-        let store = FaultStore::new(w.store.clone());
-        let (inner, id, clock, policy) = (
-            store.inner(),
-            RecordId::new(w.scope.clone(), key.clone()),
-            w.clock.clone(),
-            w.policy,
-        );
-        store.after_once(Op::Get, move |_| {
-            let (inner, id, now) = (inner.clone(), id.clone(), clock.now());
-            async move {
-                if completed {
-                    let late = Outcome::definitive(201, &json!({"ticket_id": "T-late"})).unwrap();
-                    let answer = inner.complete(&id, holder, &late, &policy, now).await;
-                    assert_eq!(answer.unwrap(), CompleteAnswer::Completed);
-                } else {
-                    let answer = inner.release(&id, holder, now).await;
-                    assert_eq!(answer.unwrap(), ReleaseAnswer::Released);
-                }
-            }
-        });
-        let shown = Arc::new(Mutex::new(Vec::new()));
-        let report = Reconciler::new(
-            Arc::new(store.clone()),
-            Arc::new(w.clock.clone()),
-            w.policy,
-            Tokens(shown.clone()),
-        )
-        .run_once()
-        .await
-        .unwrap();
-        assert_eq!(
-            (
-                report.examined,
-                report.skipped,
-                report.completed,
-                report.released
-            ),
-            (1, 1, 0, 0),
-            "completed by its holder: {completed}"
-        );
-        assert!(shown.lock().unwrap().is_empty(), "not probed");
-        let r = w.record(&key).await;
-        let left = if completed {
-            RecordState::Completed
-        } else {
-            RecordState::FailedRetryable
-        };
-        assert_eq!(r.state, left);
-        let runs = AtomicUsize::new(0);
-        let run = w
-            .executor()
-            .run(&w.scope, &key, &w.fp, |_| async {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Outcome::definitive(201, &json!({"ticket_id": "T-2"})).unwrap()
-            })
-            .await
-            .unwrap();
-        assert_eq!(run.is_replay(), completed);
-        let ticket = if completed { "T-late" } else { "T-2" };
-        assert_eq!(run.outcome().body_json()["ticket_id"], ticket);
-        assert_eq!(runs.load(Ordering::SeqCst), usize::from(!completed));
-    }
-}
-
-/// A probe too slow for the reconciler's own lease: while it asks downstream, the lease runs out
-/// and another process takes the record over. It then finds `happened` (the effect done) or not.
-struct Overtaken {
-    w: Arc<World>,
-    key: IdempotencyKey,
-    happened: bool,
-    other: Arc<Mutex<Option<idem_core::Token>>>,
-}
-
-#[async_trait]
-impl Probe for Overtaken {
-    async fn probe(&self, _: &Record) -> Finding {
-        let w = &self.w;
-        w.clock.advance(Duration::from_secs(31));
-        let takeover = w
-            .policy
-            .to_builder()
-            .stale(StalePolicy::Takeover)
-            .build()
-            .unwrap();
-        let id = RecordId::new(w.scope.clone(), self.key.clone());
-        let ClaimAnswer::Claimed { token, .. } = w
-            .store
-            .claim(&id, &w.fp, &takeover, w.clock.now())
-            .await
-            .unwrap()
-        else {
-            panic!("the other process takes the record over")
-        };
-        *self.other.lock().unwrap() = Some(token);
-        if self.happened {
-            Finding::Happened(Outcome::definitive(201, &json!({"ticket_id": "T-1"})).unwrap())
-        } else {
-            Finding::NotHappened
-        }
-    }
-}
-
-/// The reconciler's completion or release after a probe that outlived its lease is fenced: the
-/// record stays with the process that took it over, and the pass counts it skipped, neither
-/// completed nor released.
-#[tokio::test]
-async fn a_finding_written_after_the_reconcilers_lease_was_taken_over_is_fenced_and_skipped() {
-    for happened in [true, false] {
-        let w = Arc::new(world());
-        let (key, _) = w.crashed_holder("k-overtaken", happened).await;
-        w.clock.advance(Duration::from_secs(31));
-        let other = Arc::new(Mutex::new(None));
-        let probe = Overtaken {
-            w: w.clone(),
-            key: key.clone(),
-            happened,
-            other: other.clone(),
-        };
-        let report = Reconciler::new(
-            Arc::new(w.store.clone()),
-            Arc::new(w.clock.clone()),
-            w.policy,
-            probe,
-        )
-        .run_once()
-        .await
-        .unwrap();
-        assert_eq!(
-            (
-                report.examined,
-                report.skipped,
-                report.completed,
-                report.released
-            ),
-            (1, 1, 0, 0),
-            "happened: {happened}"
-        );
-        let r = w.record(&key).await;
-        assert_eq!(
-            (r.state, Some(r.token)),
-            (RecordState::Processing, *other.lock().unwrap()),
-            "left to the process that took it over (happened: {happened})"
-        );
-    }
 }
 
 #[tokio::test]

@@ -1,30 +1,36 @@
-//! The reconciler honours how its takeover claim was won (a record released, retried, expired or
-//! purged meanwhile is skipped, unprobed, not left `processing`, and never written back past its
-//! expiry), and one record's failure does not stop the pass. A `FaultStore` hook changes the record
-//! at the worst moment: right after the reconciler lists it, or right after it reads it back.
+//! The reconciler honours how its takeover claim was won (a record released, completed, retried,
+//! expired or purged meanwhile is skipped, unprobed, not left `processing`, and never written
+//! back past its expiry), shows its probe the steps saved up to the takeover, writes no finding
+//! once its own claim was taken from it, and one record's failure does not stop the pass. A
+//! `FaultStore` hook changes the record at the worst moment: right after the reconciler lists
+//! it, right after it reads it back, or right before it writes its finding.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_conformance::kit::{FaultStore, Op};
-use idem_core::machine::{ClaimAnswer, ReleaseAnswer};
+use idem_core::machine::{ClaimAnswer, CompleteAnswer, ReleaseAnswer};
 use idem_core::reconcile::{Finding, Probe, Reconciler};
 use idem_core::{
-    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, RecordId, RecordState, Scope, StoreError, Timestamp, Token, async_trait,
+    Checkpoint, Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
+    Outcome, Policy, Record, RecordId, RecordState, Scope, StalePolicy, StoreError, Timestamp,
+    Token, async_trait,
 };
 use serde_json::json;
 
-/// A probe that counts its calls and answers per key: `happened-big` with an outcome over the
-/// limit, `happened-*` with a small one, anything else not found.
+/// A probe that counts its calls, keeps the name of the last step each record it was shown had
+/// saved (`""` for none), and answers per key: `happened-big` with an outcome over the limit,
+/// `happened-*` with a small one, anything else not found.
 #[derive(Clone, Default)]
-struct CountingProbe(Arc<AtomicUsize>);
+struct CountingProbe(Arc<AtomicUsize>, Arc<Mutex<Vec<String>>>);
 
 #[async_trait]
 impl Probe for CountingProbe {
     async fn probe(&self, record: &Record) -> Finding {
         self.0.fetch_add(1, Ordering::SeqCst);
+        let last = record.last_checkpoint().map_or("", |c| c.name());
+        self.1.lock().unwrap().push(last.to_owned());
         match record.key.as_str() {
             "happened-big" => {
                 Finding::Happened(Outcome::definitive(201, &"x".repeat(4096)).unwrap())
@@ -44,6 +50,14 @@ struct World {
     probe: CountingProbe,
     scope: Scope,
     fp: Fingerprint,
+}
+
+/// What a stale holder, waking up late, does to the record it still holds.
+#[derive(Clone, Copy)]
+enum Late {
+    Releases,
+    Completes,
+    SavesAStep,
 }
 
 fn world() -> World {
@@ -103,9 +117,9 @@ impl World {
     }
 
     /// Right after the reconciler's next `op` (for a listing: right after it lists the record),
-    /// the holder of `token` releases that record.
-    fn release_after(&self, op: Op, token: Token) {
-        let inner = self.store.inner();
+    /// the holder of `token`, late but still holding the record, does `late` to it.
+    fn holder_after(&self, op: Op, token: Token, late: Late) {
+        let (inner, policy) = (self.store.inner(), self.policy);
         self.store.after_once(op, move |call| {
             let inner = inner.clone();
             async move {
@@ -115,10 +129,61 @@ impl World {
                     .await
                     .unwrap()
                     .unwrap();
-                let answer = inner.release(&id, token, record.lease_until).await.unwrap();
-                assert_eq!(answer, ReleaseAnswer::Released);
+                let at = record.lease_until;
+                match late {
+                    Late::Releases => {
+                        let answer = inner.release(&id, token, at).await.unwrap();
+                        assert_eq!(answer, ReleaseAnswer::Released);
+                    }
+                    Late::Completes => {
+                        let late = Outcome::definitive(201, &json!({"ticket": "T-late"})).unwrap();
+                        let answer = inner.complete(&id, token, &late, &policy, at).await;
+                        assert_eq!(answer.unwrap(), CompleteAnswer::Completed);
+                    }
+                    Late::SavesAStep => {
+                        let step = Checkpoint::new("charged", r#"{"charge":"ch_1"}"#, at).unwrap();
+                        let checkpoints = inner.as_checkpoint_store().unwrap();
+                        checkpoints
+                            .checkpoint(&id, token, &step, &policy)
+                            .await
+                            .unwrap();
+                    }
+                }
             }
         });
+    }
+
+    /// Right before the reconciler writes its finding (`op`: `Complete` or `Release`), its own
+    /// lease runs out and another process takes the record over; answers that process's token.
+    fn taken_over_before(&self, op: Op) -> Arc<Mutex<Option<Token>>> {
+        let taken = Arc::new(Mutex::new(None));
+        let (inner, clock, fp, taken_by) = (
+            self.store.inner(),
+            self.clock.clone(),
+            self.fp.clone(),
+            taken.clone(),
+        );
+        let takeover = self
+            .policy
+            .to_builder()
+            .stale(StalePolicy::Takeover)
+            .build()
+            .unwrap();
+        self.store.before(op, move |call| {
+            let (inner, clock, fp, taken_by) =
+                (inner.clone(), clock.clone(), fp.clone(), taken_by.clone());
+            async move {
+                clock.advance(Duration::from_secs(31));
+                let id = RecordId::new(call.scope.unwrap(), call.key.unwrap());
+                let answer = inner.claim(&id, &fp, &takeover, clock.now()).await.unwrap();
+                let ClaimAnswer::Claimed { token, .. } = answer else {
+                    panic!("the other process takes the record over: {answer:?}")
+                };
+                *taken_by.lock().unwrap() = Some(token);
+                Ok(())
+            }
+        });
+        taken
     }
 
     /// One reconciler pass over a single stale record that someone changed meanwhile: it is
@@ -158,7 +223,7 @@ async fn released_after_listing_is_skipped_without_a_write() {
     let w = world();
     let (key, token) = w.stale_claim("k-1").await;
     w.clock.advance(Duration::from_secs(31));
-    w.release_after(Op::ListInFlight, token);
+    w.holder_after(Op::ListInFlight, token, Late::Releases);
     w.pass_skips_it_unprobed().await;
     let r = w.record(&key).await.unwrap();
     assert_eq!(
@@ -174,7 +239,7 @@ async fn released_between_read_and_claim_is_given_back_unprobed() {
     let w = world();
     let (key, token) = w.stale_claim("k-2").await;
     w.clock.advance(Duration::from_secs(31));
-    w.release_after(Op::Get, token);
+    w.holder_after(Op::Get, token, Late::Releases);
     w.pass_skips_it_unprobed().await;
     let r = w.record(&key).await.unwrap();
     assert_eq!(
@@ -184,6 +249,74 @@ async fn released_between_read_and_claim_is_given_back_unprobed() {
     );
     assert_eq!(r.fingerprint, w.fp);
     assert_eq!(w.retry_runs(&key).await, 1, "the next retry runs it, once");
+}
+
+#[tokio::test]
+async fn completed_between_read_and_claim_is_skipped_unprobed_and_replayed() {
+    let w = world();
+    let (key, token) = w.stale_claim("k-5").await;
+    w.clock.advance(Duration::from_secs(31));
+    w.holder_after(Op::Get, token, Late::Completes);
+    w.pass_skips_it_unprobed().await;
+    let r = w.record(&key).await.unwrap();
+    assert_eq!((r.state, r.token), (RecordState::Completed, token));
+    assert_eq!(r.outcome.unwrap().body_json()["ticket"], "T-late");
+    assert_eq!(
+        w.retry_runs(&key).await,
+        0,
+        "the retry replays the holder's answer"
+    );
+}
+
+/// A step the stale holder saves between the reconciler's read and its takeover is kept by the
+/// takeover, and it is the step the probe is asked after (not the record as listed).
+#[tokio::test]
+async fn a_step_saved_between_read_and_claim_is_the_one_the_probe_sees() {
+    let w = world();
+    let (key, token) = w.stale_claim("k-6").await;
+    w.clock.advance(Duration::from_secs(31));
+    w.holder_after(Op::Get, token, Late::SavesAStep);
+    let report = w.reconciler().run_once().await.unwrap();
+    assert_eq!((report.examined, report.released), (1, 1));
+    assert_eq!(*w.probe.1.lock().unwrap(), ["charged"]);
+    let r = w.record(&key).await.unwrap();
+    assert_eq!(r.state, RecordState::FailedRetryable);
+    assert_eq!(
+        r.last_checkpoint().unwrap().name(),
+        "charged",
+        "kept for the retry"
+    );
+}
+
+/// The reconciler's finding, written after its own lease ran out and another process took the
+/// record over, is fenced: the record stays with that process, and the pass counts it skipped,
+/// neither completed nor released.
+#[tokio::test]
+async fn a_finding_written_after_the_reconcilers_claim_was_taken_is_fenced_and_skipped() {
+    for (key, write) in [("happened-1", Op::Complete), ("k-7", Op::Release)] {
+        let w = world();
+        let (key, _) = w.stale_claim(key).await;
+        w.clock.advance(Duration::from_secs(31));
+        let taken = w.taken_over_before(write);
+        let report = w.reconciler().run_once().await.unwrap();
+        assert_eq!(
+            (
+                report.examined,
+                report.skipped,
+                report.completed,
+                report.released
+            ),
+            (1, 1, 0, 0),
+            "{key}"
+        );
+        assert_eq!(w.probes(), 1, "probed, then fenced");
+        let r = w.record(&key).await.unwrap();
+        assert_eq!(
+            (r.state, Some(r.token)),
+            (RecordState::Processing, *taken.lock().unwrap()),
+            "left to the process that took it over"
+        );
+    }
 }
 
 #[tokio::test]
