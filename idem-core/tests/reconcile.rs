@@ -481,7 +481,14 @@ fn a_duty_cycle_outside_zero_to_one_is_refused() {
         );
     }
     let pace = PurgePace::new(0).duty(1.0).unwrap();
-    assert_eq!((pace.batch_size(), pace.duty_cycle()), (1, 1.0));
+    assert_eq!(
+        (pace.batch_size(), pace.duty_cycle()),
+        (1, 1.0),
+        "a batch holds a record at least"
+    );
+    // What `idem purge` reports of its pace reads back as given.
+    let pace = PurgePace::new(250).duty(0.25).unwrap();
+    assert_eq!((pace.batch_size(), pace.duty_cycle()), (250, 0.25));
 }
 
 /// The log lines written while it lives (this thread's, so a current-thread runtime's tasks too).

@@ -175,6 +175,14 @@ mod tests {
             r.encode(&CodecContext::new(&scope, &key), &o).unwrap(),
             text
         );
+        // An index one past the end of an array matches nothing either.
+        let text = "{ \"list\": [1, 2] }";
+        let o = Outcome::from_json_text(200, text, crate::OutcomeClass::Definitive).unwrap();
+        let r = Redact::remove(["/list/2"]).unwrap();
+        assert_eq!(
+            r.encode(&CodecContext::new(&scope, &key), &o).unwrap(),
+            text
+        );
     }
 
     #[test]
