@@ -328,6 +328,26 @@ async fn an_outcome_over_the_byte_bound_evicts_nothing() {
     assert!(!from_memory(&cache, "k2", NOW).await);
 }
 
+/// An eviction gives back the bytes of what it evicted: with room for two outcomes, a third
+/// pushes out the oldest, and a fourth the next one (the count is two outcomes again, not less).
+#[tokio::test]
+async fn each_eviction_gives_back_the_bytes_of_what_it_evicted() {
+    let store = MemoryStore::new();
+    let s = ticket("T-1").size();
+    let cache = ReplayCache::new(store.clone()).max_bytes(2 * s);
+    for (k, t) in [("k1", "T-1"), ("k2", "T-2"), ("k3", "T-3"), ("k4", "T-4")] {
+        kept_at(&cache, k, &ticket(t), NOW).await;
+    }
+    store.purge_expired(NOW + TTL * 2, 1000).await.unwrap();
+    assert!(from_memory(&cache, "k3", NOW).await);
+    assert!(from_memory(&cache, "k4", NOW).await);
+    assert!(
+        !from_memory(&cache, "k2", NOW).await,
+        "k2 kept beyond the bound"
+    );
+    assert!(!from_memory(&cache, "k1", NOW).await);
+}
+
 /// The byte bound counts what is kept now: a key kept again after its record expired and was
 /// replaced counts once, and a purge through the cache gives back the bytes of what it dropped.
 #[tokio::test]
