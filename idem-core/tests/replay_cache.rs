@@ -434,3 +434,36 @@ async fn reads_and_the_backend_name_are_the_stores() {
     assert_eq!(Some(record), store.get(&id, NOW).await.unwrap());
     assert_eq!(cache.backend(), "memory");
 }
+
+/// What is not a replay goes to the store behind the cache: a step saved through the cache is
+/// in the store's record (a retry resumes from it), and the reconciler, listing stale claims
+/// through the cache, finds the one whose lease ended.
+#[tokio::test]
+async fn steps_and_the_listing_of_stale_claims_go_through_to_the_store() {
+    use idem_core::machine::CheckpointAnswer;
+    let store = MemoryStore::new();
+    let cache = ReplayCache::new(store.clone());
+    let id = RecordId::new(scope(), key("k1"));
+    let ClaimAnswer::Claimed { token, .. } = cache
+        .claim(&id, &fp("printer"), &policy(), NOW)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed")
+    };
+    let step = idem_core::Checkpoint::new("charged", r#"{"charge":"ch_1"}"#, NOW).unwrap();
+    let saved = cache
+        .as_checkpoint_store()
+        .expect("the cache keeps the store's checkpoints")
+        .checkpoint(&id, token, &step, &policy())
+        .await
+        .unwrap();
+    assert_eq!(saved, CheckpointAnswer::Saved);
+    let record = store.get(&id, NOW).await.unwrap().unwrap();
+    assert_eq!(record.last_checkpoint().unwrap().name(), "charged");
+
+    let after_the_lease = NOW + Duration::from_secs(31);
+    let stale = cache.list_in_flight(after_the_lease, 10).await.unwrap();
+    assert_eq!(stale.len(), 1);
+    assert_eq!((stale[0].id(), stale[0].token), (id, token));
+}
