@@ -359,3 +359,31 @@ async fn a_listing_by_state_or_scope_selects_only_those_records() {
     };
     assert_eq!(listed(scope).await, ["records/b/running"]);
 }
+
+/// A listing (`idem keys ls`) is oldest write first, ties by scope then key, and holds at most
+/// its limit: the first page is the records left untouched the longest.
+#[tokio::test]
+async fn a_listing_is_oldest_write_first_and_holds_at_most_its_limit() {
+    let store = MemoryStore::new();
+    let p = policy(StalePolicy::Reconcile);
+    let fp = Fingerprint::of_bytes(b"request");
+    let scope = Scope::new("records/a").unwrap();
+    for (key, at) in [("k-new", 3), ("k-old", 1), ("k-tie-b", 2), ("k-tie-a", 2)] {
+        let id = RecordId::new(scope.clone(), IdempotencyKey::new(key).unwrap());
+        let answer = store.claim(&id, &fp, &p, t(at)).await.unwrap();
+        assert!(matches!(answer, ClaimAnswer::Claimed { .. }), "{answer:?}");
+    }
+    let listed = |limit| {
+        let store = &store;
+        async move {
+            let records = store.list(&ListFilter::default(), t(4), limit).await;
+            let keys = records
+                .unwrap()
+                .into_iter()
+                .map(|r| r.key.as_str().to_owned());
+            keys.collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed(10).await, ["k-old", "k-tie-a", "k-tie-b", "k-new"]);
+    assert_eq!(listed(2).await, ["k-old", "k-tie-a"]);
+}
