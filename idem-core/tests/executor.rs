@@ -9,8 +9,8 @@ use std::time::Duration;
 use idem_conformance::kit::{Fault, FaultStore, Op};
 use idem_core::machine::CompleteAnswer;
 use idem_core::{
-    Error, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
-    Policy, Record, RecordId, RecordState, Scope, StoreError, Timestamp,
+    Clock, Error, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
+    Outcome, Policy, Record, RecordId, RecordState, Scope, StoreError, Timestamp,
 };
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
@@ -448,4 +448,25 @@ async fn an_operation_that_recorded_its_own_outcome_is_not_completed_twice() {
         "completed once, by the operation"
     );
     assert_eq!(s.record().await.unwrap().state, RecordState::Completed);
+}
+
+/// What an executor was built with reads back as given: its policy (an MCP task server decides
+/// from its stale policy whether a task whose holder crashed is still working), its store and
+/// its clock.
+#[test]
+fn an_executor_reads_back_its_policy_store_and_clock() {
+    let policy = Policy::builder()
+        .lease(Duration::from_secs(7))
+        .stale(idem_core::StalePolicy::Takeover)
+        .build()
+        .unwrap();
+    assert_ne!(policy, Policy::default());
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let executor = Executor::new(MemoryStore::new())
+        .with_policy(policy)
+        .with_clock(clock.clone());
+    assert_eq!(executor.policy(), &policy);
+    assert_eq!(executor.store().backend(), "memory");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(executor.clock().now(), clock.now());
 }
