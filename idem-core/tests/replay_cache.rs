@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
-use idem_core::store::ReplayCache;
+use idem_core::store::{ListFilter, ReplayCache};
 use idem_core::{
     ClaimKind, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Outcome, Policy, RecordId,
     Scope, Timestamp,
@@ -436,8 +436,8 @@ async fn reads_and_the_backend_name_are_the_stores() {
 }
 
 /// What is not a replay goes to the store behind the cache: a step saved through the cache is
-/// in the store's record (a retry resumes from it), and the reconciler, listing stale claims
-/// through the cache, finds the one whose lease ended.
+/// in the store's record (a retry resumes from it), the reconciler, listing stale claims through
+/// the cache, finds the one whose lease ended, and an operator's listing shows the record.
 #[tokio::test]
 async fn steps_and_the_listing_of_stale_claims_go_through_to_the_store() {
     use idem_core::machine::CheckpointAnswer;
@@ -465,5 +465,45 @@ async fn steps_and_the_listing_of_stale_claims_go_through_to_the_store() {
     let after_the_lease = NOW + Duration::from_secs(31);
     let stale = cache.list_in_flight(after_the_lease, 10).await.unwrap();
     assert_eq!(stale.len(), 1);
-    assert_eq!((stale[0].id(), stale[0].token), (id, token));
+    assert_eq!((stale[0].id(), &stale[0].token), (id.clone(), &token));
+    let listed = cache.list(&ListFilter::default(), NOW, 10).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id(), id);
+}
+
+/// A repeat waiting through the cache waits on the store's wake-ups: its wait does not end
+/// while the record is as it saw it, and ends once the holder completes.
+#[tokio::test]
+async fn a_wait_through_the_cache_ends_when_the_record_changes() {
+    let store = MemoryStore::new();
+    let cache = std::sync::Arc::new(ReplayCache::new(store.clone()));
+    let id = RecordId::new(scope(), key("k1"));
+    let ClaimAnswer::Claimed { token, .. } = cache
+        .claim(&id, &fp("printer"), &policy(), NOW)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed")
+    };
+    let seen = cache.get(&id, NOW).await.unwrap().unwrap();
+    let waiting = cache.clone();
+    let wait = tokio::spawn(async move {
+        let clock = idem_core::ManualClock::new(NOW);
+        waiting
+            .wait_for_change(&seen, &clock, &idem_core::Timer::tokio())
+            .await
+    });
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!wait.is_finished(), "the record has not changed");
+    let done = cache
+        .complete(&id, token, &ticket("T-1"), &policy(), NOW)
+        .await;
+    assert_eq!(done.unwrap(), CompleteAnswer::Completed);
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("woken by the completion")
+        .unwrap()
+        .unwrap();
 }
