@@ -156,6 +156,27 @@ mod tests {
     use super::*;
     use rmcp::model::ContentBlock as Content;
 
+    /// A result answered under a key the server derived names where the key came from
+    /// (`_meta["io.idem/keySource"]`); under a key the caller sent, it carries no such entry.
+    #[test]
+    fn a_derived_keys_result_names_its_source_and_a_sent_keys_does_not() {
+        let source = |origin| {
+            let result = CallToolResult::success(vec![Content::text("T-1")]);
+            let CallToolResponse::Complete(marked) = mark_source(result.into(), origin) else {
+                panic!("a complete result")
+            };
+            marked
+                .meta
+                .and_then(|m| m.0.get(KEY_SOURCE_META_KEY).cloned())
+        };
+        assert_eq!(source(KeyOrigin::Sent), None);
+        assert_eq!(source(KeyOrigin::Arguments), Some(json!("arguments")));
+        assert_eq!(
+            source(KeyOrigin::ModelArgument),
+            Some(json!("model_argument"))
+        );
+    }
+
     #[test]
     fn outcomes_round_trip_and_classify() {
         let ok = CallToolResult::success(vec![Content::text("T-1")]);
