@@ -534,3 +534,25 @@ async fn a_client_without_the_extension_gets_the_result_as_before() {
     assert!(get(&plain, "t1.x").await.is_err());
     assert_eq!(*sink.lock().unwrap(), ["db-6", "renamed"]);
 }
+
+/// A store that fails under `tasks/get` is the store's refusal to the caller, typed as the
+/// contract's ([contract §5.3](idem_core::contract#tasks)), not an empty error: here the
+/// records table is taken away behind the server's back.
+#[tokio::test]
+async fn a_store_that_fails_under_tasks_get_is_a_typed_store_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("tasks.sqlite3");
+    let sink = Sink::default();
+    let one = Replica::start(&db, &sink, policy()).await;
+    let a = connect(&one, "tenant-a", true).await;
+    let (id, _) = create(&a, provision("db-9", "order-9", false)).await;
+    let (done, _) = until_terminal(&[&a], &id).await;
+    assert_eq!(done.task.status(), TaskStatus::Completed);
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("DROP TABLE idem_records")
+        .unwrap();
+    let (error, data) = code(get(&a, &id).await.unwrap_err());
+    assert_eq!(error, ErrorCode::INTERNAL_ERROR, "{data}");
+    assert_eq!(data["type"], "urn:idem:problem:store-error", "{data}");
+}
