@@ -435,6 +435,15 @@ async fn reads_and_the_backend_name_are_the_stores() {
     assert_eq!(cache.backend(), "memory");
 }
 
+/// The token of a first claim of `id` through `cache`, at `NOW`.
+async fn claimed(cache: &ReplayCache<MemoryStore>, id: &RecordId) -> idem_core::Token {
+    let answer = cache.claim(id, &fp("printer"), &policy(), NOW).await;
+    let ClaimAnswer::Claimed { token, .. } = answer.unwrap() else {
+        panic!("not claimed")
+    };
+    token
+}
+
 /// What is not a replay goes to the store behind the cache: a step saved through the cache is
 /// in the store's record (a retry resumes from it), the reconciler, listing stale claims through
 /// the cache, finds the one whose lease ended, and an operator's listing shows the record.
@@ -444,13 +453,7 @@ async fn steps_and_the_listing_of_stale_claims_go_through_to_the_store() {
     let store = MemoryStore::new();
     let cache = ReplayCache::new(store.clone());
     let id = RecordId::new(scope(), key("k1"));
-    let ClaimAnswer::Claimed { token, .. } = cache
-        .claim(&id, &fp("printer"), &policy(), NOW)
-        .await
-        .unwrap()
-    else {
-        panic!("not claimed")
-    };
+    let token = claimed(&cache, &id).await;
     let step = idem_core::Checkpoint::new("charged", r#"{"charge":"ch_1"}"#, NOW).unwrap();
     let saved = cache
         .as_checkpoint_store()
@@ -478,13 +481,7 @@ async fn a_wait_through_the_cache_ends_when_the_record_changes() {
     let store = MemoryStore::new();
     let cache = std::sync::Arc::new(ReplayCache::new(store.clone()));
     let id = RecordId::new(scope(), key("k1"));
-    let ClaimAnswer::Claimed { token, .. } = cache
-        .claim(&id, &fp("printer"), &policy(), NOW)
-        .await
-        .unwrap()
-    else {
-        panic!("not claimed")
-    };
+    let token = claimed(&cache, &id).await;
     let seen = cache.get(&id, NOW).await.unwrap().unwrap();
     let waiting = cache.clone();
     let wait = tokio::spawn(async move {
