@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::{FingerprintError, IdempotencyKey};
 
 /// The key of a call that sends none, chosen per tool ([contract §5.1](crate::contract#keyless)).
 ///
@@ -18,18 +17,23 @@ use crate::{FingerprintError, IdempotencyKey};
 /// ([`KeySource::DEFAULT_WINDOW`], 1 hour): the same call within it is the same operation and
 /// replays; a deliberate repeat must differ in what the key covers.
 ///
+/// A tool's key source is one of its settings ([`Tool`](crate::Tool)); [`Tool::key_of`](crate::Tool::key_of)
+/// gives the key of a call.
+///
 /// ```
-/// use idem_core::{IdempotencyKey, KeyOrigin, KeySource};
+/// use idem_core::{CallKey, KeyOrigin, KeySource, Tool};
 /// use serde_json::json;
-/// let source = KeySource::arguments_at(["/title", "/account_id"]);
-/// let call = json!({"title": "Printer on fire", "account_id": "A-7", "note": "urgent"});
-/// let key = source.arguments_key(&call).unwrap().unwrap();
+/// let tool = Tool::builder()
+///     .key_source(KeySource::arguments_at(["/title", "/account_id"]))
+///     .build()?;
+/// let mut call = json!({"title": "Printer on fire", "account_id": "A-7", "note": "urgent"});
+/// let Ok(CallKey::Key(key)) = tool.key_of(None, &mut call, None) else { unreachable!() };
 /// assert_eq!(key.origin(), KeyOrigin::Arguments);
 /// assert!(key.as_str().starts_with("args: "));
 /// // The note is not covered: the same title and account are the same operation.
-/// let again = json!({"account_id": "A-7", "title": "Printer on fire", "note": "please"});
-/// assert_eq!(source.arguments_key(&again).unwrap().unwrap(), key);
-/// assert!(KeySource::default().arguments_key(&call).is_none());
+/// let mut again = json!({"account_id": "A-7", "title": "Printer on fire", "note": "please"});
+/// assert_eq!(tool.key_of(None, &mut again, None), Ok(CallKey::Key(key)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
@@ -101,24 +105,10 @@ impl KeySource {
     pub fn protects_every_call(&self) -> bool {
         !matches!(self, Self::Unprotected)
     }
-
-    /// For [`KeySource::Arguments`], the key of a call with these arguments
-    /// ([`IdempotencyKey::from_arguments`] of the selected values); `None` for the other
-    /// sources. Arguments that cannot be canonicalised are an error.
-    pub fn arguments_key(
-        &self,
-        arguments: &Value,
-    ) -> Option<Result<IdempotencyKey, FingerprintError>> {
-        let Self::Arguments(pointers) = self else {
-            return None;
-        };
-        let selected = select(pointers, arguments);
-        Some(IdempotencyKey::from_arguments(&selected))
-    }
 }
 
 /// The values at `pointers` as an array (a missing one as `null`), or all of `arguments`.
-fn select<'a>(pointers: &[String], arguments: &'a Value) -> Cow<'a, Value> {
+pub(crate) fn select<'a>(pointers: &[String], arguments: &'a Value) -> Cow<'a, Value> {
     if pointers.is_empty() {
         return Cow::Borrowed(arguments);
     }
@@ -135,36 +125,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::KeyOrigin;
-
-    #[test]
-    fn argument_keys_follow_the_canonical_arguments() {
-        let all = KeySource::arguments();
-        let key = |v: Value| all.arguments_key(&v).unwrap().unwrap();
-        let a = key(json!({"a": 1, "b": [1.0, "x"]}));
-        assert_eq!(a, key(json!({"b": [1, "x"], "a": 1})));
-        assert_ne!(a, key(json!({"a": 2, "b": [1, "x"]})));
-        assert_eq!(a.origin(), KeyOrigin::Arguments);
-        assert_eq!(a.as_str().len(), "args: ".len() + 64);
-        // The selected parts, a missing one as null.
-        let some = KeySource::arguments_at(["/a", "/missing"]);
-        assert_eq!(
-            some.arguments_key(&json!({"a": 1, "z": 9}))
-                .unwrap()
-                .unwrap(),
-            some.arguments_key(&json!({"a": 1.0, "missing": null}))
-                .unwrap()
-                .unwrap()
-        );
-        for other in [
-            KeySource::Refuse,
-            KeySource::model_argument(),
-            KeySource::Request,
-            KeySource::Unprotected,
-        ] {
-            assert!(other.arguments_key(&json!({})).is_none());
-        }
-    }
+    use crate::{IdempotencyKey, KeyOrigin};
 
     #[test]
     fn derived_keys_are_never_sendable_and_read_back() {

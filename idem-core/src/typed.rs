@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use crate::executor::{Reply, Unserializable};
+use crate::executor::{Reply, Unserializable, refused_without_error};
 use crate::{Attempt, Error, Executor, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope};
 
 /// How an operation's error is recorded by [`Executor::run_typed`]: its class and status.
@@ -205,8 +205,10 @@ impl Executor {
         Fut: Future<Output = Result<T, E>>,
     {
         let span = Self::span(scope, key, fingerprint);
-        let ran = self
+        let (ran, _) = self
             .run_in_span(
+                self.tool(),
+                self.requested_wait(),
                 scope,
                 key,
                 fingerprint,
@@ -222,10 +224,10 @@ impl Executor {
                     });
                     (result, outcome)
                 },
-                &mut None,
             )
             .instrument(span)
-            .await?;
+            .await;
+        let ran = ran?;
         match ran {
             Reply::Executed {
                 value,
@@ -243,7 +245,13 @@ impl Executor {
                 unrecorded: Some(error),
                 ..
             }
-            | Reply::Refused { error, .. } => Err(error),
+            | Reply::Refused {
+                error: Some(error), ..
+            } => Err(error),
+            Reply::Refused {
+                error: None,
+                refusal,
+            } => Err(refused_without_error(refusal)),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! [`Executor::call`], the one pipeline both transports call ([contract §5](idem_core::contract#http),
+//! [`Executor::execute`], the one pipeline every transport calls ([contract §5](idem_core::contract#http),
 //! [§5.1](idem_core::contract#keyless), [§5.2](idem_core::contract#waiting)): how a call was
 //! answered, the wait it asked for and the one it gets without asking (a derived key), the key
 //! window of a derived key, and the operation outliving a caller that went away. On the executor
@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::{Sink, TokioClock};
 use idem_core::{
-    Call, Executor, Fingerprint, IdempotencyKey, KeyStore, MemoryStore, Policy, RecordId,
-    RecordState, Refusal, Reply, Scope,
+    Call, Executor, Fingerprint, IdempotencyKey, KeySource, KeyStore, MemoryStore, Outcome,
+    Policy, RecordId, RecordState, Refusal, Reply, Scope, Started, Tool,
 };
 use serde_json::json;
 use tokio::sync::oneshot;
@@ -20,11 +20,21 @@ use tokio::sync::oneshot;
 const LEASE: Duration = Duration::from_secs(30);
 const WINDOW: Duration = Duration::from_secs(600);
 
+const MAX_WAIT: Duration = Duration::from_secs(5);
+
 fn executor(store: &MemoryStore) -> Executor {
-    Executor::new(store.clone())
-        .with_policy(Policy::builder().lease(LEASE).build().unwrap())
-        .with_clock(TokioClock(tokio::time::Instant::now()))
-        .with_processing_window(Duration::from_millis(20))
+    Executor::new(store.clone()).with_clock(TokioClock(tokio::time::Instant::now()))
+}
+
+fn tool() -> Tool {
+    Tool::builder()
+        .policy(Policy::builder().lease(LEASE).build().unwrap())
+        .processing_window(Duration::from_millis(20))
+        .max_wait(MAX_WAIT)
+        .key_source(KeySource::arguments())
+        .key_window(WINDOW)
+        .build()
+        .unwrap()
 }
 
 fn scope() -> Scope {
@@ -33,9 +43,7 @@ fn scope() -> Scope {
 
 fn call(key: IdempotencyKey) -> Call {
     let fingerprint = Fingerprint::of("create_ticket", &json!({"title": "t"})).unwrap();
-    Call::new(scope(), key, fingerprint)
-        .key_window(WINDOW)
-        .transport("test")
+    Call::new(scope(), key, fingerprint).transport("test")
 }
 
 fn derived() -> IdempotencyKey {
@@ -60,7 +68,7 @@ async fn hold(
     let (started_tx, started) = oneshot::channel::<()>();
     let (exec, sink) = (executor.clone(), sink.clone());
     let first = tokio::spawn(async move {
-        exec.call(call, move |_attempt| async move {
+        exec.execute(&tool(), call, move |_attempt| async move {
             let _ = started_tx.send(());
             let _ = rx.await;
             let outcome = sink.create_ticket();
@@ -81,7 +89,7 @@ async fn six_parallel_calls_under_a_derived_key_get_six_answers_and_one_effect()
         .map(|_| {
             let (exec, sink) = (exec.clone(), sink.clone());
             tokio::spawn(async move {
-                exec.call(call(derived()), move |_| async move {
+                exec.execute(&tool(), call(derived()), move |_| async move {
                     let outcome = sink.create_ticket();
                     (sink.count(), outcome)
                 })
@@ -116,11 +124,11 @@ async fn six_parallel_calls_under_a_derived_key_get_six_answers_and_one_effect()
 #[tokio::test(start_paused = true)]
 async fn a_sent_key_waits_only_when_asked_and_is_told_the_bound() {
     let (store, sink) = (MemoryStore::new(), Arc::new(Sink::default()));
-    let exec = executor(&store).with_max_wait(Duration::from_secs(5));
+    let exec = executor(&store);
     let (finish, first) = hold(&exec, call(sent()), &sink).await;
 
     let unasked: idem_core::Answer<usize> = exec
-        .call(call(sent()), |_| async {
+        .execute(&tool(), call(sent()), |_| async {
             unreachable!("in flight: never runs")
         })
         .await;
@@ -133,7 +141,7 @@ async fn a_sent_key_waits_only_when_asked_and_is_told_the_bound() {
     let asked = {
         let exec = exec.clone();
         tokio::spawn(async move {
-            exec.call(call(sent()).wait(Duration::from_secs(10)), |_| async {
+            exec.execute(&tool(), call(sent()).wait(Duration::from_secs(10)), |_| async {
                 unreachable!("replayed: never runs")
             })
             .await
@@ -145,7 +153,7 @@ async fn a_sent_key_waits_only_when_asked_and_is_told_the_bound() {
     let asked: idem_core::Answer<usize> = asked.await.unwrap();
     assert!(matches!(asked.reply, Reply::Replayed { .. }), "{asked:?}");
     // The least of the 10 s asked for and the 5 s maximum.
-    assert_eq!(asked.waited, Some(Duration::from_secs(5)));
+    assert_eq!(asked.waited, Some(MAX_WAIT));
     assert_eq!(sink.count(), 1);
 }
 
@@ -156,7 +164,7 @@ async fn a_derived_key_s_record_lives_for_the_key_window_a_sent_key_s_for_the_tt
     for key in [derived(), sent()] {
         let sink = sink.clone();
         let answer = exec
-            .call(call(key.clone()), move |_| async move {
+            .execute(&tool(), call(key.clone()), move |_| async move {
                 let outcome = sink.create_ticket();
                 ((), outcome)
             })
@@ -171,7 +179,7 @@ async fn a_derived_key_s_record_lives_for_the_key_window_a_sent_key_s_for_the_tt
         assert_eq!(record.state, RecordState::Completed);
         let kept = record.expires_at.saturating_since(record.created_at);
         let expected = match key.origin() {
-            idem_core::KeyOrigin::Sent => exec.policy().ttl(),
+            idem_core::KeyOrigin::Sent => tool().policy().ttl(),
             _ => WINDOW,
         };
         assert_eq!(kept, expected, "{key}");
@@ -199,7 +207,7 @@ async fn the_operation_outlives_a_caller_that_went_away() {
     assert_eq!(record.state, RecordState::Completed, "and was recorded");
 
     let again = exec
-        .call(call(sent()), |_| async {
+        .execute(&tool(), call(sent()), |_| async {
             unreachable!("replayed: never runs")
         })
         .await;
@@ -215,8 +223,96 @@ async fn the_operation_outlives_a_caller_that_went_away() {
 async fn a_panic_in_the_operation_is_resumed_in_the_caller() {
     let exec = executor(&MemoryStore::new());
     let _: idem_core::Answer<()> = exec
-        .call(call(sent()), |_| async { panic!("the tool panicked") })
+        .execute(&tool(), call(sent()), |_| async { panic!("the tool panicked") })
         .await;
+}
+
+/// [`Executor::start`]: a won claim answers at once while the operation runs on detached; the
+/// same call again, in flight or done, starts nothing and answers what the record holds.
+#[tokio::test(start_paused = true)]
+async fn a_started_call_answers_at_its_claim_and_runs_on() {
+    let (store, sink) = (MemoryStore::new(), Arc::new(Sink::default()));
+    let exec = executor(&store);
+    let (finish, finished) = oneshot::channel::<()>();
+    let (done_tx, done) = oneshot::channel::<()>();
+    let started = {
+        let sink = sink.clone();
+        exec.start(&tool(), call(sent()), move |_attempt| async move {
+            let _ = finished.await;
+            let outcome = sink.create_ticket();
+            let _ = done_tx.send(());
+            outcome
+        })
+        .await
+    };
+    assert!(matches!(started, Started::Running { attempt: 1 }), "{started:?}");
+    let again = exec
+        .start(&tool(), call(sent()), |_| async { unreachable!("in flight") })
+        .await;
+    let Started::Answered(answer) = again else {
+        panic!("in flight: {again:?}")
+    };
+    assert!(matches!(
+        answer.reply,
+        Reply::Refused {
+            refusal: Refusal::InFlight { stale: false, .. },
+            ..
+        }
+    ));
+    finish.send(()).unwrap();
+    done.await.unwrap();
+    let record = loop {
+        let now = exec.clock().now();
+        let record = store.get(&RecordId::new(scope(), sent()), now).await.unwrap().unwrap();
+        if record.state != RecordState::Processing {
+            break record;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(record.state, RecordState::Completed);
+    let replayed = exec
+        .start(&tool(), call(sent()), |_| async { unreachable!("replayed") })
+        .await;
+    assert!(matches!(
+        replayed,
+        Started::Answered(idem_core::Answer {
+            reply: Reply::Replayed { .. },
+            ..
+        })
+    ));
+    assert_eq!(sink.count(), 1);
+}
+
+/// [`Executor::settle`]: a record nobody holds is completed with the given outcome (nothing
+/// runs), and every repeat replays it; a record in flight is left to its holder.
+#[tokio::test(start_paused = true)]
+async fn a_settled_record_answers_its_repeats_and_a_held_one_is_not_settled() {
+    let (store, sink) = (MemoryStore::new(), Arc::new(Sink::default()));
+    let exec = executor(&store);
+    let cancelled = Outcome::definitive_json(409, json!({"cancelled": true}));
+    let settled = exec.settle(&tool(), call(sent()), cancelled.clone()).await;
+    assert!(matches!(settled.reply, Reply::Executed { attempt: 1, .. }), "{settled:?}");
+    let again = exec
+        .execute(&tool(), call(sent()), |_| async { unreachable!("settled") })
+        .await;
+    let Reply::<()>::Replayed { outcome } = again.reply else {
+        panic!("replayed: {again:?}")
+    };
+    assert_eq!(outcome, cancelled);
+
+    let other = IdempotencyKey::new("wf-2").unwrap();
+    let (finish, first) = hold(&exec, call(other.clone()), &sink).await;
+    let held = exec.settle(&tool(), call(other), cancelled).await;
+    assert!(matches!(
+        held.reply,
+        Reply::Refused {
+            refusal: Refusal::InFlight { .. },
+            ..
+        }
+    ));
+    finish.send(()).unwrap();
+    assert!(matches!(first.await.unwrap().reply, Reply::Executed { .. }));
+    assert_eq!(sink.count(), 1);
 }
 
 /// What a refused caller reads (HTTP's problem `detail`, MCP's error text): what happened and

@@ -131,7 +131,12 @@ async fn run(n: usize) {
         .route("/tools/create_ticket", post(create_ticket))
         .route_layer(
             IdempotencyLayer::new(executor, |_| Ok("bench-derived".to_owned()))
-                .key_source(KeySource::arguments()),
+                .tool(
+                    idem_core::Tool::builder()
+                        .key_source(KeySource::arguments())
+                        .build()
+                        .expect("a valid tool"),
+                ),
         );
 
     let store = MemoryStore::new();

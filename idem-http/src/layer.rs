@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use http::StatusCode;
 use http::request::Parts;
-use idem_core::{Executor, KeySource, OutcomeClass};
+use idem_core::{Executor, OutcomeClass, Tool};
 use serde_json::Value;
 
 use crate::Problem;
 use crate::answer::{ClassifyFn, default_classify};
-use crate::keyless::Keyless;
+use crate::keyless::Choose;
 use crate::replay::Replay;
 
 /// The default request body limit: 1 MiB.
@@ -34,16 +34,16 @@ pub(crate) type FingerprintFn = dyn Fn(&Parts, &Value) -> Result<Value, Problem>
 /// that is down is 503 — each an `application/problem+json` body.
 ///
 /// A request with `Prefer: wait=N` that finds its operation in flight waits for the answer
-/// ([contract §5.2](idem_core::contract#waiting)): at most the least of N, the executor's
-/// [maximum wait](idem_core::Executor::with_max_wait) and the holder's remaining lease. The answer
+/// ([contract §5.2](idem_core::contract#waiting)): at most the least of N, the layer's
+/// tool's [maximum wait](idem_core::Tool::max_wait) and the holder's remaining lease. The answer
 /// of a request that waited carries `Preference-Applied: wait=B`, B that bound without the lease
 /// (the replay, the tool's own answer if the record became claimable and it ran, or 409 if the
 /// bound passed). A request without a key whose key the layer derived waits the same way
 /// without asking, up to the maximum wait ([contract §5.1](idem_core::contract#keyless); off
-/// with [`Executor::with_derived_key_wait`](idem_core::Executor::with_derived_key_wait)); a
+/// with [`ToolBuilder::derived_key_wait`](idem_core::ToolBuilder::derived_key_wait)); a
 /// keyed request that did not ask is answered 409 at once. The 409's `Retry-After` is what is
 /// left of the tool's processing window
-/// ([`Executor::with_processing_window`](idem_core::Executor::with_processing_window); without
+/// ([`ToolBuilder::processing_window`](idem_core::ToolBuilder::processing_window); without
 /// one, of the lease), in whole seconds, at least 1.
 ///
 /// The claim, the inner service and the completion run in one spawned task per request: a client
@@ -53,18 +53,19 @@ pub(crate) type FingerprintFn = dyn Fn(&Parts, &Value) -> Result<Value, Problem>
 /// record in the same transaction as its effect and call
 /// [`Attempt::mark_recorded`](idem_core::Attempt::mark_recorded).
 ///
-/// Per layer: [`key_source`](Self::key_source) chooses what a request without a key gets
+/// Per layer: [`tool`](Self::tool) chooses what a request without a key gets
 /// (refused by default; a key derived from its body; or unprotected), and
 /// [`fingerprint_with`](Self::fingerprint_with) chooses the part of the body that identifies a
 /// request.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     pub(crate) executor: Executor,
+    pub(crate) tool: Tool,
     pub(crate) principal: Arc<PrincipalFn>,
     pub(crate) classify: Arc<ClassifyFn>,
     pub(crate) body_limit: usize,
     pub(crate) replay: Replay,
-    pub(crate) keyless: Keyless,
+    pub(crate) key_from: Choose,
     pub(crate) fingerprint: Option<Arc<FingerprintFn>>,
 }
 
@@ -72,20 +73,21 @@ impl fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("executor", &self.executor)
+            .field("tool", &self.tool)
             .field("body_limit", &self.body_limit)
             .field("replay", &self.replay)
-            .field("key_source", &self.keyless.source)
-            .field("key_window", &self.keyless.window)
+            .field("key_from", &self.key_from.is_some())
             .field("fingerprint_with", &self.fingerprint.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl IdempotencyLayer {
-    /// A layer running tools through `executor`, with `principal` naming who sent a request
-    /// (a tenant or user id taken from the authenticated request parts; an `Err` refuses the
+    /// A layer running the routes it wraps as the executor's [tool](Executor::tool) (see
+    /// [`tool`](Self::tool)) through `executor`, with `principal` naming who sent a request (a
+    /// tenant or user id taken from the authenticated request parts; an `Err` refuses the
     /// request). Each request runs in a task of its own (claim, tool and completion together,
-    /// [`Executor::call`]: on `executor`'s own spawner if it has one, else on the tokio
+    /// [`Executor::execute`]: on `executor`'s own spawner if it has one, else on the tokio
     /// runtime), so claims and completions survive dropped callers with or without a spawner on
     /// `executor`, without a task hop each.
     pub fn new(
@@ -93,14 +95,58 @@ impl IdempotencyLayer {
         principal: impl Fn(&Parts) -> Result<String, Problem> + Send + Sync + 'static,
     ) -> Self {
         Self {
+            tool: executor.tool().clone(),
             executor,
             principal: Arc::new(principal),
             classify: Arc::new(default_classify),
             body_limit: DEFAULT_BODY_LIMIT,
             replay: Replay::Envelope,
-            keyless: Keyless::default(),
+            key_from: None,
             fingerprint: None,
         }
+    }
+
+    /// Runs the routes this layer wraps as `tool`: its policy, processing window, maximum wait,
+    /// and what a request without an `Idempotency-Key` header gets ([contract
+    /// §5.1](idem_core::contract#keyless)); a key the request sends always wins, and an invalid
+    /// one is refused (400) whatever the source.
+    ///
+    /// - [`KeySource::Refuse`](idem_core::KeySource::Refuse) (the default): 400 `key-required`,
+    ///   nothing runs.
+    /// - [`KeySource::Arguments`](idem_core::KeySource::Arguments): the key is derived from the
+    ///   canonical JSON body (all of it, or the values at the source's JSON pointers, or what
+    ///   [`key_from`](Self::key_from) picks), in the request's scope (principal and path). The
+    ///   same body within the tool's key window replays: what a client with a retry policy and
+    ///   no key needs; a deliberate repeat must differ in what the key covers.
+    /// - [`KeySource::ModelArgument`](idem_core::KeySource::ModelArgument): the key is the body's
+    ///   field of that name (a string the model fills), taken out of the body before the
+    ///   fingerprint and before the tool sees it; a body without it is 400 `key-required`.
+    /// - [`KeySource::Unprotected`](idem_core::KeySource::Unprotected): the request passes
+    ///   straight through to the tool, unprotected (it runs every time; no body limit, principal
+    ///   or record), counted in `idem_unprotected_total{transport="http"}`.
+    /// - [`KeySource::Request`](idem_core::KeySource::Request) is MCP's (HTTP has no request
+    ///   id): refused as `Refuse`.
+    ///
+    /// The answer to a request under a derived key carries `Idempotency-Key-Source: arguments`
+    /// (or `model_argument`), on the first execution and on every replay. Such a request that
+    /// finds the same operation in flight is waited for (its client cannot send `Prefer: wait`),
+    /// up to the tool's maximum wait, and gets the replay, unless the tool turned that off.
+    ///
+    /// ```
+    /// # use idem_core::{Executor, MemoryStore};
+    /// use idem_core::{KeySource, Tool};
+    /// use idem_http::IdempotencyLayer;
+    /// # let executor = Executor::new(MemoryStore::new());
+    /// // A client that retries without a key: the same order body within an hour is one order.
+    /// let tool = Tool::builder()
+    ///     .key_source(KeySource::arguments_at(["/account", "/items"]))
+    ///     .build()?;
+    /// let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".into())).tool(tool);
+    /// # Ok::<(), idem_core::ToolError>(())
+    /// ```
+    pub fn tool(mut self, tool: Tool) -> Self {
+        self.tool = tool;
+        self
     }
 
     /// Chooses how answers look: [`Replay::Envelope`] (the default) or [`Replay::Verbatim`]
@@ -117,63 +163,15 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Chooses what a request without an `Idempotency-Key` header gets on the routes this layer
-    /// wraps ([contract §5.1](idem_core::contract#keyless)); a key the request sends always wins,
-    /// and an invalid one is refused (400) whatever the source.
-    ///
-    /// - [`KeySource::Refuse`] (the default): 400 `key-required`, nothing runs.
-    /// - [`KeySource::Arguments`]: the key is derived from the canonical JSON body (all of it, or
-    ///   the values at the source's JSON pointers, or what [`key_from`](Self::key_from) picks),
-    ///   in the request's scope (principal and path). The same body within the
-    ///   [`key_window`](Self::key_window) replays: what a client with a retry policy and no key
-    ///   needs; a deliberate repeat must differ in what the key covers.
-    /// - [`KeySource::ModelArgument`]: the key is the body's field of that name (a string the
-    ///   model fills), taken out of the body before the fingerprint and before the tool sees it;
-    ///   a body without it is 400 `key-required`.
-    /// - [`KeySource::Unprotected`]: the request passes straight through to the tool,
-    ///   unprotected (it runs every time; no body limit, principal or record), counted in
-    ///   `idem_unprotected_total{transport="http"}`.
-    /// - [`KeySource::Request`] is MCP's (HTTP has no request id): refused as `Refuse`.
-    ///
-    /// The answer to a request under a derived key carries `Idempotency-Key-Source: arguments`
-    /// (or `model_argument`), on the first execution and on every replay. Such a request that
-    /// finds the same operation in flight is waited for (its client cannot send `Prefer: wait`),
-    /// up to the executor's maximum wait, and gets the replay; an executor built
-    /// [`with_derived_key_wait(false)`](idem_core::Executor::with_derived_key_wait) answers it
-    /// 409 at once instead.
-    ///
-    /// ```
-    /// # use idem_core::{Executor, MemoryStore};
-    /// use idem_core::KeySource;
-    /// use idem_http::IdempotencyLayer;
-    /// # let executor = Executor::new(MemoryStore::new());
-    /// // A client that retries without a key: the same order body within an hour is one order.
-    /// let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".into()))
-    ///     .key_source(KeySource::arguments_at(["/account", "/items"]));
-    /// ```
-    pub fn key_source(mut self, source: KeySource) -> Self {
-        self.keyless.source = source;
-        self
-    }
-
-    /// The window of a derived key: how long its record is kept, so how long the same request
-    /// without a key replays (default [`KeySource::DEFAULT_WINDOW`], 1 hour). It must exceed the
-    /// executor's lease; a request under a derived key is otherwise refused with 500.
-    pub fn key_window(mut self, window: std::time::Duration) -> Self {
-        self.keyless.window = window;
-        self
-    }
-
-    /// Derives the key of a request without one from the value `choose` returns (as
+    /// Under a tool whose key source is [`KeySource::Arguments`](idem_core::KeySource::Arguments),
+    /// derives the key of a request without one from the value `choose` returns (as
     /// [`fingerprint_with`](Self::fingerprint_with) chooses the fingerprint's part) instead of the
-    /// whole body; sets the key source to [`KeySource::Arguments`]. An `Err` refuses the
-    /// request.
+    /// whole body. An `Err` refuses the request.
     pub fn key_from(
         mut self,
         choose: impl Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync + 'static,
     ) -> Self {
-        self.keyless.source = KeySource::arguments();
-        self.keyless.choose = Some(Arc::new(choose));
+        self.key_from = Some(Arc::new(choose));
         self
     }
 

@@ -6,7 +6,7 @@ use http::header;
 use http::request::Parts;
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{Fingerprint, IdempotencyKey, Scope};
+use idem_core::{CallKey, Fingerprint, IdempotencyKey, KeySource, Scope};
 
 use crate::answer::BoxError;
 use crate::layer::IdempotencyLayer;
@@ -31,9 +31,15 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
+    let source = layer.tool.key_source();
+    let derives = matches!(
+        source,
+        KeySource::Arguments(_) | KeySource::ModelArgument(_)
+    );
     let sent = match read_key(&parts.headers) {
         Ok(key) => Some(key),
-        Err(Problem::KeyRequired) if layer.keyless.derives() => None,
+        // Refused before the body is read when no key can be derived.
+        Err(Problem::KeyRequired) if derives => None,
         Err(problem) => return Err(problem),
     };
     let principal = (layer.principal)(parts)?;
@@ -65,23 +71,35 @@ where
     };
     let mut json: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| Problem::InvalidBody(format!("the body is not JSON: {e}")))?;
-    // The model argument is not the request's: out of the fingerprint and of the tool's body.
-    let model_value = layer.keyless.take_model_argument(&mut json);
-    let body = match model_value {
-        Some(_) => {
+    // The model argument is not the request's: `key_of` takes it out of the fingerprint and of
+    // the tool's body.
+    let had_model_argument = match source {
+        KeySource::ModelArgument(name) => json.get(name).is_some(),
+        _ => false,
+    };
+    let key = match (&layer.key_from, source) {
+        (Some(choose), KeySource::Arguments(_)) if sent.is_none() => {
+            let mut chosen = choose(parts, &json)?;
+            layer.tool.key_of(sent, &mut chosen, None)?
+        }
+        _ => layer.tool.key_of(sent, &mut json, None)?,
+    };
+    let key = match key {
+        CallKey::Key(key) => key,
+        // Passed through before it gets here.
+        CallKey::Unprotected => return Err(Problem::KeyRequired),
+    };
+    let body = match had_model_argument {
+        true => {
             Bytes::from(serde_json::to_vec(&json).map_err(|e| Problem::InvalidBody(e.to_string()))?)
         }
-        None => body,
+        false => body,
     };
     let fingerprint = match &layer.fingerprint {
         Some(choose) => Fingerprint::of_value(&operation(parts), &choose(parts, &json)?),
         None => Fingerprint::of_value(&operation(parts), &json),
     }
     .map_err(|e| Problem::InvalidBody(e.to_string()))?;
-    let key = match sent {
-        Some(key) => key,
-        None => layer.keyless.key(parts, &json, model_value)?,
-    };
     Ok(Prepared {
         scope,
         key,

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
-use idem_core::{Call, KeyOrigin, Outcome, Reply};
+use idem_core::{Answer, Call, KeyOrigin, KeySource, Outcome, Reply};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -68,40 +68,19 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            if layer.keyless.unprotected() && !parts.headers.contains_key(IDEMPOTENCY_KEY) {
+            if layer.tool.key_source() == &KeySource::Unprotected
+                && !parts.headers.contains_key(IDEMPOTENCY_KEY)
+            {
                 return pass_through(inner, parts, body).await;
             }
-            let prepared = match prepare(&layer, &parts, body).await {
-                Ok(prepared) => prepared,
-                Err(problem) => {
-                    idem_core::metrics::count_refusal("http", problem.name());
-                    return Ok(problem.to_response());
+            let (answer, origin) = match prepare(&layer, &parts, body).await {
+                Ok(prepared) => {
+                    let origin = prepared.key.origin();
+                    let answer = execute(&layer, inner, parts, prepared).await;
+                    (answer, Some(origin))
                 }
+                Err(problem) => (Answer::refused(problem, "http"), None),
             };
-            let origin = prepared.key.origin();
-            let Prepared {
-                scope,
-                key,
-                fingerprint,
-                body,
-            } = prepared;
-            let wait = crate::prefer::requested_wait(&parts.headers).unwrap_or_default();
-            let call = Call::new(scope, key, fingerprint)
-                .wait(wait)
-                .key_window(layer.keyless.window)
-                .transport("http");
-            let request = Request::from_parts(parts, ReqB::from(body));
-            let tool = layer.clone();
-            let answer = layer
-                .executor
-                .call(call, move |attempt| async move {
-                    let mut request = request;
-                    request.extensions_mut().insert(attempt);
-                    let (outcome, response, error) =
-                        call_tool(inner, request, &tool.replay, &*tool.classify).await;
-                    ((response, error), outcome)
-                })
-                .await;
             let mut response = match answer.reply {
                 // Also when the answer could not be recorded as this attempt's: the caller still
                 // gets it (the effect happened).
@@ -121,10 +100,56 @@ where
                 Reply::Replayed { outcome } => respond(&layer.replay, &outcome, true),
                 Reply::Refused { refusal, .. } => refusal.to_response(),
             };
-            mark(&mut response, origin, answer.waited);
+            if let Some(origin) = origin {
+                mark(&mut response, origin, answer.waited);
+            }
             Ok(response)
         })
     }
+}
+
+/// What the tool's answer to a request is made of: in verbatim mode its whole response, and the
+/// inner service's error if it failed.
+type ToolAnswer<E> = (Option<Response<Bytes>>, Option<E>);
+
+/// Runs the inner service for a request that passed every check, through the executor.
+async fn execute<S, ReqB, ResB>(
+    layer: &Arc<IdempotencyLayer>,
+    inner: S,
+    parts: Parts,
+    prepared: Prepared,
+) -> Answer<ToolAnswer<S::Error>>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ResB: Body + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    let Prepared {
+        scope,
+        key,
+        fingerprint,
+        body,
+    } = prepared;
+    let wait = crate::prefer::requested_wait(&parts.headers).unwrap_or_default();
+    let call = Call::new(scope, key, fingerprint)
+        .wait(wait)
+        .transport("http");
+    let request = Request::from_parts(parts, ReqB::from(body));
+    let tool = layer.clone();
+    layer
+        .executor
+        .execute(&layer.tool, call, move |attempt| async move {
+            let mut request = request;
+            request.extensions_mut().insert(attempt);
+            let (outcome, response, error) =
+                call_tool(inner, request, &tool.replay, &*tool.classify).await;
+            ((response, error), outcome)
+        })
+        .await
 }
 
 /// A request without a key on a route where the key is optional: straight to the tool.

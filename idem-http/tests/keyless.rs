@@ -79,6 +79,20 @@ async fn serve(
     serve_with(hold, |e| e, configure).await
 }
 
+/// The tests' tool: a 10 s lease, `source` for a request without a key, then `set`.
+fn protected(
+    source: KeySource,
+    set: impl FnOnce(idem_core::ToolBuilder) -> idem_core::ToolBuilder,
+) -> idem_core::Tool {
+    let policy = Policy::builder()
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    set(idem_core::Tool::builder().policy(policy).key_source(source))
+        .build()
+        .unwrap()
+}
+
 /// [`serve`], its executor `set` up first.
 async fn serve_with(
     hold: Option<Arc<Semaphore>>,
@@ -261,7 +275,7 @@ async fn a_body_that_cannot_be_read_is_400_and_nothing_runs() {
 
 #[tokio::test]
 async fn arguments_repeat_replays_other_body_runs_and_tenants_are_apart() {
-    let s = serve(None, |l| l.key_source(KeySource::arguments())).await;
+    let s = serve(None, |l| l.tool(protected(KeySource::arguments(), |t| t))).await;
     let first = s.post("tenant-a", None, &ticket("Printer on fire")).await;
     assert_eq!(
         (first.status(), replayed(&first)),
@@ -308,7 +322,7 @@ async fn arguments_repeat_replays_other_body_runs_and_tenants_are_apart() {
 
 #[tokio::test]
 async fn a_sent_key_wins_over_the_derived_one() {
-    let s = serve(None, |l| l.key_source(KeySource::arguments())).await;
+    let s = serve(None, |l| l.tool(protected(KeySource::arguments(), |t| t))).await;
     let derived = s.post("t", None, &ticket("x")).await;
     assert!(!replayed(&derived));
     let sent = s.post("t", Some("wf-1:step-1"), &ticket("x")).await;
@@ -361,7 +375,7 @@ async fn six_at_once(
 #[tokio::test]
 async fn six_identical_requests_at_once_six_answers_one_ticket() {
     let hold = Arc::new(Semaphore::new(0));
-    let s = serve(Some(hold.clone()), |l| l.key_source(KeySource::arguments())).await;
+    let s = serve(Some(hold.clone()), |l| l.tool(protected(KeySource::arguments(), |t| t))).await;
     let s = Arc::new(s);
     // A client that sends no key cannot ask to wait, so the layer waits for it.
     let answers = six_at_once(s.clone(), hold).await;
@@ -392,11 +406,13 @@ async fn a_tool_that_turns_the_wait_off_answers_409_with_retry_after_from_its_wi
     let hold = Arc::new(Semaphore::new(0));
     let s = serve_with(
         Some(hold.clone()),
-        |e| {
-            e.with_derived_key_wait(false)
-                .with_processing_window(Duration::from_millis(20))
+        |e| e,
+        |l| {
+            l.tool(protected(KeySource::arguments(), |t| {
+                t.derived_key_wait(false)
+                    .processing_window(Duration::from_millis(20))
+            }))
         },
-        |l| l.key_source(KeySource::arguments()),
     )
     .await;
     let answers = six_at_once(Arc::new(s), hold).await;
@@ -411,7 +427,7 @@ async fn a_tool_that_turns_the_wait_off_answers_409_with_retry_after_from_its_wi
 
 #[tokio::test]
 async fn pointers_and_key_from_choose_what_the_key_covers() {
-    let s = serve(None, |l| l.key_source(KeySource::arguments_at(["/title"]))).await;
+    let s = serve(None, |l| l.tool(protected(KeySource::arguments_at(["/title"]), |t| t))).await;
     assert!(!replayed(&s.post("t", None, &ticket("x")).await));
     // Same title, another account: the same key, another request: 422, nothing runs.
     let other = s
@@ -421,7 +437,8 @@ async fn pointers_and_key_from_choose_what_the_key_covers() {
     assert_eq!(s.tickets(), 1);
 
     let s = serve(None, |l| {
-        l.key_from(|parts, body| Ok(json!([parts.uri.path(), body["title"]])))
+        l.tool(protected(KeySource::arguments(), |t| t))
+            .key_from(|parts, body| Ok(json!([parts.uri.path(), body["title"]])))
             .fingerprint_with(|_, body| Ok(body["title"].clone()))
     })
     .await;
@@ -433,7 +450,7 @@ async fn pointers_and_key_from_choose_what_the_key_covers() {
 
 #[tokio::test]
 async fn model_argument_is_the_key_and_the_tool_never_sees_it() {
-    let s = serve(None, |l| l.key_source(KeySource::model_argument())).await;
+    let s = serve(None, |l| l.tool(protected(KeySource::model_argument(), |t| t))).await;
     let with = |id: &str| json!({"title": "x", "account_id": "A-7", "idempotency_key": id});
     let first = s.post("t", None, &with("op-1")).await;
     assert_eq!(source(&first), Some("model_argument"));
@@ -458,7 +475,7 @@ async fn model_argument_is_the_key_and_the_tool_never_sees_it() {
 
 #[tokio::test]
 async fn unprotected_runs_every_time() {
-    let s = serve(None, |l| l.key_source(KeySource::Unprotected)).await;
+    let s = serve(None, |l| l.tool(protected(KeySource::Unprotected, |t| t))).await;
     for _ in 0..2 {
         let answer = s.post("t", None, &ticket("x")).await;
         assert_eq!(
@@ -472,8 +489,9 @@ async fn unprotected_runs_every_time() {
 #[tokio::test]
 async fn the_window_is_the_derived_records_ttl() {
     let s = serve(None, |l| {
-        l.key_source(KeySource::arguments())
-            .key_window(Duration::from_secs(600))
+        l.tool(protected(KeySource::arguments(), |t| {
+            t.key_window(Duration::from_secs(600))
+        }))
     })
     .await;
     assert!(!replayed(&s.post("t", None, &ticket("w")).await));

@@ -63,7 +63,7 @@ impl Executor {
         &self,
         attempt: &Attempt,
     ) -> Option<impl Future<Output = ()> + use<>> {
-        let lease = self.policy.lease();
+        let lease = attempt.policy.lease();
         let every = match self.heartbeat {
             Heartbeat::LeaseThird => (lease / 3).max(MIN_INTERVAL),
             Heartbeat::Every(every) => every,

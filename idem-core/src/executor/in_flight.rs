@@ -1,51 +1,43 @@
-//! What a call that finds its operation in flight gets ([contract §4](crate::contract#refusals),
-//! [§5.1](crate::contract#keyless)): when to ask again (from the tool's processing window, not
-//! the whole lease), and whether a caller that cannot ask to wait (its key was derived) is waited
-//! for.
+//! What a call runs under ([`Terms`]), and what it gets when it finds its operation in flight
+//! ([contract §4](crate::contract#refusals)): when to ask again, from the tool's processing
+//! window, not the whole lease.
 
 use std::time::Duration;
 
-use super::Executor;
-use crate::KeyOrigin;
+use crate::{KeyOrigin, Policy, Tool};
 
-impl Executor {
-    /// The tool's published processing window (its p99): an in-flight answer tells the caller to
-    /// ask again when the answer is likely ready, what is left of this window since the holder's
-    /// claim (bounded by the holder's remaining lease), instead of the whole remaining lease.
-    /// Without it the policy's lease counts as the window, so the hint is the remaining lease.
-    pub fn with_processing_window(mut self, window: Duration) -> Self {
-        self.waiting.window = Some(window);
-        self
-    }
+/// What one call runs under: its tool's settings as they apply to its key, and the bound of its
+/// wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Terms {
+    /// The policy its record is kept under (a derived key's: for the key window).
+    pub(crate) policy: Policy,
+    /// The tool's processing window, for the retry hint.
+    window: Duration,
+    /// How long it waits for an in-flight answer, before the holder's lease; zero: not at all.
+    pub(crate) wait: Duration,
+}
 
-    /// Whether a call under a derived key ([`KeyOrigin`] other than `Sent`) that asked for no
-    /// wait is waited for ([contract §5.1](crate::contract#keyless)): on by default, such a call
-    /// that finds its operation in flight waits as if it had asked for the [maximum
-    /// wait](Executor::with_max_wait), because its caller (a stock client) cannot ask. `false`:
-    /// it is answered [`Error::InFlight`](crate::Error::InFlight) at once, as a keyed call that
-    /// did not ask to wait is.
-    pub fn with_derived_key_wait(mut self, on: bool) -> Self {
-        self.waiting.derived_key_wait_off = !on;
-        self
-    }
-
-    /// The bound of the wait of a call under a key from `origin`: the one it asked for
-    /// ([`wait_bound`](Executor::wait_bound)); for a derived key that asked for none, the maximum
-    /// wait unless [turned off](Executor::with_derived_key_wait).
-    pub(super) fn wait_bound_for(&self, origin: KeyOrigin) -> Duration {
-        let asked = self.wait_bound();
-        if asked.is_zero() && origin != KeyOrigin::Sent && !self.waiting.derived_key_wait_off {
-            self.max_wait()
-        } else {
-            asked
+impl Terms {
+    /// The terms of a call of `tool` under a key from `origin` that asked to wait `wait`.
+    pub(crate) fn of(tool: &Tool, origin: KeyOrigin, wait: Duration) -> Self {
+        Self {
+            policy: *tool.policy_for(origin),
+            window: tool.processing_window(),
+            wait: tool.wait_bound(origin, wait),
         }
+    }
+
+    /// These terms for a call that is answered at once, waited for or not.
+    pub(crate) fn without_wait(mut self) -> Self {
+        self.wait = Duration::ZERO;
+        self
     }
 
     /// When a call that found its operation in flight under a running lease should ask again:
     /// [`retry_hint`] of the holder's remaining lease.
-    pub(super) fn retry_hint(&self, lease_left: Duration) -> Duration {
-        let lease = self.policy.lease();
-        retry_hint(lease_left, lease, self.waiting.window.unwrap_or(lease))
+    pub(crate) fn retry_hint(&self, lease_left: Duration) -> Duration {
+        retry_hint(lease_left, self.policy.lease(), self.window)
     }
 }
 

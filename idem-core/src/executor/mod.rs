@@ -9,10 +9,13 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::codec::OutcomeCodec;
 use crate::machine::ClaimAnswer;
-use crate::{Clock, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, SystemClock};
+use crate::{
+    Clock, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, SystemClock, Tool,
+};
 
 mod attempt;
 mod call;
@@ -27,8 +30,9 @@ mod steps;
 mod wait;
 
 pub use attempt::Attempt;
-pub use call::{Answer, Call, Reply};
-pub(crate) use run::Unserializable;
+pub use call::{Answer, Call, Reply, Started};
+pub(crate) use in_flight::Terms;
+pub(crate) use run::{Unserializable, refused_without_error};
 pub use spawn::BackgroundTask;
 use spawn::Spawn;
 pub(crate) use steps::{CompletionError, Held, complete_or_not_kept};
@@ -112,27 +116,27 @@ impl Execution {
 #[derive(Clone)]
 pub struct Executor {
     store: Arc<dyn KeyStore>,
-    policy: Policy,
     clock: Arc<dyn Clock>,
     spawn: Spawn,
     codec: Option<Arc<dyn OutcomeCodec>>,
     waiting: wait::Waiting,
     heartbeat: heartbeat::Heartbeat,
+    /// The tool [`Executor::run`] and [`Executor::run_typed`] run their operations as.
+    tool: Tool,
+    /// The wait a caller of [`Executor::run`] asked for ([`Executor::waiting`]).
+    wait: Duration,
 }
 
 impl fmt::Debug for Executor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Executor")
             .field("store", &self.store)
-            .field("policy", &self.policy)
             .field("clock", &self.clock)
             .field("spawner", &self.spawn.name())
             .field("codec", &self.codec)
-            .field("wait", &self.waiting.requested)
-            .field("max_wait", &self.max_wait())
-            .field("processing_window", &self.waiting.window)
-            .field("derived_key_wait", &!self.waiting.derived_key_wait_off)
             .field("heartbeat", &self.heartbeat)
+            .field("tool", &self.tool)
+            .field("wait", &self.wait)
             .finish()
     }
 }
@@ -147,19 +151,62 @@ impl Executor {
     pub fn from_arc(store: Arc<dyn KeyStore>) -> Self {
         Self {
             store,
-            policy: Policy::default(),
             clock: Arc::new(SystemClock),
             spawn: Spawn::default_for_build(),
             codec: None,
             waiting: wait::Waiting::new(),
             heartbeat: heartbeat::Heartbeat::default(),
+            tool: Tool::default(),
+            wait: Duration::ZERO,
         }
     }
 
-    /// Uses `policy`.
-    pub fn with_policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
+    /// Runs [`Executor::run`]'s and [`Executor::run_typed`]'s operations as `tool` (default
+    /// [`Tool::default`]). A transport passes each call's tool instead ([`Executor::execute`]).
+    pub fn with_tool(mut self, tool: Tool) -> Self {
+        self.tool = tool;
         self
+    }
+
+    /// The tool [`Executor::run`] runs its operations as.
+    pub fn tool(&self) -> &Tool {
+        &self.tool
+    }
+
+    /// Runs [`Executor::run`]'s operations under `policy`: [`Executor::with_tool`] with the
+    /// executor's tool under this policy.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.tool.set_policy(policy);
+        self
+    }
+
+    /// [`Executor::run`]'s tool with this [maximum wait](crate::ToolBuilder::max_wait).
+    pub fn with_max_wait(mut self, max: Duration) -> Self {
+        self.tool.set_max_wait(max);
+        self
+    }
+
+    /// [`Executor::run`]'s tool with this [processing
+    /// window](crate::ToolBuilder::processing_window).
+    pub fn with_processing_window(mut self, window: Duration) -> Self {
+        self.tool.set_processing_window(window);
+        self
+    }
+
+    /// [`Executor::run`]'s tool with this [derived-key wait](crate::ToolBuilder::derived_key_wait).
+    pub fn with_derived_key_wait(mut self, on: bool) -> Self {
+        self.tool.set_derived_key_wait(on);
+        self
+    }
+
+    /// The wait a caller of [`Executor::run`] asked for.
+    pub(crate) fn requested_wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The maximum wait of [`Executor::run`]'s tool.
+    pub fn max_wait(&self) -> Duration {
+        self.tool.max_wait()
     }
 
     /// Reads time from `clock`.
@@ -203,9 +250,9 @@ impl Executor {
         &self.store
     }
 
-    /// The policy.
+    /// The policy of [`Executor::run`]'s tool.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        self.tool.policy()
     }
 
     /// The clock.
@@ -239,10 +286,10 @@ impl Executor {
             number: attempt,
             kind,
             recorded: Arc::default(),
-            policy: self.policy,
+            policy: *self.tool.policy_for(key.origin()),
             codec: self.codec.clone(),
             resumed: Arc::from(Vec::new()),
-            lease: attempt::Lease::new(self.clock.now() + self.policy.lease()),
+            lease: attempt::Lease::new(self.clock.now() + self.tool.policy().lease()),
         })
     }
 }

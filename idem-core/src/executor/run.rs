@@ -5,14 +5,17 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
-use super::attempt::Lease;
+use std::time::Duration;
+
+use super::attempt::{Lease, ReleaseOnDrop};
 use super::heartbeat::beside;
 use super::observe::{count_claim, count_completion};
-use super::{Attempt, Execution, Executor, Reply};
+use super::{Attempt, Execution, Executor, Reply, Terms};
 use crate::codec::{CodecContext, decode_outcome};
 use crate::machine::{ClaimAnswer, ClaimKind};
 use crate::{
     Error, ErrorAnswer, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, RecordId, Scope,
+    Timestamp, Tool,
 };
 
 impl Executor {
@@ -35,17 +38,19 @@ impl Executor {
         Fut: Future<Output = Outcome>,
     {
         let span = Self::span(scope, key, fingerprint);
-        let reply = self
+        let (reply, _) = self
             .run_in_span(
+                &self.tool,
+                self.wait,
                 scope,
                 key,
                 fingerprint,
                 operation,
                 |o| ((), Ok(o)),
-                &mut None,
             )
             .instrument(span)
-            .await?;
+            .await;
+        let reply = reply?;
         match reply {
             Reply::Executed {
                 outcome,
@@ -58,7 +63,13 @@ impl Executor {
                 unrecorded: Some(error),
                 ..
             }
-            | Reply::Refused { error, .. } => Err(error),
+            | Reply::Refused {
+                error: Some(error), ..
+            } => Err(error),
+            Reply::Refused {
+                error: None,
+                refusal,
+            } => Err(refused_without_error(refusal)),
         }
     }
 
@@ -78,27 +89,57 @@ impl Executor {
         )
     }
 
-    /// Claims, runs, records or replays; `to_answer` turns the operation's output into the value
-    /// handed back and the outcome to record. An error before the operation ran is `Err`; once
-    /// it ran, its value comes back as [`Reply::Executed`], with the error if its outcome was not
-    /// recorded as this attempt's. `waited` is set to how long the call waited for an in-flight
-    /// answer, if it did.
+    /// Claims (waiting as `tool` and the call's `wait` say), runs, records or replays;
+    /// `to_answer` turns the operation's output into the value handed back and the outcome to
+    /// record. An error before the operation ran is `Err`; once it ran, its value comes back as
+    /// [`Reply::Executed`], with the error if its outcome was not recorded as this attempt's.
+    /// Beside it: how long the call waited for an in-flight answer, if it did.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn run_in_span<F, Fut, O, V>(
         &self,
+        tool: &Tool,
+        wait: Duration,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         operation: F,
         to_answer: impl FnOnce(O) -> (V, Result<Outcome, Unserializable>),
-        waited: &mut Option<std::time::Duration>,
-    ) -> Result<Reply<V>, Error>
+    ) -> (Result<Reply<V>, Error>, Option<Duration>)
     where
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = O>,
     {
         let id = RecordId::new(scope.clone(), key.clone());
-        let ((answer, guard, claimed_at), wait) = self.claim_or_wait(&id, fingerprint).await?;
-        *waited = wait;
+        let terms = Terms::of(tool, key.origin(), wait);
+        let ((answer, guard, claimed_at), waited) =
+            match self.claim_or_wait(&terms, &id, fingerprint).await {
+                Ok(claimed) => claimed,
+                Err(error) => return (Err(error), None),
+            };
+        let reply = self
+            .after_claim(&terms, id, answer, guard, claimed_at, operation, to_answer)
+            .await;
+        (reply, waited)
+    }
+
+    /// What follows a claim's `answer`: the replay, the refusal, or the operation run and
+    /// recorded.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn after_claim<F, Fut, O, V>(
+        &self,
+        terms: &Terms,
+        id: RecordId,
+        answer: ClaimAnswer,
+        guard: Option<ReleaseOnDrop>,
+        claimed_at: Timestamp,
+        operation: F,
+        to_answer: impl FnOnce(O) -> (V, Result<Outcome, Unserializable>),
+    ) -> Result<Reply<V>, Error>
+    where
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = O>,
+    {
+        let (scope, key) = (id.scope(), id.key());
         let origin = key.origin().as_str();
         let (token, number, kind) = match answer {
             ClaimAnswer::Claimed {
@@ -130,7 +171,7 @@ impl Executor {
                 // Under a running lease: when the answer is likely ready, from the tool's
                 // window; a stale record waits for reconciliation, at the lease's pace.
                 let retry_after = match stale {
-                    false => self.retry_hint(retry_after),
+                    false => terms.retry_hint(retry_after),
                     true => retry_after,
                 };
                 transition!(
@@ -203,10 +244,10 @@ impl Executor {
             number,
             kind,
             recorded: Arc::default(),
-            policy: self.policy,
+            policy: terms.policy,
             codec: self.codec.clone(),
             resumed: resumed.into(),
-            lease: Lease::new(claimed_at + self.policy.lease()),
+            lease: Lease::new(claimed_at + terms.policy.lease()),
         };
         let recorded = attempt.recorded.clone();
         let heartbeat = self.heartbeat_of(&attempt);
@@ -225,7 +266,7 @@ impl Executor {
                 tracing::error!(error = %failed.source, status = failed.status, "the operation's answer could not be serialised; recorded as 'ran, answer not kept'");
                 if !recorded {
                     let kept = Outcome::not_serializable(failed.status, failed.class);
-                    if let Err(e) = self.record(&id, token, kept).await {
+                    if let Err(e) = self.record(&terms.policy, &id, token, kept).await {
                         tracing::error!(error = %e, "'ran, answer not kept' could not be recorded either");
                     }
                 }
@@ -252,7 +293,7 @@ impl Executor {
                 unrecorded: None,
             });
         }
-        let (outcome, unrecorded) = match self.record(&id, token, outcome).await {
+        let (outcome, unrecorded) = match self.record(&terms.policy, &id, token, outcome).await {
             Ok(outcome) => (outcome, None),
             // Fenced, too large, not recorded, not encoded: each carries the operation's outcome.
             Err(error) => match ErrorAnswer::of(&error) {
@@ -274,4 +315,10 @@ pub(crate) struct Unserializable {
     pub(crate) status: u16,
     pub(crate) class: OutcomeClass,
     pub(crate) source: serde_json::Error,
+}
+
+/// The error of a refusal that came without one: only a transport refuses so, never
+/// [`Executor::run`]'s pipeline.
+pub(crate) fn refused_without_error(refusal: crate::Refusal) -> Error {
+    Error::Store(crate::StoreError::backend(refusal.title(), refusal.name()))
 }

@@ -38,12 +38,13 @@ impl Executor {
     /// dropped before the operation starts.
     pub(super) async fn claim(
         &self,
+        policy: &Policy,
         id: &RecordId,
         fingerprint: &Fingerprint,
     ) -> Result<(ClaimAnswer, Option<ReleaseOnDrop>, Timestamp), Error> {
         let now = self.clock.now();
         let (store, clock, spawner) = (self.store.clone(), self.clock.clone(), self.spawn.here());
-        let (id, fingerprint, policy) = (id.clone(), fingerprint.clone(), self.policy);
+        let (id, fingerprint, policy) = (id.clone(), fingerprint.clone(), *policy);
         let claimed = self.on_spawner(async move {
             let answer = timed(
                 &*store,
@@ -77,13 +78,15 @@ impl Executor {
     /// caller goes away meanwhile (the effect has happened).
     pub(super) async fn record(
         &self,
+        policy: &Policy,
         id: &RecordId,
         token: Token,
         outcome: Outcome,
     ) -> Result<Outcome, Error> {
         let now = self.clock.now();
         let (store, codec) = (self.store.clone(), self.codec.clone());
-        let (id, policy, stored) = (id.clone(), self.policy, outcome.clone());
+        let (id, stored) = (id.clone(), outcome.clone());
+        let policy = *policy;
         let completed = self.on_spawner(async move {
             let held = Held {
                 store: &*store,
@@ -113,7 +116,7 @@ impl Executor {
                     limit = e.limit,
                     "outcome over the size limit: recorded as 'ran, response not kept' (the final answer for retries); this caller gets the real answer"
                 );
-                count_completion(match completed_state(&outcome, &self.policy) {
+                count_completion(match completed_state(&outcome, &policy) {
                     crate::RecordState::Completed => "completed",
                     _ => "retryable",
                 });

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, Either, FutureExt, Shared, WeakShared, select};
 
-use super::Executor;
+use super::{Executor, Terms};
 use super::attempt::ReleaseOnDrop;
 use super::observe::timed;
 use crate::machine::ClaimAnswer;
@@ -29,19 +29,11 @@ type Round = Shared<BoxFuture<'static, RoundEnd>>;
 /// A claim's answer, the guard that gives back a claim its caller abandons, and when it was made.
 pub(super) type Claimed = (ClaimAnswer, Option<ReleaseOnDrop>, Timestamp);
 
-/// The waiting settings of an executor and the rounds its waiters share.
+/// What an executor's waits sleep on, and the rounds its waiters share.
 #[derive(Clone, Default)]
 pub(super) struct Waiting {
-    /// What the caller asked for (`Prefer: wait=N`); zero: no waiting.
-    pub(super) requested: Duration,
-    /// The tool's maximum wait; `None`: the policy's lease.
-    pub(super) max: Option<Duration>,
     /// What waits sleep on; `None`: no waiting.
     pub(super) timer: Option<Timer>,
-    /// The tool's processing window, for the retry hint; `None`: the policy's lease.
-    pub(super) window: Option<Duration>,
-    /// A call under a derived key that asked for no wait is not waited for.
-    pub(super) derived_key_wait_off: bool,
     /// The live round of each record being waited on, shared by every clone of the executor.
     rounds: Arc<Mutex<HashMap<RecordId, WeakShared<BoxFuture<'static, RoundEnd>>>>>,
 }
@@ -76,34 +68,17 @@ impl Drop for Joined {
 }
 
 impl Executor {
-    /// This executor, for a caller that asks to wait up to `wait` for an in-flight answer
-    /// (HTTP `Prefer: wait=N`, MCP `_meta["io.idem/wait"]`): a repeat that finds its
-    /// operation in flight waits at most the least of `wait`, the [maximum
-    /// wait](Executor::with_max_wait) and the holder's remaining lease, then replays, claims what
+    /// This executor, for a caller of [`Executor::run`] that asks to wait up to `wait` for an
+    /// in-flight answer ([contract §5.2](crate::contract#waiting)): a repeat that finds its
+    /// operation in flight waits at most the least of `wait`, the tool's [maximum
+    /// wait](crate::Tool::max_wait) and the holder's remaining lease, then replays, claims what
     /// became claimable, or answers [`Error::InFlight`]. Zero (the default): no waiting, except
-    /// for a call under a derived key, which waits up to the maximum wait
-    /// ([`with_derived_key_wait`](Executor::with_derived_key_wait)).
+    /// for a call under a derived key, which waits up to the maximum wait. A transport asks per
+    /// call instead ([`Call::wait`](crate::Call::wait)).
     pub fn waiting(&self, wait: Duration) -> Self {
         let mut this = self.clone();
-        this.waiting.requested = wait;
+        this.wait = wait;
         this
-    }
-
-    /// The bound a [`waiting`](Executor::waiting) call applies before the holder's lease: the
-    /// least of the requested wait and the maximum wait.
-    pub fn wait_bound(&self) -> Duration {
-        self.waiting.requested.min(self.max_wait())
-    }
-
-    /// The tool's maximum wait: no caller waits longer (default: the policy's lease).
-    pub fn with_max_wait(mut self, max: Duration) -> Self {
-        self.waiting.max = Some(max);
-        self
-    }
-
-    /// The tool's maximum wait, as published with its window.
-    pub fn max_wait(&self) -> Duration {
-        self.waiting.max.unwrap_or(self.policy.lease())
     }
 
     /// Waits and heartbeats ([`Executor::with_heartbeat`]) sleep on `timer` (the default, with
@@ -114,16 +89,17 @@ impl Executor {
         self
     }
 
-    /// Claims; if the answer is "in flight" and this executor waits, waits for the record to
+    /// Claims; if the answer is "in flight" and the call's terms let it wait, waits for the record to
     /// settle and claims again, until the bound passes. Says how long it waited (`None`: it did
     /// not).
     pub(super) async fn claim_or_wait(
         &self,
+        terms: &Terms,
         id: &RecordId,
         fingerprint: &Fingerprint,
     ) -> Result<(Claimed, Option<Duration>), Error> {
-        let first = self.claim(id, fingerprint).await?;
-        let bound = self.wait_bound_for(id.key().origin());
+        let first = self.claim(&terms.policy, id, fingerprint).await?;
+        let bound = terms.wait;
         let timer = match (&first.0, &self.waiting.timer) {
             (ClaimAnswer::InFlight { stale: false, .. }, Some(timer))
                 if !bound.is_zero() && timer.usable() =>
@@ -148,7 +124,7 @@ impl Executor {
             if end == Some(RoundEnd::Failed) {
                 break "timed_out";
             }
-            last = self.claim(id, fingerprint).await?;
+            last = self.claim(&terms.policy, id, fingerprint).await?;
             match (&last.0, end) {
                 (ClaimAnswer::InFlight { stale: false, .. }, Some(_)) => continue,
                 (ClaimAnswer::InFlight { .. }, _) => break "timed_out",
