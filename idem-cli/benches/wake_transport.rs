@@ -171,9 +171,18 @@ fn window() -> Duration {
 /// An executor as `idem serve` configures one: the lease is the tool's minimum client deadline
 /// (window + store write), so a retry told "in flight" is told to come back when it ends.
 fn executor(store: Arc<dyn KeyStore>) -> Executor {
+    Executor::from_arc(store).with_tool(settings())
+}
+
+/// The 300 ms tool's settings: a lease of its minimum client deadline.
+fn settings() -> idem_core::Tool {
     let lease = ToolContract::new(window()).min_client_deadline();
     let policy = Policy::builder().lease(lease).build().unwrap();
-    Executor::from_arc(store).with_policy(policy)
+    idem_core::Tool::builder()
+        .policy(policy)
+        .processing_window(window())
+        .build()
+        .unwrap()
 }
 
 /// The 300 ms tool: counts its runs and tells the pair whose key it runs that it began.
@@ -283,7 +292,7 @@ type Callers = (Arc<(Client, Client)>, IdempotentCaller, IdempotentCaller);
 impl Mcp {
     async fn serve(store: Arc<dyn KeyStore>, tool: Arc<Tool>) -> Self {
         let idem = IdempotentTools::new(executor(store))
-            .tool("create_ticket", ToolSettings::window(window()))
+            .tool("create_ticket", ToolSettings::new(settings()))
             .allow_anonymous("bench");
         let server = McpServer { idem, tool };
         let service: StreamableHttpService<McpServer, LocalSessionManager> =

@@ -149,7 +149,7 @@ pub async fn run(options: &DemoOptions, with_idem: bool) -> Result<DemoReport, B
     };
     let min_deadline = serve.min_client_deadline();
     let app = if with_idem {
-        router(backend.clone(), serve)
+        router(backend.clone(), serve)?
     } else {
         router_without_idem(backend.clone(), serve)
     };

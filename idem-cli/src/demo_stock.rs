@@ -136,7 +136,7 @@ pub async fn run(options: &DemoOptions, source: KeySource) -> Result<StockReport
         ..ServeOptions::default()
     };
     let min_deadline = serve.min_client_deadline();
-    let app = router(backend.clone(), serve);
+    let app = router(backend.clone(), serve)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let server = tokio::spawn(async move { axum::serve(listener, app).await });

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_core::{Executor, Policy, StalePolicy};
+use idem_core::{Executor, Policy, StalePolicy, Tool};
 use idem_mcp::{IdempotentTools, ToolSettings};
 use idemkit::StoreUrl;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -453,7 +453,12 @@ impl Provisioner {
                     .lease(options.lease())
                     .stale(StalePolicy::Takeover)
                     .build()?;
-                let idem = IdempotentTools::new(Executor::from_arc(store).with_policy(policy))
+                let provision = Tool::builder()
+                    .policy(policy)
+                    .processing_window(options.tool_latency)
+                    .tasks(true)
+                    .build()?;
+                let idem = IdempotentTools::new(Executor::from_arc(store))
                     .principal_with(|cx| {
                         let parts = cx.extensions.get::<http::request::Parts>()?;
                         Some(parts.headers.get("x-tenant-id")?.to_str().ok()?.to_owned())
@@ -461,9 +466,7 @@ impl Provisioner {
                     .tasks(demo_secret())
                     .tool(
                         "provision",
-                        ToolSettings::window(options.tool_latency)
-                            .tasks(true)
-                            .poll_interval(options.poll_interval()),
+                        ToolSettings::new(provision).poll_interval(options.poll_interval()),
                     );
                 Tasks::Idem(Box::new(idem))
             }

@@ -470,7 +470,7 @@ async fn serve(
             })?;
     let options = ServeOptions { tokens, ..options };
     let Some(mcp) = mcp else {
-        let app = router(backend, options);
+        let app = router(backend, options).map_err(Failure::usage)?;
         let listener = bind(listen.addr).await?;
         let addr = listener.local_addr().map_err(Failure::other)?;
         eprintln!("idem: serving POST http://{addr}/tools/create_ticket and GET /tools on {store}");

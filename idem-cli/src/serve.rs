@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem_core::contract::{ListedTool, ToolListing};
 use idem_core::reconcile::Reconciler;
-use idem_core::{Clock, Executor, KeySource, Policy, SystemClock, ToolContract};
+use idem_core::{Clock, Executor, KeySource, Policy, SystemClock, Tool, ToolContract, ToolError};
 use idem_http::{IdempotencyLayer, Problem};
 use serde_json::json;
 
@@ -232,15 +232,23 @@ fn start_reconciler(backend: &Backend, options: &ServeOptions, policy: Policy) {
     }
 }
 
-/// The server's router on `backend`.
-pub fn router(backend: Backend, options: ServeOptions) -> Router {
-    let policy = policy(&backend, &options).expect("a lease under the default ttl");
+/// The reference tool's settings under `policy`: its processing window, a maximum wait of its
+/// minimum client deadline, and the key source; a bad one is refused here, as the server starts.
+pub(crate) fn tool(policy: Policy, options: &ServeOptions) -> Result<Tool, ToolError> {
+    Tool::builder()
+        .policy(policy)
+        .processing_window(options.processing_window())
+        .max_wait(options.min_client_deadline())
+        .key_source(options.key_source.clone())
+        .build()
+}
+
+/// The server's router on `backend`, or why its tool's settings do not fit together.
+pub fn router(backend: Backend, options: ServeOptions) -> Result<Router, ToolError> {
+    let policy = policy(&backend, &options)?;
+    let tool = tool(policy, &options)?;
     start_reconciler(&backend, &options, policy);
-    let mut executor = Executor::from_arc(backend.store())
-        .with_policy(policy)
-        .with_max_wait(options.min_client_deadline())
-        .with_processing_window(options.processing_window())
-        .with_clock(options.clock.clone());
+    let mut executor = Executor::from_arc(backend.store()).with_clock(options.clock.clone());
     if options.demo_faults {
         // The demo's hung holder stands for one that crashed mid-flight, which renews nothing:
         // its lease must run out as a crashed holder's would.
@@ -254,7 +262,7 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
             .map(|t| t.0.clone())
             .ok_or_else(|| Problem::Unauthenticated("no tenant for the request".into()))
     })
-    .key_source(options.key_source.clone());
+    .tool(tool);
     let tokens = options.tokens.clone();
     let listing = tools(&options);
     let state = Arc::new(AppState {
@@ -262,12 +270,13 @@ pub fn router(backend: Backend, options: ServeOptions) -> Router {
         options,
         hung: Default::default(),
     });
-    Router::new()
+    let router = Router::new()
         .route("/tools/create_ticket", post(create_ticket))
         .route_layer(layer)
         .route_layer(axum::middleware::from_fn_with_state(tokens, authenticate))
         .route("/tools", get(move || async move { Json(listing) }))
-        .with_state(state)
+        .with_state(state);
+    Ok(router)
 }
 
 /// The same tool without the idempotency layer (for `idem demo --without-idem`): every request

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-
 /// The key of a call that sends none, chosen per tool ([contract §5.1](crate::contract#keyless)).
 ///
 /// A key the caller sends always wins. Without one, the tool refuses the call (the default),

@@ -127,7 +127,7 @@ pub async fn timed<T>(
 }
 
 /// Counts one refusal in [`REFUSALS`]. For the transports' own use (`idem-http`, `idem-mcp`).
-pub fn count_refusal(transport: &'static str, reason: &'static str) {
+pub(crate) fn count_refusal(transport: &'static str, reason: &'static str) {
     ::metrics::counter!(REFUSALS, "transport" => transport, "reason" => reason).increment(1);
 }
 

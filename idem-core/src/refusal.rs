@@ -179,7 +179,7 @@ impl<'a> ErrorAnswer<'a> {
     /// `idem_refusals_total{transport}` ([contract §8](crate::contract#observability)), a store
     /// failure logged as a warning and a stored answer that cannot be read as an error. (An
     /// in-flight answer is counted by the executor, as a claim.)
-    pub fn observed(error: &'a Error, transport: &'static str) -> Self {
+    pub(crate) fn observed(error: &'a Error, transport: &'static str) -> Self {
         let answer = Self::of(error);
         match (&answer, error) {
             (Self::Answer(_), _) | (Self::Refuse(Refusal::InFlight { .. }), _) => {}

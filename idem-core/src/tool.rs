@@ -75,17 +75,6 @@ pub enum ToolError {
         /// The policy's lease.
         lease: Duration,
     },
-    /// The processing window is longer than the lease: a holder still inside its window would be
-    /// reported stale.
-    #[error(
-        "tool: the processing window ({window:?}) must not exceed the lease ({lease:?}); give the policy a lease of at least the window plus the store write"
-    )]
-    ProcessingWindowOverLease {
-        /// The processing window given.
-        window: Duration,
-        /// The policy's lease.
-        lease: Duration,
-    },
     /// The processing window is zero.
     #[error("tool: the processing window must be at least 1 ms")]
     ZeroProcessingWindow,
@@ -129,6 +118,12 @@ impl Tool {
     /// How long a derived key's record is kept.
     pub fn key_window(&self) -> Duration {
         self.key_window
+    }
+
+    /// Whether a call under a derived key that finds its operation in flight is waited for
+    /// without asking.
+    pub fn derived_key_wait(&self) -> bool {
+        self.derived_key_wait
     }
 
     /// Whether the tool answers a call from a client that declared MCP's tasks extension with a
@@ -178,7 +173,8 @@ impl Tool {
                 Some(Value::String(value)) => IdempotencyKey::from_model_argument(&value)
                     .map_err(|e| Refusal::InvalidKey(format!("{e} (in the argument {name})")))?,
                 Some(_) => {
-                    let why = format!("invalid idempotency key: the argument {name} must be a string");
+                    let why =
+                        format!("invalid idempotency key: the argument {name} must be a string");
                     return Err(Refusal::InvalidKey(why));
                 }
                 None => return Err(Refusal::KeyRequired),
@@ -196,7 +192,11 @@ impl Tool {
     /// its siblings): this tool under `policy`; a key window that no longer fits keeps the policy.
     pub(crate) fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
-        self.derived = policy.to_builder().ttl(self.key_window).build().unwrap_or(policy);
+        self.derived = policy
+            .to_builder()
+            .ttl(self.key_window)
+            .build()
+            .unwrap_or(policy);
         if matches!(self.key_source, KeySource::Refuse | KeySource::Unprotected) {
             self.derived = policy;
         }
@@ -256,8 +256,8 @@ impl ToolBuilder {
     }
 
     /// The published processing window (its p99): an in-flight answer tells the caller to ask
-    /// again when what is left of it has passed, instead of the whole remaining lease. At most
-    /// the lease (default: the lease).
+    /// again when what is left of it has passed, instead of the whole remaining lease (default:
+    /// the lease).
     pub fn processing_window(mut self, window: Duration) -> Self {
         self.0.processing_window = Some(window);
         self
@@ -302,13 +302,9 @@ impl ToolBuilder {
     pub fn build(self) -> Result<Tool, ToolError> {
         let mut tool = self.0;
         let lease = tool.policy.lease();
-        if let Some(window) = tool.processing_window {
-            if window.as_millis() == 0 {
-                return Err(ToolError::ZeroProcessingWindow);
-            }
-            if window > lease {
-                return Err(ToolError::ProcessingWindowOverLease { window, lease });
-            }
+        // A window longer than the lease is allowed: a heartbeat renews a working holder's lease.
+        if tool.processing_window.is_some_and(|w| w.as_millis() == 0) {
+            return Err(ToolError::ZeroProcessingWindow);
         }
         tool.derived = match tool.key_source {
             KeySource::Arguments(_) | KeySource::ModelArgument(_) | KeySource::Request => {

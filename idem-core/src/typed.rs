@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use crate::executor::{Reply, Unserializable, refused_without_error};
+use crate::executor::{Reply, Terms, Unserializable, refused_without_error};
 use crate::{Attempt, Error, Executor, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, Scope};
 
 /// How an operation's error is recorded by [`Executor::run_typed`]: its class and status.
@@ -207,8 +207,7 @@ impl Executor {
         let span = Self::span(scope, key, fingerprint);
         let (ran, _) = self
             .run_in_span(
-                self.tool(),
-                self.requested_wait(),
+                Terms::of(self.tool(), key.origin(), self.requested_wait()),
                 scope,
                 key,
                 fingerprint,

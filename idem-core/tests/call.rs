@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::{Sink, TokioClock};
 use idem_core::{
-    Call, Executor, Fingerprint, IdempotencyKey, KeySource, KeyStore, MemoryStore, Outcome,
-    Policy, RecordId, RecordState, Refusal, Reply, Scope, Started, Tool,
+    Call, Executor, Fingerprint, IdempotencyKey, KeySource, KeyStore, MemoryStore, Outcome, Policy,
+    RecordId, RecordState, Refusal, Reply, Scope, Started, Tool,
 };
 use serde_json::json;
 use tokio::sync::oneshot;
@@ -141,9 +141,11 @@ async fn a_sent_key_waits_only_when_asked_and_is_told_the_bound() {
     let asked = {
         let exec = exec.clone();
         tokio::spawn(async move {
-            exec.execute(&tool(), call(sent()).wait(Duration::from_secs(10)), |_| async {
-                unreachable!("replayed: never runs")
-            })
+            exec.execute(
+                &tool(),
+                call(sent()).wait(Duration::from_secs(10)),
+                |_| async { unreachable!("replayed: never runs") },
+            )
             .await
         })
     };
@@ -223,7 +225,9 @@ async fn the_operation_outlives_a_caller_that_went_away() {
 async fn a_panic_in_the_operation_is_resumed_in_the_caller() {
     let exec = executor(&MemoryStore::new());
     let _: idem_core::Answer<()> = exec
-        .execute(&tool(), call(sent()), |_| async { panic!("the tool panicked") })
+        .execute(&tool(), call(sent()), |_| async {
+            panic!("the tool panicked")
+        })
         .await;
 }
 
@@ -245,9 +249,14 @@ async fn a_started_call_answers_at_its_claim_and_runs_on() {
         })
         .await
     };
-    assert!(matches!(started, Started::Running { attempt: 1 }), "{started:?}");
+    assert!(
+        matches!(started, Started::Running { attempt: 1 }),
+        "{started:?}"
+    );
     let again = exec
-        .start(&tool(), call(sent()), |_| async { unreachable!("in flight") })
+        .start(&tool(), call(sent()), |_| async {
+            unreachable!("in flight")
+        })
         .await;
     let Started::Answered(answer) = again else {
         panic!("in flight: {again:?}")
@@ -263,7 +272,11 @@ async fn a_started_call_answers_at_its_claim_and_runs_on() {
     done.await.unwrap();
     let record = loop {
         let now = exec.clock().now();
-        let record = store.get(&RecordId::new(scope(), sent()), now).await.unwrap().unwrap();
+        let record = store
+            .get(&RecordId::new(scope(), sent()), now)
+            .await
+            .unwrap()
+            .unwrap();
         if record.state != RecordState::Processing {
             break record;
         }
@@ -271,7 +284,9 @@ async fn a_started_call_answers_at_its_claim_and_runs_on() {
     };
     assert_eq!(record.state, RecordState::Completed);
     let replayed = exec
-        .start(&tool(), call(sent()), |_| async { unreachable!("replayed") })
+        .start(&tool(), call(sent()), |_| async {
+            unreachable!("replayed")
+        })
         .await;
     assert!(matches!(
         replayed,
@@ -291,7 +306,10 @@ async fn a_settled_record_answers_its_repeats_and_a_held_one_is_not_settled() {
     let exec = executor(&store);
     let cancelled = Outcome::definitive_json(409, json!({"cancelled": true}));
     let settled = exec.settle(&tool(), call(sent()), cancelled.clone()).await;
-    assert!(matches!(settled.reply, Reply::Executed { attempt: 1, .. }), "{settled:?}");
+    assert!(
+        matches!(settled.reply, Reply::Executed { attempt: 1, .. }),
+        "{settled:?}"
+    );
     let again = exec
         .execute(&tool(), call(sent()), |_| async { unreachable!("settled") })
         .await;

@@ -10,8 +10,8 @@ use idem_core::machine::ClaimAnswer;
 use idem_core::metrics::{self as names, describe};
 use idem_core::reconcile::{Finding, Probe, Reconciler, purge_expired_all};
 use idem_core::{
-    Clock, ErrorAnswer, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore,
-    Outcome, Policy, Record, RecordId, Refusal, Scope, Timestamp, async_trait,
+    Clock, Executor, Fingerprint, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Outcome,
+    Policy, Record, RecordId, Refusal, Scope, Timestamp, async_trait,
 };
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -121,21 +121,24 @@ async fn a_fingerprint_mismatch_is_counted_as_a_refusal_of_its_transport() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let executor = Executor::new(MemoryStore::new()).with_policy(policy());
+    let executor = Executor::new(MemoryStore::new()).without_spawner();
+    let tool = idem_core::Tool::builder().policy(policy()).build().unwrap();
     let scope = Scope::new("tenant/tool").unwrap();
     let key = IdempotencyKey::new("k-1").unwrap();
-    let ok = || async { Outcome::definitive(200, &json!({"ok": true})).unwrap() };
-    let first = Fingerprint::of("tool", &json!({"a": 1})).unwrap();
-    executor.run(&scope, &key, &first, |_| ok()).await.unwrap();
-    let other = Fingerprint::of("tool", &json!({"a": 2})).unwrap();
-    let error = executor
-        .run(&scope, &key, &other, |_| ok())
-        .await
-        .unwrap_err();
-    let answer = ErrorAnswer::observed(&error, "http");
+    let ok = |_| async { ((), Outcome::definitive(200, &json!({"ok": true})).unwrap()) };
+    let call = |args| {
+        let fingerprint = Fingerprint::of("tool", &args).unwrap();
+        idem_core::Call::new(scope.clone(), key.clone(), fingerprint).transport("http")
+    };
+    let first = executor.execute(&tool, call(json!({"a": 1})), ok).await;
+    assert!(matches!(first.reply, idem_core::Reply::Executed { .. }));
+    let other = executor.execute(&tool, call(json!({"a": 2})), ok).await;
     assert!(matches!(
-        answer,
-        ErrorAnswer::Refuse(Refusal::FingerprintMismatch)
+        other.reply,
+        idem_core::Reply::Refused {
+            refusal: Refusal::FingerprintMismatch,
+            ..
+        }
     ));
     let m = snapshot(&snapshotter);
     let reason = Refusal::FingerprintMismatch.name();

@@ -130,13 +130,12 @@ async fn run(n: usize) {
     let mut derived = Router::new()
         .route("/tools/create_ticket", post(create_ticket))
         .route_layer(
-            IdempotencyLayer::new(executor, |_| Ok("bench-derived".to_owned()))
-                .tool(
-                    idem_core::Tool::builder()
-                        .key_source(KeySource::arguments())
-                        .build()
-                        .expect("a valid tool"),
-                ),
+            IdempotencyLayer::new(executor, |_| Ok("bench-derived".to_owned())).tool(
+                idem_core::Tool::builder()
+                    .key_source(KeySource::arguments())
+                    .build()
+                    .expect("a valid tool"),
+            ),
         );
 
     let store = MemoryStore::new();

@@ -375,7 +375,10 @@ async fn six_at_once(
 #[tokio::test]
 async fn six_identical_requests_at_once_six_answers_one_ticket() {
     let hold = Arc::new(Semaphore::new(0));
-    let s = serve(Some(hold.clone()), |l| l.tool(protected(KeySource::arguments(), |t| t))).await;
+    let s = serve(Some(hold.clone()), |l| {
+        l.tool(protected(KeySource::arguments(), |t| t))
+    })
+    .await;
     let s = Arc::new(s);
     // A client that sends no key cannot ask to wait, so the layer waits for it.
     let answers = six_at_once(s.clone(), hold).await;
@@ -427,7 +430,10 @@ async fn a_tool_that_turns_the_wait_off_answers_409_with_retry_after_from_its_wi
 
 #[tokio::test]
 async fn pointers_and_key_from_choose_what_the_key_covers() {
-    let s = serve(None, |l| l.tool(protected(KeySource::arguments_at(["/title"]), |t| t))).await;
+    let s = serve(None, |l| {
+        l.tool(protected(KeySource::arguments_at(["/title"]), |t| t))
+    })
+    .await;
     assert!(!replayed(&s.post("t", None, &ticket("x")).await));
     // Same title, another account: the same key, another request: 422, nothing runs.
     let other = s
@@ -450,7 +456,10 @@ async fn pointers_and_key_from_choose_what_the_key_covers() {
 
 #[tokio::test]
 async fn model_argument_is_the_key_and_the_tool_never_sees_it() {
-    let s = serve(None, |l| l.tool(protected(KeySource::model_argument(), |t| t))).await;
+    let s = serve(None, |l| {
+        l.tool(protected(KeySource::model_argument(), |t| t))
+    })
+    .await;
     let with = |id: &str| json!({"title": "x", "account_id": "A-7", "idempotency_key": id});
     let first = s.post("t", None, &with("op-1")).await;
     assert_eq!(source(&first), Some("model_argument"));

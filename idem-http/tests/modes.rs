@@ -349,7 +349,14 @@ async fn an_optional_key_lets_keyless_requests_through_every_time() {
         Router::new()
             .route(
                 "/pay",
-                post(pay).layer(layer(&store).tool(idem_core::Tool::builder().key_source(idem_core::KeySource::Unprotected).build().unwrap())),
+                post(pay).layer(
+                    layer(&store).tool(
+                        idem_core::Tool::builder()
+                            .key_source(idem_core::KeySource::Unprotected)
+                            .build()
+                            .unwrap(),
+                    ),
+                ),
             )
             .route("/pay-strict", post(pay).layer(layer(&store))),
         sink.clone(),

@@ -63,8 +63,12 @@ async fn keyless_requests_on_an_optional_key_route_are_counted() {
 
     let runs = Arc::new(AtomicUsize::new(0));
     let executor = Executor::new(MemoryStore::new());
-    let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned()))
-        .tool(idem_core::Tool::builder().key_source(idem_core::KeySource::Unprotected).build().unwrap());
+    let layer = IdempotencyLayer::new(executor, |_| Ok("tenant-a".to_owned())).tool(
+        idem_core::Tool::builder()
+            .key_source(idem_core::KeySource::Unprotected)
+            .build()
+            .unwrap(),
+    );
     let app = Router::new()
         .route("/pay", post(pay).layer(layer))
         .with_state(runs.clone());

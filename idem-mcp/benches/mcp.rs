@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use idem_core::{KeySource, MemoryStore, Policy};
+use idem_core::{KeySource, MemoryStore};
 use idem_mcp::{IdempotentTools, META_KEY, ToolSettings, is_replay};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -147,18 +147,20 @@ fn stats(samples: &mut [Duration]) -> Stats {
 
 async fn run(n: usize) {
     let bare = connect(None).await;
-    let tools = IdempotentTools::with_store(MemoryStore::new(), Policy::default())
-        .tool(
-            "create_ticket",
-            ToolSettings::window(Duration::from_secs(2)),
-        )
+    let settings = |source| {
+        let tool = idem_core::Tool::builder()
+            .processing_window(Duration::from_secs(2))
+            .key_source(source)
+            .build()
+            .expect("a valid tool");
+        ToolSettings::new(tool)
+    };
+    let tools = IdempotentTools::with_store(MemoryStore::new())
+        .tool("create_ticket", settings(KeySource::Refuse))
         .allow_anonymous("bench");
     let wrapped = connect(Some(tools)).await;
-    let keyless = IdempotentTools::with_store(MemoryStore::new(), Policy::default())
-        .tool(
-            "create_ticket",
-            ToolSettings::window(Duration::from_secs(2)).key_source(KeySource::arguments()),
-        )
+    let keyless = IdempotentTools::with_store(MemoryStore::new())
+        .tool("create_ticket", settings(KeySource::arguments()))
         .allow_anonymous("bench");
     let derived = connect(Some(keyless)).await;
 

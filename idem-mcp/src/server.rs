@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Call, Executor, Fingerprint, KeyStore, Outcome, OutcomeClass, Policy, Refusal, Reply, Scope,
-    ToolContract,
+    Answer, Call, CallKey, Executor, Fingerprint, KeyOrigin, KeyStore, Outcome, OutcomeClass,
+    Refusal, Reply, Scope, ToolContract,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -30,11 +30,11 @@ pub use record::{KEY_SOURCE_META_KEY, NOT_KEPT_META_KEY, REPLAYED_META_KEY, is_r
 pub use refusal::{FINGERPRINT_MISMATCH, IN_FLIGHT, STORE_UNAVAILABLE, UNAUTHENTICATED};
 pub use settings::{Principal, ToolSettings, default_principal};
 
-use keyless::{KeyOf, key_of_call, refused};
+use keyless::key_of_call;
 use record::{from_outcome, mark, mark_source, to_outcome};
-use refusal::refuse;
+use refusal::refuse_call;
 use settings::PrincipalFn;
-use tasks::{TaskCall, TaskIds};
+use tasks::TaskIds;
 
 /// Makes the side-effecting tools of an rmcp server exactly-once per idempotency key.
 ///
@@ -109,7 +109,7 @@ pub const DEFAULT_STORE_WRITE: Duration = ToolContract::DEFAULT_STORE_WRITE;
 impl IdempotentTools {
     /// Protects tools through `executor`. Give it a lease at least the longest minimum client
     /// deadline. Each call runs in a task of its own (claim, tool and completion together,
-    /// [`Executor::call`]: on `executor`'s own spawner if it has one, else on the tokio
+    /// [`Executor::execute`]: on `executor`'s own spawner if it has one, else on the tokio
     /// runtime), so claims and completions survive a dropped request with or without a spawner
     /// on `executor`, without a task hop each.
     pub fn new(executor: Executor) -> Self {
@@ -124,9 +124,9 @@ impl IdempotentTools {
         }
     }
 
-    /// An executor over `store` with `policy` and the system clock (spawning on tokio).
-    pub fn with_store(store: impl KeyStore, policy: Policy) -> Self {
-        Self::new(Executor::new(store).with_policy(policy))
+    /// An executor over `store` with the system clock (spawning on tokio).
+    pub fn with_store(store: impl KeyStore) -> Self {
+        Self::new(Executor::new(store))
     }
 
     /// Marks tool `name` side-effecting, protected with `settings`.
@@ -202,9 +202,7 @@ impl IdempotentTools {
     }
 
     fn contract_of(&self, settings: &ToolSettings) -> ToolContract {
-        ToolContract::new(settings.processing_window)
-            .with_store_write(self.store_write)
-            .with_max_wait(self.executor.max_wait())
+        settings.tool.contract().with_store_write(self.store_write)
     }
 
     /// The minimum client retry deadline of `tool`: processing window + store write ([contract
@@ -237,83 +235,65 @@ impl IdempotentTools {
         Fut: Future<Output = Result<CallToolResponse, ErrorData>> + Send + 'static,
     {
         let name = params.name.to_string();
-        let Some(settings) = self.tools.get(&name).cloned() else {
+        let Some(settings) = self.tools.get(&name) else {
             return tool(params, context).await;
+        };
+        let source = settings.tool.key_source();
+        let refused = |refusal: Refusal| {
+            let answer = Answer::refused(refusal, "mcp");
+            answer_of(answer, &name, source, KeyOrigin::Sent)
         };
         // Before anything else: without a principal (and no opt-in) nothing runs, keyed or not.
         let Some(principal) = self.principal_of(&context) else {
-            return Err(refused(Refusal::Unauthenticated(String::new()), &name));
+            return refused(Refusal::Unauthenticated(String::new()));
         };
-        let key = match key_of_call(
-            &settings.key_source,
-            &name,
-            &mut params,
-            &context,
-            &self.session,
-        )? {
-            KeyOf::Key(key) => key,
-            KeyOf::Unprotected => {
+        let key = match key_of_call(&settings.tool, &mut params, &context, &self.session) {
+            Ok(CallKey::Key(key)) => key,
+            Ok(CallKey::Unprotected) => {
                 idem_core::metrics::count_unprotected("mcp");
                 tracing::warn!(tool = %name, "side-effecting tool called without an idempotency key; running it unprotected");
                 return tool(params, context).await;
             }
+            Err(refusal) => return refused(refusal),
         };
         let origin = key.origin();
         let wait = crate::wait::requested_wait(&context.meta.0.0, &params);
-        let scope = Scope::from_parts([principal.as_str(), name.as_str()])
-            .map_err(|e| refused(Refusal::InvalidScope(e.to_string()), &name))?;
-        let fingerprint = fingerprint_of(&name, &mut params)
-            .map_err(|e| refused(Refusal::InvalidBody(e.to_string()), &name))?;
-
-        let executor = self
-            .executor
-            .clone()
-            .with_processing_window(settings.processing_window);
-        if self.answers_with_task(&settings, &context) {
+        let scope = match Scope::from_parts([principal.as_str(), name.as_str()]) {
+            Ok(scope) => scope,
+            Err(e) => return refused(Refusal::InvalidScope(e.to_string())),
+        };
+        let fingerprint = match fingerprint_of(&name, &mut params) {
+            Ok(fingerprint) => fingerprint,
+            Err(e) => return refused(Refusal::InvalidBody(e.to_string())),
+        };
+        let call = Call::new(scope.clone(), key.clone(), fingerprint).transport("mcp");
+        let tool_error = settings.tool_error;
+        if self.answers_with_task(settings, &context) {
             // Answered at once with the task: nobody waits.
-            let call = Call::new(scope.clone(), key.clone(), fingerprint)
-                .key_window(settings.key_window)
-                .transport("mcp");
-            let task = TaskCall {
-                principal: &principal,
-                tool: &name,
-                settings: &settings,
-                executor: executor.with_derived_key_wait(false),
-                call,
-                scope,
-                key,
-            };
             return self
-                .call_as_task(task, move |attempt| {
+                .call_as_task(&principal, &name, settings, call, move |attempt| {
                     let mut context = context;
                     context.extensions.insert(attempt);
-                    tool(params, context)
+                    async move {
+                        let answer = tool(params, context).await;
+                        to_outcome(&answer, tool_error)
+                    }
                 })
                 .await;
         }
-        let call = Call::new(scope, key, fingerprint)
-            .wait(wait.unwrap_or_default())
-            .key_window(settings.key_window)
-            .transport("mcp");
-        let executor = executor.with_derived_key_wait(settings.derived_key_wait);
+        let call = call.wait(wait.unwrap_or_default());
         // Answered as it is, this call's own result; a replay is decoded from the record.
-        let answer = executor
-            .call(call, move |attempt| async move {
+        let answer = self
+            .executor
+            .execute(&settings.tool, call, move |attempt| async move {
                 let mut context = context;
                 context.extensions.insert(attempt);
                 let answer = tool(params, context).await;
-                let outcome = to_outcome(&answer, settings.tool_error);
+                let outcome = to_outcome(&answer, tool_error);
                 (answer, outcome)
             })
             .await;
-        let answer = match answer.reply {
-            Reply::Replayed { outcome } => from_outcome(&outcome),
-            // Also when the answer could not be recorded as this attempt's: the caller still
-            // gets it (the effect happened).
-            Reply::Executed { value, .. } => value.map(|r| mark(r, false)),
-            Reply::Refused { refusal, .. } => Err(refuse(&refusal, &name)),
-        };
-        answer.map(|response| mark_source(response, origin))
+        answer_of(answer, &name, source, origin)
     }
 
     /// [`call`](Self::call) with an rmcp `ToolRouter` as the dispatch: the whole `call_tool` of
@@ -336,6 +316,23 @@ impl IdempotentTools {
         })
         .await
     }
+}
+
+/// What the caller of `tool` gets for `answer` of a call under a key from `origin`.
+fn answer_of(
+    answer: Answer<Result<CallToolResponse, ErrorData>>,
+    tool: &str,
+    source: &idem_core::KeySource,
+    origin: KeyOrigin,
+) -> Result<CallToolResponse, ErrorData> {
+    let answer = match answer.reply {
+        Reply::Replayed { outcome } => from_outcome(&outcome),
+        // Also when the answer could not be recorded as this attempt's: the caller still
+        // gets it (the effect happened).
+        Reply::Executed { value, .. } => value.map(|r| mark(r, false)),
+        Reply::Refused { refusal, .. } => Err(refuse_call(&refusal, tool, source)),
+    };
+    answer.map(|response| mark_source(response, origin))
 }
 
 /// The fingerprint of a call: the tool's name and its arguments (absent arguments as `{}`). The

@@ -212,7 +212,14 @@ async fn a_full_run_logs_no_stored_body_and_names_every_transition() {
         .principal_with(|_| Some("tenant-a".to_owned()))
         .tool(
             "create_ticket",
-            ToolSettings::window(Duration::from_secs(2)),
+            ToolSettings::new(
+                executor
+                    .tool()
+                    .to_builder()
+                    .processing_window(Duration::from_secs(2))
+                    .build()
+                    .unwrap(),
+            ),
         );
     let server = Server {
         tool_router: Server::tool_router(),

@@ -54,9 +54,14 @@ impl ServerHandler for Server {
 
 async fn connect() -> (RunningService<RoleClient, ClientConfig>, Arc<AtomicUsize>) {
     let policy = Policy::builder().max_outcome_bytes(1024).build().unwrap();
-    let idem = IdempotentTools::with_store(MemoryStore::new(), policy)
+    let tool = idem_core::Tool::builder()
+        .policy(policy)
+        .processing_window(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let idem = IdempotentTools::with_store(MemoryStore::new())
         .principal_with(|_| Some("tenant-a".to_owned()))
-        .tool("export", ToolSettings::window(Duration::from_secs(2)));
+        .tool("export", ToolSettings::new(tool));
     let runs = Arc::new(AtomicUsize::new(0));
     let server = Server {
         tool_router: Server::tool_router(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idem_conformance::kit::{Fault, FaultStore, Op};
 use idem_core::store::ListFilter;
-use idem_core::{KeySource, KeyStore, MemoryStore, Policy, Timestamp};
+use idem_core::{KeySource, KeyStore, MemoryStore, Timestamp};
 use idem_mcp::{
     IdempotentTools, META_KEY, STORE_UNAVAILABLE, ToolSettings, UNAUTHENTICATED, is_replay,
 };
@@ -94,13 +94,20 @@ impl ServerHandler for Server {
 
 /// The tools of the tests, protected over `store`, with no principal source but the default.
 fn tools(store: MemoryStore) -> IdempotentTools {
-    IdempotentTools::with_store(store, Policy::default())
-        .tool(
-            "unprotected",
-            ToolSettings::window(Duration::from_secs(2)).key_source(KeySource::Unprotected),
-        )
-        .tool("flaky", ToolSettings::window(Duration::from_secs(2)))
-        .tool("rejects", ToolSettings::window(Duration::from_secs(2)))
+    IdempotentTools::with_store(store)
+        .tool("unprotected", settings(KeySource::Unprotected))
+        .tool("flaky", settings(KeySource::Refuse))
+        .tool("rejects", settings(KeySource::Refuse))
+}
+
+/// A tool with a 2 s processing window and `source` for calls without a key.
+fn settings(source: KeySource) -> ToolSettings {
+    let tool = idem_core::Tool::builder()
+        .processing_window(Duration::from_secs(2))
+        .key_source(source)
+        .build()
+        .unwrap();
+    ToolSettings::new(tool)
 }
 
 /// A client of a server with [`tools`], opted into one shared scope: the duplex pipe carries no
@@ -435,8 +442,8 @@ async fn a_store_that_is_down_is_told_from_a_store_that_failed_and_nothing_runs(
         let ran = Runs::default();
         let store = FaultStore::new(MemoryStore::new());
         store.fail_all(fault);
-        let idem = IdempotentTools::with_store(store.clone(), Policy::default())
-            .tool("rejects", ToolSettings::window(Duration::from_secs(2)))
+        let idem = IdempotentTools::with_store(store.clone())
+            .tool("rejects", settings(KeySource::Refuse))
             .allow_anonymous("test-agent");
         let client = serve(idem, ran.clone()).await;
         let err = client

@@ -143,18 +143,25 @@ impl Replica {
     async fn start(db: &std::path::Path, sink: &Sink, policy: Policy) -> Self {
         let store = SqliteStore::open(db).unwrap();
         store.migrate().unwrap();
-        let idem = IdempotentTools::with_store(store, policy)
+        let tool = |tasks| {
+            idem_core::Tool::builder()
+                .policy(policy)
+                .processing_window(Duration::from_secs(2))
+                .tasks(tasks)
+                .build()
+                .unwrap()
+        };
+        let idem = IdempotentTools::with_store(store)
             .principal_with(tenant)
             .tasks(SECRET)
             .tool(
                 "provision",
-                ToolSettings::window(Duration::from_secs(2))
-                    .tasks(true)
+                ToolSettings::new(tool(true))
                     .tool_error(OutcomeClass::Retryable)
                     .poll_interval(Duration::from_millis(50)),
             )
             // Protected, but never a task.
-            .tool("rename", ToolSettings::window(Duration::from_secs(2)));
+            .tool("rename", ToolSettings::new(tool(false)));
         let server = Provisioner {
             idem,
             sink: sink.clone(),

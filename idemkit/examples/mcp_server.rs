@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idemkit::mcp::{IdempotentCaller, IdempotentTools, RetryPolicy, ToolSettings};
-use idemkit::{MemoryStore, Policy};
+use idemkit::{MemoryStore, Tool};
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientConfig, ErrorData, ListToolsResult,
@@ -78,11 +78,12 @@ impl ServerHandler for Tickets {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     // MemoryStore here; SqliteStore, PostgresStore or RedisStore in production.
-    let idem = IdempotentTools::with_store(MemoryStore::new(), Policy::default())
-        .tool(
-            "create_ticket",
-            ToolSettings::window(Duration::from_secs(5)),
-        )
+    // The tool's settings are checked here, once: a bad one never reaches a call.
+    let create_ticket = Tool::builder()
+        .processing_window(Duration::from_secs(5))
+        .build()?;
+    let idem = IdempotentTools::with_store(MemoryStore::new())
+        .tool("create_ticket", ToolSettings::new(create_ticket))
         // One client per pipe and no authentication on it: opt into one shared scope (over
         // streamable HTTP, authenticate instead).
         .allow_anonymous("example-agent");

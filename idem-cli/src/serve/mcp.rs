@@ -107,16 +107,15 @@ impl TicketServer {
     ) -> Result<Self, BoxError> {
         let policy = policy(&backend, &options)?;
         start_reconciler(&backend, &options, policy);
-        let executor = Executor::from_arc(backend.store())
-            .with_policy(policy)
-            .with_max_wait(options.min_client_deadline())
-            .with_clock(options.clock.clone());
-        let settings = ToolSettings::window(options.processing_window())
-            .tool_error(OutcomeClass::Definitive)
-            .destructive(false)
-            .key_source(options.key_source.clone())
+        let executor = Executor::from_arc(backend.store()).with_clock(options.clock.clone());
+        let tool = super::tool(policy, &options)?
+            .to_builder()
             .derived_key_wait(mcp.derived_key_wait)
-            .tasks(mcp.task_secret.is_some());
+            .tasks(mcp.task_secret.is_some())
+            .build()?;
+        let settings = ToolSettings::new(tool)
+            .tool_error(OutcomeClass::Definitive)
+            .destructive(false);
         let mut idem = IdempotentTools::new(executor)
             .store_write(options.contract().store_write())
             .tool(TOOL, settings);

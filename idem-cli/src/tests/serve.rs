@@ -36,7 +36,7 @@ async fn start(backend: &str, latency: Duration) -> Option<Server> {
         tokens: None,
         key_source: idem_core::KeySource::Refuse,
     };
-    let app = router(backend.clone(), options);
+    let app = router(backend.clone(), options).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

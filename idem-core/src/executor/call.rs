@@ -14,8 +14,8 @@ use super::spawn::Spawner;
 use super::{Attempt, Executor, Terms};
 use crate::machine::ClaimAnswer;
 use crate::{
-    Error, ErrorAnswer, Fingerprint, IdempotencyKey, Outcome, RecordId, Refusal, Scope,
-    StoreError, Tool,
+    Error, ErrorAnswer, Fingerprint, IdempotencyKey, Outcome, RecordId, Refusal, Scope, StoreError,
+    Tool,
 };
 
 /// One call of a protected tool, as its transport read it: the record it addresses, the request's
@@ -171,14 +171,16 @@ impl Executor {
         V: Send + 'static,
     {
         let transport = call.transport;
+        let terms = Terms::of(tool, call.key.origin(), call.wait);
+        // What a call that asked to wait is told it was given.
+        let bound = call.wait.min(tool.max_wait());
         let Some(spawner) = self.spawn.detached() else {
-            return self.execute_here(tool, call, operation).await;
+            return self.execute_here(terms, bound, call, operation).await;
         };
         // The call's own task protects its claim and completion: no task hop for each.
         let executor = self.without_spawner();
-        let tool = tool.clone();
         let answer = detached(&spawner, async move {
-            executor.execute_here(&tool, call, operation).await
+            executor.execute_here(terms, bound, call, operation).await
         });
         answer
             .await
@@ -186,7 +188,13 @@ impl Executor {
     }
 
     /// [`Executor::execute`] in the caller's task.
-    async fn execute_here<F, Fut, V>(&self, tool: &Tool, call: Call, operation: F) -> Answer<V>
+    async fn execute_here<F, Fut, V>(
+        &self,
+        terms: Terms,
+        bound: Duration,
+        call: Call,
+        operation: F,
+    ) -> Answer<V>
     where
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = (V, Outcome)>,
@@ -195,14 +203,13 @@ impl Executor {
             scope,
             key,
             fingerprint,
-            wait,
             transport,
+            ..
         } = call;
         let span = Self::span(&scope, &key, &fingerprint);
         let (result, waited) = self
             .run_in_span(
-                tool,
-                wait,
+                terms,
                 &scope,
                 &key,
                 &fingerprint,
@@ -213,9 +220,7 @@ impl Executor {
             .await;
         // Said only to a call that asked; one under a derived key that asked for nothing was
         // waited for without being told.
-        let waited = waited
-            .map(|_| wait.min(tool.max_wait()))
-            .filter(|bound| !bound.is_zero());
+        let waited = waited.map(|_| bound).filter(|bound| !bound.is_zero());
         match result {
             Ok(reply) => Answer { reply, waited },
             Err(error) => Answer {
@@ -259,7 +264,9 @@ impl Executor {
         };
         let ClaimAnswer::Claimed { attempt, .. } = answer else {
             let reply = self
-                .after_claim(&terms, id, answer, guard, claimed_at, operation, |o| ((), Ok(o)))
+                .after_claim(&terms, id, answer, guard, claimed_at, operation, |o| {
+                    ((), Ok(o))
+                })
                 .instrument(span)
                 .await;
             return Started::Answered(match reply {
@@ -273,7 +280,9 @@ impl Executor {
         let executor = self.without_spawner();
         let run = async move {
             let _ = executor
-                .after_claim(&terms, id, answer, guard, claimed_at, operation, |o| ((), Ok(o)))
+                .after_claim(&terms, id, answer, guard, claimed_at, operation, |o| {
+                    ((), Ok(o))
+                })
                 .instrument(span)
                 .await;
         };
@@ -301,12 +310,17 @@ impl Executor {
         let id = RecordId::new(scope, key);
         let span = Self::span(id.scope(), id.key(), &fingerprint);
         let settled = async {
-            let (answer, guard, claimed_at) =
-                self.claim(&terms.policy, &id, &fingerprint).await?;
+            let (answer, guard, claimed_at) = self.claim(&terms.policy, &id, &fingerprint).await?;
             let operation = move |_attempt| async move { outcome };
-            self.after_claim(&terms, id.clone(), answer, guard, claimed_at, operation, |o| {
-                ((), Ok(o))
-            })
+            self.after_claim(
+                &terms,
+                id.clone(),
+                answer,
+                guard,
+                claimed_at,
+                operation,
+                |o| ((), Ok(o)),
+            )
             .await
         };
         match settled.instrument(span).await {

@@ -1,11 +1,13 @@
 //! [`Executor`]: claim, run at most once, record, replay.
 //!
-//! The executor and its builder live here; [`Executor::run`] in `run`; [`Executor::call`], one
-//! call as a transport serves it, in `call`; [`Executor::read`], a record as a replay decodes it, in `read`; [`Attempt`] (and the guard
-//! that gives an abandoned claim back) in `attempt`; the claim and record steps and the completion
-//! in `steps`; the counters in `observe`; waiting in `wait`, and what an in-flight answer says
-//! and who is waited for without asking in `in_flight`; checkpoints in `checkpoints`; renewing a
-//! running operation's lease in `heartbeat`.
+//! The executor (the deployment: store, clock, codec, spawner, heartbeat) lives here;
+//! [`Executor::run`] in `run`; [`Executor::execute`], one [`Call`] of a [`Tool`] as a transport
+//! serves it, with [`Executor::start`] and [`Executor::settle`] for tasks, in `call`;
+//! [`Executor::read`], a record as a replay decodes it, in `read`; [`Attempt`] (and the guard
+//! that gives an abandoned claim back) in `attempt`; the claim and record steps and the
+//! completion in `steps`; the counters in `observe`; waiting in `wait`, and the terms a call runs
+//! under and what an in-flight answer says in `in_flight`; checkpoints in `checkpoints`; renewing
+//! a running operation's lease in `heartbeat`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,9 +15,7 @@ use std::time::Duration;
 
 use crate::codec::OutcomeCodec;
 use crate::machine::ClaimAnswer;
-use crate::{
-    Clock, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, SystemClock, Tool,
-};
+use crate::{Clock, IdempotencyKey, KeyStore, Outcome, Policy, RecordId, Scope, SystemClock, Tool};
 
 mod attempt;
 mod call;

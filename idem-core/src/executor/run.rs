@@ -15,7 +15,7 @@ use crate::codec::{CodecContext, decode_outcome};
 use crate::machine::{ClaimAnswer, ClaimKind};
 use crate::{
     Error, ErrorAnswer, Fingerprint, IdempotencyKey, Outcome, OutcomeClass, RecordId, Scope,
-    Timestamp, Tool,
+    Timestamp,
 };
 
 impl Executor {
@@ -40,8 +40,7 @@ impl Executor {
         let span = Self::span(scope, key, fingerprint);
         let (reply, _) = self
             .run_in_span(
-                &self.tool,
-                self.wait,
+                Terms::of(&self.tool, key.origin(), self.wait),
                 scope,
                 key,
                 fingerprint,
@@ -89,16 +88,14 @@ impl Executor {
         )
     }
 
-    /// Claims (waiting as `tool` and the call's `wait` say), runs, records or replays;
+    /// Claims (waiting as the call's `terms` say), runs, records or replays;
     /// `to_answer` turns the operation's output into the value handed back and the outcome to
     /// record. An error before the operation ran is `Err`; once it ran, its value comes back as
     /// [`Reply::Executed`], with the error if its outcome was not recorded as this attempt's.
     /// Beside it: how long the call waited for an in-flight answer, if it did.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn run_in_span<F, Fut, O, V>(
         &self,
-        tool: &Tool,
-        wait: Duration,
+        terms: Terms,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
@@ -110,7 +107,6 @@ impl Executor {
         Fut: Future<Output = O>,
     {
         let id = RecordId::new(scope.clone(), key.clone());
-        let terms = Terms::of(tool, key.origin(), wait);
         let ((answer, guard, claimed_at), waited) =
             match self.claim_or_wait(&terms, &id, fingerprint).await {
                 Ok(claimed) => claimed,

@@ -47,7 +47,7 @@ impl Spawn {
         }
     }
 
-    /// The spawner to detach a whole call with ([`Executor::call`](super::Executor::call)):
+    /// The spawner to detach a whole call with ([`Executor::execute`](super::Executor::execute)):
     /// the caller's, else the current tokio runtime's, also for an executor that runs its claim
     /// and completion inline (the call's own task protects them); `None` where there is neither.
     pub(super) fn detached(&self) -> Option<Spawner> {

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, Either, FutureExt, Shared, WeakShared, select};
 
-use super::{Executor, Terms};
 use super::attempt::ReleaseOnDrop;
 use super::observe::timed;
+use super::{Executor, Terms};
 use crate::machine::ClaimAnswer;
 use crate::wait::Timer;
 use crate::{Clock, Error, Fingerprint, KeyStore, RecordId, RecordState, Timestamp};

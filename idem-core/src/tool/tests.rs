@@ -24,13 +24,11 @@ fn a_setting_that_does_not_fit_is_refused_when_the_tool_is_built() {
             lease: Duration::from_secs(10)
         })
     );
+    // Longer than the lease: a heartbeat renews a working holder's lease.
     let long_processing = Tool::builder()
         .policy(lease(10))
         .processing_window(Duration::from_secs(11));
-    assert!(matches!(
-        long_processing.build(),
-        Err(ToolError::ProcessingWindowOverLease { .. })
-    ));
+    assert!(long_processing.build().is_ok());
     let zero = Tool::builder().processing_window(Duration::from_micros(10));
     assert_eq!(zero.build(), Err(ToolError::ZeroProcessingWindow));
     // A key window is only checked where keys are derived: a tool that refuses keyless calls
@@ -89,16 +87,26 @@ fn the_wait_bound_is_asked_for_or_given_to_a_derived_key() {
     let max = Duration::from_secs(5);
     let tool = Tool::builder().max_wait(max).build().unwrap();
     let ms = Duration::from_millis;
-    assert_eq!(tool.wait_bound(KeyOrigin::Sent, Duration::ZERO), Duration::ZERO);
+    assert_eq!(
+        tool.wait_bound(KeyOrigin::Sent, Duration::ZERO),
+        Duration::ZERO
+    );
     assert_eq!(tool.wait_bound(KeyOrigin::Sent, ms(300)), ms(300));
     assert_eq!(tool.wait_bound(KeyOrigin::Sent, ms(60_000)), max);
     assert_eq!(tool.wait_bound(KeyOrigin::Arguments, Duration::ZERO), max);
     assert_eq!(tool.wait_bound(KeyOrigin::Request, ms(300)), ms(300));
     let off = tool.to_builder().derived_key_wait(false).build().unwrap();
-    assert_eq!(off.wait_bound(KeyOrigin::Arguments, Duration::ZERO), Duration::ZERO);
+    assert_eq!(
+        off.wait_bound(KeyOrigin::Arguments, Duration::ZERO),
+        Duration::ZERO
+    );
 }
 
-fn key_of(source: KeySource, sent: Option<&str>, mut args: Value) -> (Result<CallKey, Refusal>, Value) {
+fn key_of(
+    source: KeySource,
+    sent: Option<&str>,
+    mut args: Value,
+) -> (Result<CallKey, Refusal>, Value) {
     let tool = Tool::builder().key_source(source).build().unwrap();
     let sent = sent.map(|k| IdempotencyKey::new(k).unwrap());
     let key = tool.key_of(sent, &mut args, Some((Some("session-1"), "7")));
@@ -164,10 +172,16 @@ fn each_source_derives_its_key_or_refuses() {
         Ok(CallKey::Unprotected)
     );
     // A transport without sessions (stateless streamable HTTP) or without request ids (HTTP).
-    let tool = Tool::builder().key_source(KeySource::Request).build().unwrap();
+    let tool = Tool::builder()
+        .key_source(KeySource::Request)
+        .build()
+        .unwrap();
     assert_eq!(
         tool.key_of(None, &mut json!({}), Some((None, "7"))),
         Err(Refusal::KeyRequired)
     );
-    assert_eq!(tool.key_of(None, &mut json!({}), None), Err(Refusal::KeyRequired));
+    assert_eq!(
+        tool.key_of(None, &mut json!({}), None),
+        Err(Refusal::KeyRequired)
+    );
 }

@@ -62,13 +62,13 @@ impl IdempotentTools {
         let contract = self.contract_of(settings);
         let window = contract.processing_window().as_millis() as u64;
         let deadline = contract.min_client_deadline().as_millis() as u64;
-        let max_wait = self.executor.max_wait().as_millis() as u64;
+        let max_wait = settings.tool.max_wait().as_millis() as u64;
         let without = without_key(settings);
         let derived = matches!(
-            settings.key_source,
+            settings.tool.key_source(),
             KeySource::Arguments(_) | KeySource::ModelArgument(_) | KeySource::Request
         );
-        let waited = match derived && settings.derived_key_wait {
+        let waited = match derived && settings.tool.derived_key_wait() {
             true => format!(
                 " A repeat without a key sent while the first call runs is waited for, up to \
                  {max_wait} ms, and gets its result."
@@ -93,7 +93,7 @@ impl IdempotentTools {
         let mut annotations = tool.annotations.take().unwrap_or_default();
         annotations = with_hints(
             annotations,
-            settings.key_source.protects_every_call(),
+            settings.tool.key_source().protects_every_call(),
             settings.destructive,
         );
         tool.annotations = Some(annotations);
@@ -103,13 +103,13 @@ impl IdempotentTools {
             json!({
                 "processingWindowMs": window,
                 "minClientDeadlineMs": deadline,
-                "keyRequired": settings.key_source == KeySource::Refuse,
-                "keySource": settings.key_source.name(),
-                "keyWindowMs": settings.key_window.as_millis() as u64,
+                "keyRequired": settings.tool.key_source() == &KeySource::Refuse,
+                "keySource": settings.tool.key_source().name(),
+                "keyWindowMs": settings.tool.key_window().as_millis() as u64,
                 "maxWaitMs": max_wait,
             }),
         );
-        if let KeySource::ModelArgument(name) = &settings.key_source {
+        if let KeySource::ModelArgument(name) = settings.tool.key_source() {
             tool.input_schema = Arc::new(with_key_argument(&tool.input_schema, name));
         }
         tool
@@ -124,12 +124,12 @@ impl IdempotentTools {
 
 /// What the description says of a call without a key.
 fn without_key(settings: &ToolSettings) -> String {
-    let window = settings.key_window.as_secs();
+    let window = settings.tool.key_window().as_secs();
     let within = format!(
         "within {window} s the same call is the same operation and returns the first result, so \
          a deliberate repeat must differ"
     );
-    match &settings.key_source {
+    match settings.tool.key_source() {
         KeySource::Arguments(pointers) if pointers.is_empty() => {
             format!("a call without a key is keyed by its arguments: {within} in its arguments")
         }

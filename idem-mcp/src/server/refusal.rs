@@ -1,7 +1,7 @@
 //! A [`Refusal`] as a JSON-RPC error: its code, a message for the caller and `data.type`, the
 //! refusal's problem type ([contract §5](idem_core::contract#mcp)).
 
-use idem_core::Refusal;
+use idem_core::{KeySource, Refusal};
 use rmcp::ErrorData;
 use rmcp::model::ErrorCode;
 use serde_json::json;
@@ -25,6 +25,22 @@ pub const STORE_UNAVAILABLE: ErrorCode = ErrorCode(-32092);
 /// ([`IdempotentTools::allow_anonymous`](crate::IdempotentTools::allow_anonymous)); nothing was
 /// claimed and the tool did not run ([contract §1](idem_core::contract#words), scope).
 pub const UNAUTHENTICATED: ErrorCode = ErrorCode(-32093);
+
+/// `refusal` of a call of `tool`, whose keyless calls get what `source` says, as a JSON-RPC
+/// error: [`refuse`], but a call without the model argument is told which argument it needs.
+pub(super) fn refuse_call(refusal: &Refusal, tool: &str, source: &KeySource) -> ErrorData {
+    match (refusal, source) {
+        (Refusal::KeyRequired, KeySource::ModelArgument(name)) => ErrorData::new(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "{tool} is side-effecting and needs the argument {name}: {} Nothing ran.",
+                KeySource::MODEL_ARGUMENT_DESCRIPTION
+            ),
+            Some(json!({"type": refusal.type_uri()})),
+        ),
+        _ => refuse(refusal, tool),
+    }
+}
 
 /// `refusal` of a call of `tool` as a JSON-RPC error.
 pub(super) fn refuse(refusal: &Refusal, tool: &str) -> ErrorData {

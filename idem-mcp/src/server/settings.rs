@@ -2,94 +2,64 @@
 
 use std::time::Duration;
 
-use idem_core::{KeySource, OutcomeClass};
+use idem_core::{OutcomeClass, Tool};
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
 
-/// How one side-effecting tool is protected.
+/// How one side-effecting tool is protected: its [`Tool`] (policy, processing window, maximum
+/// wait, key source and window, derived-key wait, tasks; checked when it was built), and what
+/// only MCP asks.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{KeySource, Tool};
+/// use idem_mcp::ToolSettings;
+/// let settings = ToolSettings::new(
+///     Tool::builder()
+///         .processing_window(Duration::from_secs(2))
+///         .key_source(KeySource::arguments())
+///         .build()?,
+/// )
+/// .destructive(false);
+/// # Ok::<(), idem_core::ToolError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolSettings {
-    /// What a call without a key gets ([contract §5.1](idem_core::contract#keyless)): refused
-    /// (the default), a key derived from its arguments, from the argument the model fills, from
-    /// the request, or no protection. A key the caller sends always wins.
-    pub key_source: KeySource,
-    /// How long a derived key's record is kept, its window: the same call within it replays
-    /// ([`KeySource::DEFAULT_WINDOW`], 1 hour). Must exceed the executor's lease.
-    pub key_window: Duration,
-    /// The tool's published processing window (its p99), shown in its description; a call
-    /// that finds its operation in flight is told to retry when what is left of it has passed
-    /// (`retryAfterMs`), not when the whole lease has.
-    pub processing_window: Duration,
-    /// Whether a call under a derived key (it sent none) that finds its operation in flight is
-    /// waited for, up to the executor's maximum wait, and answered with the result (on by
-    /// default): its client cannot ask to wait ([contract §5.1](idem_core::contract#keyless)).
-    /// `false`: it is told [`IN_FLIGHT`](crate::IN_FLIGHT) at once, as a keyed call that did
-    /// not ask to wait is.
-    pub derived_key_wait: bool,
+    /// The tool's settings. A call without a key gets what its key source says ([contract
+    /// §5.1](idem_core::contract#keyless)): refused (the default), a key derived from its
+    /// arguments, from the argument the model fills, from the request, or no protection; a
+    /// call of a tool with [`Tool::tasks`] from a client that declared MCP's tasks extension is
+    /// answered with a task ([contract §5.3](idem_core::contract#tasks); needs
+    /// [`IdempotentTools::tasks`](super::IdempotentTools::tasks)).
+    pub tool: Tool,
     /// The class of a result with `isError: true` (default definitive: a business answer).
     pub tool_error: OutcomeClass,
     /// The `destructiveHint` annotation; `None` keeps what the tool declared.
     pub destructive: Option<bool>,
-    /// Whether a call of the tool from a client that declared MCP's tasks extension is answered
-    /// with a task, the tool running on after the answer ([contract
-    /// §5.3](idem_core::contract#tasks)); needs [`IdempotentTools::tasks`](super::IdempotentTools::tasks).
-    /// Off by default.
-    pub tasks: bool,
     /// The polling interval a task suggests (`pollIntervalMs`; default 1 s).
     pub poll_interval: Duration,
 }
 
 impl Default for ToolSettings {
     fn default() -> Self {
-        Self {
-            key_source: KeySource::Refuse,
-            key_window: KeySource::DEFAULT_WINDOW,
-            processing_window: Duration::from_secs(30),
-            derived_key_wait: true,
-            tool_error: OutcomeClass::Definitive,
-            destructive: None,
-            tasks: false,
-            poll_interval: Duration::from_secs(1),
-        }
+        Self::new(Tool::default())
     }
 }
 
 impl ToolSettings {
-    /// The default settings with `processing_window`.
-    pub fn window(processing_window: Duration) -> Self {
+    /// `tool`, with MCP's defaults.
+    pub fn new(tool: Tool) -> Self {
         Self {
-            processing_window,
-            ..Self::default()
+            tool,
+            tool_error: OutcomeClass::Definitive,
+            destructive: None,
+            poll_interval: Duration::from_secs(1),
         }
-    }
-
-    /// Sets [`ToolSettings::key_source`].
-    pub fn key_source(mut self, source: KeySource) -> Self {
-        self.key_source = source;
-        self
-    }
-
-    /// Sets [`ToolSettings::key_window`].
-    pub fn key_window(mut self, window: Duration) -> Self {
-        self.key_window = window;
-        self
-    }
-
-    /// Sets [`ToolSettings::derived_key_wait`].
-    pub fn derived_key_wait(mut self, on: bool) -> Self {
-        self.derived_key_wait = on;
-        self
     }
 
     /// Sets [`ToolSettings::tool_error`].
     pub fn tool_error(mut self, class: OutcomeClass) -> Self {
         self.tool_error = class;
-        self
-    }
-
-    /// Sets [`ToolSettings::tasks`].
-    pub fn tasks(mut self, on: bool) -> Self {
-        self.tasks = on;
         self
     }
 

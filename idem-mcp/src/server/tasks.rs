@@ -6,8 +6,8 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use idem_core::{
-    Call, Error, ErrorAnswer, Executor, IdempotencyKey, Outcome, Record, RecordState, Refusal,
-    Reply, Scope, StalePolicy, Timestamp,
+    Call, Error, ErrorAnswer, IdempotencyKey, Outcome, Record, RecordState, Refusal, Reply, Scope,
+    StalePolicy, Started, Timestamp,
 };
 use rmcp::ErrorData;
 use rmcp::model::{
@@ -27,17 +27,6 @@ pub(super) use task_id::TaskIds;
 /// The `_meta` entry of the result a cancelled task's record holds: `"io.idem/cancelled"`.
 const CANCELLED_META_KEY: &str = "io.idem/cancelled";
 
-/// What one task-augmented call needs: who, which tool and record, and how it runs.
-pub(super) struct TaskCall<'a> {
-    pub(super) principal: &'a str,
-    pub(super) tool: &'a str,
-    pub(super) settings: &'a ToolSettings,
-    pub(super) executor: Executor,
-    pub(super) call: Call,
-    pub(super) scope: Scope,
-    pub(super) key: IdempotencyKey,
-}
-
 impl IdempotentTools {
     /// Whether a call of a tool with `settings` is answered with a task: the server serves tasks
     /// ([`IdempotentTools::tasks`]), the tool allows them and the request declared the
@@ -48,53 +37,32 @@ impl IdempotentTools {
         context: &rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> bool {
         self.tasks.is_some()
-            && settings.tasks
+            && settings.tool.tasks()
             && context
                 .client_capabilities()
                 .is_some_and(|caps| caps.supports_tasks())
     }
 
     /// A task-augmented call: claims the key (or finds its record), starts the tool detached if
-    /// the claim is won, and answers with the task that names the record, read back from the
-    /// store (so `tasks/get` resolves it before the answer leaves).
+    /// the claim is won ([`Executor::start`](idem_core::Executor::start)), and answers with the
+    /// task that names the record, read back from the store (so `tasks/get` resolves it before
+    /// the answer leaves).
     pub(super) async fn call_as_task<F, Fut>(
         &self,
-        task: TaskCall<'_>,
+        principal: &str,
+        name: &str,
+        settings: &ToolSettings,
+        call: Call,
         tool: F,
     ) -> Result<CallToolResponse, ErrorData>
     where
         F: FnOnce(idem_core::Attempt) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<CallToolResponse, ErrorData>> + Send + 'static,
+        Fut: std::future::Future<Output = Outcome> + Send + 'static,
     {
-        let TaskCall {
-            principal,
-            tool: name,
-            settings,
-            executor,
-            call,
-            scope,
-            key,
-        } = task;
-        let tool_error = settings.tool_error;
-        let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel::<()>();
-        // The whole call in a task of its own: once the claim is won the answer leaves, and the
-        // tool runs on, whatever the executor's spawner.
-        let run = tokio::spawn(async move {
-            executor
-                .call(call, move |attempt| async move {
-                    let _ = claimed_tx.send(());
-                    let answer = tool(attempt).await;
-                    let outcome = to_outcome(&answer, tool_error);
-                    ((), outcome)
-                })
-                .await
-        });
-        if claimed_rx.await.is_err() {
-            // The tool did not start: the call answered without it.
-            let answer = run.await.map_err(|e| {
-                ErrorData::internal_error(format!("the task's call ended: {e}"), None)
-            })?;
-            match answer.reply {
+        let (scope, key) = (call_scope(&call, principal, name)?, call.key().clone());
+        match self.executor.start(&settings.tool, call, tool).await {
+            Started::Running { .. } => {}
+            Started::Answered(answer) => match answer.reply {
                 Reply::Replayed { .. } | Reply::Executed { .. } => {}
                 // The same call in flight: the same task.
                 Reply::Refused {
@@ -102,7 +70,7 @@ impl IdempotentTools {
                     ..
                 } => {}
                 Reply::Refused { refusal, .. } => return Err(refuse(&refusal, name)),
-            }
+            },
         }
         let record = self.read(&scope, &key, name).await?.ok_or_else(|| {
             ErrorData::internal_error("the task's record is gone (expired or purged)", None)
@@ -122,7 +90,7 @@ impl IdempotentTools {
     /// open under `principal` (another principal's, forged, or of a tool without tasks).
     fn resolve(&self, principal: &str, task_id: &str) -> Option<(String, Scope, IdempotencyKey)> {
         let (tool, key) = self.tasks.as_deref()?.open(principal, task_id)?;
-        self.tools.get(&tool).filter(|s| s.tasks)?;
+        self.tools.get(&tool).filter(|s| s.tool.tasks())?;
         let scope = Scope::from_parts([principal, tool.as_str()]).ok()?;
         Some((tool, scope, key))
     }
@@ -198,21 +166,16 @@ impl IdempotentTools {
         let (tool, scope, key, record) = self.record_of(&task_id, &context).await?;
         match record.state {
             RecordState::Completed => return Err(finished()),
-            RecordState::Processing => return Err(running(&record, self)),
+            RecordState::Processing => {
+                return Err(running(&record, &self.tools[&tool], self));
+            }
             RecordState::FailedRetryable => {}
         }
         let settings = &self.tools[&tool];
-        let executor = self
+        let call = Call::new(scope, key, record.fingerprint.clone()).transport("mcp");
+        let answer = self
             .executor
-            .clone()
-            .with_processing_window(settings.processing_window)
-            .with_derived_key_wait(false);
-        let cancelled = cancelled_outcome();
-        let answer = executor
-            .call(
-                Call::new(scope, key, record.fingerprint.clone()).transport("mcp"),
-                move |_attempt| async move { ((), cancelled) },
-            )
+            .settle(&settings.tool, call, cancelled_outcome())
             .await;
         match answer.reply {
             Reply::Executed { .. } => Ok(()),
@@ -221,7 +184,7 @@ impl IdempotentTools {
             Reply::Refused {
                 refusal: Refusal::InFlight { .. },
                 ..
-            } => Err(running(&record, self)),
+            } => Err(running(&record, settings, self)),
             Reply::Refused { refusal, .. } => Err(refuse(&refusal, &tool)),
         }
     }
@@ -248,7 +211,7 @@ fn task_of(
         (RecordState::Processing, _) => {
             let now = tools.executor.clock().now();
             if record.lease_elapsed(now) {
-                task = task.with_status_message(stale_message(record, tools));
+                task = task.with_status_message(stale_message(record, settings));
             }
             TaskPayload::Working
         }
@@ -292,9 +255,9 @@ fn task_of(
 }
 
 /// What is known of a `processing` record whose holder's lease ran out, per the stale policy.
-fn stale_message(record: &Record, tools: &IdempotentTools) -> String {
+fn stale_message(record: &Record, settings: &ToolSettings) -> String {
     let since = rfc3339(record.lease_until);
-    match tools.executor.policy().stale() {
+    match settings.tool.policy().stale() {
         StalePolicy::Takeover => format!(
             "attempt {} stopped renewing its lease at {since}; the same call again takes it over",
             record.attempt
@@ -356,10 +319,10 @@ fn finished() -> ErrorData {
 }
 
 /// `tasks/cancel` of a task whose tool started.
-fn running(record: &Record, tools: &IdempotentTools) -> ErrorData {
+fn running(record: &Record, settings: &ToolSettings, tools: &IdempotentTools) -> ErrorData {
     let message = match record.lease_elapsed(tools.executor.clock().now()) {
         false => "the task's tool is running: its effect may already have happened and cannot be undone, so the task is not cancelled; it goes on to its result".to_owned(),
-        true => format!("not cancelled: {}", stale_message(record, tools)),
+        true => format!("not cancelled: {}", stale_message(record, settings)),
     };
     not_cancellable("task-running", message)
 }
@@ -373,10 +336,20 @@ fn not_cancellable(kind: &str, message: String) -> ErrorData {
 }
 
 fn error_of(error: &Error, tool: &str) -> ErrorData {
-    match ErrorAnswer::observed(error, "mcp") {
-        ErrorAnswer::Refuse(refusal) => refuse(&refusal, tool),
+    match ErrorAnswer::of(error) {
+        ErrorAnswer::Refuse(refusal) => {
+            tracing::warn!(%error, "a task's record could not be read");
+            refuse(&refusal, tool)
+        }
         ErrorAnswer::Answer(_) => ErrorData::internal_error(error.to_string(), None),
     }
+}
+
+/// The scope of a task-augmented `call` of `tool` by `principal`.
+fn call_scope(call: &Call, principal: &str, tool: &str) -> Result<Scope, ErrorData> {
+    let _ = call;
+    Scope::from_parts([principal, tool])
+        .map_err(|e| refuse(&Refusal::InvalidScope(e.to_string()), tool))
 }
 
 fn millis(d: Duration) -> u64 {
