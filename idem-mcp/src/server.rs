@@ -24,11 +24,13 @@ mod record;
 mod refusal;
 mod settings;
 mod tasks;
+mod wrap;
 
 pub use describe::{CAPABILITY, TOOL_META_KEY};
 pub use record::{KEY_SOURCE_META_KEY, NOT_KEPT_META_KEY, REPLAYED_META_KEY, is_replay};
 pub use refusal::{FINGERPRINT_MISMATCH, IN_FLIGHT, STORE_UNAVAILABLE, UNAUTHENTICATED};
 pub use settings::{Principal, ToolSettings, default_principal};
+pub use wrap::IdempotentServer;
 
 use keyless::key_of_call;
 use record::{from_outcome, mark, mark_source, to_outcome};
@@ -172,6 +174,11 @@ impl IdempotentTools {
     pub fn tasks(mut self, secret: [u8; 32]) -> Self {
         self.tasks = Some(Arc::new(TaskIds::new(secret)));
         self
+    }
+
+    /// Whether these tools serve MCP tasks ([`IdempotentTools::tasks`]).
+    pub(crate) fn serves_tasks(&self) -> bool {
+        self.tasks.is_some()
     }
 
     /// The principal of a request, or the shared one the server opted into.
