@@ -27,6 +27,7 @@ use serde_json::json;
 use crate::tokens::Tokens;
 
 mod auth;
+pub(crate) mod command;
 mod handlers;
 mod mcp;
 mod metrics;

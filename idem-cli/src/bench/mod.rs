@@ -2,6 +2,7 @@
 //! same store, at p50, p99 and mean, for one or many callers, at growing numbers of live
 //! records, as a table, JSON or an SVG plot.
 
+pub(crate) mod command;
 mod cpu;
 mod measure;
 mod plot;
@@ -28,7 +29,7 @@ pub use report::{BenchReport, Comparison, Point, PurgePoint, Stats};
 pub use saturation::{SaturationOptions, SaturationReport, saturation};
 
 use crate::exit::Failure;
-use crate::ops::open;
+use crate::store::open;
 use idemkit::StoreUrl;
 use measure::measure;
 use purge::purge_under_load;

@@ -122,10 +122,10 @@ pub async fn run_cli(store: Option<StoreUrl>, options: TasksOptions) -> Result<(
     );
     let with = run(Mode::Idem(store), &options)
         .await
-        .map_err(crate::demo::demo_failure)?;
+        .map_err(super::orchestrated::demo_failure)?;
     let without = run(Mode::TaskManager, &options)
         .await
-        .map_err(crate::demo::demo_failure)?;
+        .map_err(super::orchestrated::demo_failure)?;
     let _ = std::fs::remove_dir_all(&dir);
     println!("{}", table(&with, &without));
     if with.doubled > 0 || with.unfinished > 0 {
