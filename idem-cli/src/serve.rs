@@ -27,6 +27,7 @@ use serde_json::json;
 use crate::tokens::Tokens;
 
 mod auth;
+pub(crate) mod command;
 mod handlers;
 mod mcp;
 mod metrics;
@@ -62,6 +63,9 @@ pub struct ServeOptions {
     /// §5.1](idem_core::contract#keyless)): refused (the default), a key derived from `title` and
     /// `account_id`, or no protection.
     pub key_source: KeySource,
+    /// For tests: the tool takes a permit of this semaphore before it works, so a test keeps a
+    /// call in flight until it adds one. `None` (always in `idem serve`): it never waits.
+    pub hold: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// The task secret in `path` (`--task-secret-file`): 64 hexadecimal digits, surrounding
@@ -122,6 +126,7 @@ impl Default for ServeOptions {
             demo_faults: false,
             tokens: None,
             key_source: KeySource::Refuse,
+            hold: None,
         }
     }
 }

@@ -10,7 +10,8 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use idem_conformance::kit::{Fault, FaultStore, Op};
 use idem_core::{
-    Executor, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Policy, RecordId, Scope,
+    Executor, IdempotencyKey, KeyStore, ManualClock, MemoryStore, Policy, RecordId, RecordState,
+    Scope,
 };
 use idem_http::IdempotencyLayer;
 use serde_json::{Value, json};
@@ -25,7 +26,6 @@ struct Sink {
 struct Tool {
     sink: Arc<Sink>,
     hold: Option<Arc<Semaphore>>,
-    latency: Duration,
 }
 
 async fn create_ticket(
@@ -41,9 +41,6 @@ async fn create_ticket(
     };
     if let Some(hold) = &tool.hold {
         hold.acquire().await.unwrap().forget();
-    }
-    if !tool.latency.is_zero() {
-        tokio::time::sleep(tool.latency).await;
     }
     let tenant = headers
         .get("x-tenant-id")
@@ -72,11 +69,7 @@ impl Server {
     }
 }
 
-async fn serve(
-    store: Arc<dyn KeyStore>,
-    hold: Option<Arc<Semaphore>>,
-    latency: Duration,
-) -> Server {
+async fn serve(store: Arc<dyn KeyStore>, hold: Option<Arc<Semaphore>>) -> Server {
     let sink = Arc::new(Sink::default());
     let clock = ManualClock::starting_now();
     let executor = Executor::from_arc(store.clone())
@@ -100,7 +93,6 @@ async fn serve(
     let tool = Arc::new(Tool {
         sink: sink.clone(),
         hold,
-        latency,
     });
     let app = Router::new()
         .route("/tools/create_ticket", post(create_ticket))
@@ -121,7 +113,7 @@ async fn serve(
 }
 
 async fn memory_server() -> Server {
-    serve(Arc::new(MemoryStore::new()), None, Duration::ZERO).await
+    serve(Arc::new(MemoryStore::new()), None).await
 }
 
 fn args() -> Value {
@@ -368,14 +360,7 @@ async fn a_tool_validation_failure_is_definitive_and_replays() {
 async fn thirty_two_concurrent_requests_one_ticket() {
     const N: usize = 32;
     let hold = Arc::new(Semaphore::new(0));
-    let s = Arc::new(
-        serve(
-            Arc::new(MemoryStore::new()),
-            Some(hold.clone()),
-            Duration::ZERO,
-        )
-        .await,
-    );
+    let s = Arc::new(serve(Arc::new(MemoryStore::new()), Some(hold.clone())).await);
     let gate = Arc::new(Barrier::new(N));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..N {
@@ -484,53 +469,65 @@ async fn two_tenants_same_key_two_tickets_no_cross_replay() {
     assert_eq!(tenants, ["tenant-a", "tenant-b"]);
 }
 
+/// Returns once the record `id` is in `state`, read from the store the server writes.
+async fn until_state(s: &Server, id: &RecordId, state: RecordState) {
+    let reached = async {
+        loop {
+            let now = idem_core::Clock::now(&s.clock);
+            if s.store.get(id, now).await.unwrap().map(|r| r.state) == Some(state) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    // A guard against a hang, never a measure.
+    tokio::time::timeout(Duration::from_secs(10), reached)
+        .await
+        .unwrap_or_else(|_| panic!("the record never reached {state:?}"));
+}
+
 #[tokio::test]
 async fn slow_tool_short_client_deadline_retries_get_409_then_the_replay() {
-    // Real latency on purpose: the tool takes 1.5 s, each client attempt gives up after 0.5 s.
-    let s = serve(
-        Arc::new(MemoryStore::new()),
-        None,
-        Duration::from_millis(1500),
-    )
-    .await;
-    let client = idem_http::client::http_client_builder()
-        .timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
-    let (mut timeouts, mut conflicts) = (0, 0);
-    let replay = loop {
-        let sent = client
+    // The tool works until the test releases it, so every step below happens while it runs.
+    let hold = Arc::new(Semaphore::new(0));
+    let s = serve(Arc::new(MemoryStore::new()), Some(hold.clone())).await;
+    let key = "wf-2:step-1:create_ticket";
+    let id = RecordId::new(
+        Scope::from_parts(["public", "/tools/create_ticket"]).unwrap(),
+        IdempotencyKey::new(key).unwrap(),
+    );
+    let client = idem_http::client::http_client().unwrap();
+    let send = || {
+        client
             .post(&s.url)
-            .header("idempotency-key", "wf-2:step-1:create_ticket")
+            .header("idempotency-key", key)
             .json(&args())
             .send()
-            .await;
-        match sent {
-            Err(e) if e.is_timeout() => timeouts += 1,
-            Err(e) => panic!("{e}"),
-            Ok(resp) if resp.status() == 409 => {
-                conflicts += 1;
-                let wait: u64 = resp.headers()["retry-after"]
-                    .to_str()
-                    .unwrap()
-                    .parse()
-                    .unwrap();
-                assert!(wait >= 1);
-                // Honour the header, bounded so the test stays short.
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            Ok(resp) => break resp,
-        }
-        assert!(timeouts + conflicts < 50, "never finished");
     };
-    assert!(timeouts >= 1, "the first attempt timed out");
-    assert!(conflicts >= 1, "retries while processing were told 409");
+    // The first attempt's deadline passes while the tool works: its client gives up once the
+    // claim is recorded.
+    tokio::select! {
+        sent = send() => panic!("the held tool answered: {sent:?}"),
+        () = until_state(&s, &id, RecordState::Processing) => {}
+    }
+    let conflict = send().await.unwrap();
+    assert_eq!(conflict.status(), 409, "a retry while it runs");
+    let wait: u64 = conflict.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(wait >= 1);
+    // The abandoned attempt's work goes on and completes the record once released.
+    hold.add_permits(1);
+    until_state(&s, &id, RecordState::Completed).await;
+    let replay = send().await.unwrap();
     assert_eq!(replay.status(), 201);
     assert_eq!(replay.headers()["idempotency-replayed"], "true");
     assert_eq!(
         s.tickets(),
         1,
-        "the timed-out attempt's ticket is the only one"
+        "the abandoned attempt's ticket is the only one"
     );
 }
 
@@ -539,7 +536,7 @@ async fn store_down_is_503_and_the_tool_does_not_run() {
     // A store that is down: every claim fails as unreachable.
     let down = FaultStore::new(MemoryStore::new());
     down.fail_next(Op::Claim, usize::MAX, Fault::Unavailable);
-    let s = serve(Arc::new(down.clone()), None, Duration::ZERO).await;
+    let s = serve(Arc::new(down.clone()), None).await;
     problem(
         post_json(&s.url, Some("k-d"), None, args().to_string()).await,
         503,

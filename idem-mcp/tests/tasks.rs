@@ -5,8 +5,8 @@
 //! polls alternate between the two; effects are counted at the sink, a list every server writes
 //! the provisioned name to after the tool's work.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use idem_core::{IdempotencyKey, KeyStore, OutcomeClass, Policy, RecordId, StalePolicy, Timestamp};
@@ -27,6 +27,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{RoleClient, RoleServer, ServerHandler, schemars, tool, tool_router};
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const SECRET: [u8; 32] = [42; 32];
@@ -34,6 +35,23 @@ const LATENCY: Duration = Duration::from_millis(400);
 
 /// The system the tool acts on: every provisioned name, in order, whichever server ran it.
 type Sink = Arc<Mutex<Vec<String>>>;
+
+/// The names whose provisioning a test holds: the tool, once it runs, waits until the test
+/// releases its name, so the test knows the task is running for as long as it holds it.
+static HELD: LazyLock<watch::Sender<HashSet<String>>> =
+    LazyLock::new(|| watch::Sender::new(HashSet::new()));
+
+fn hold(name: &str) {
+    HELD.send_modify(|held| {
+        held.insert(name.to_owned());
+    });
+}
+
+fn release(name: &str) {
+    HELD.send_modify(|held| {
+        held.remove(name);
+    });
+}
 
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
 struct ProvisionArgs {
@@ -66,6 +84,10 @@ impl Provisioner {
         &self,
         Parameters(args): Parameters<ProvisionArgs>,
     ) -> Result<CallToolResult, ErrorData> {
+        let _ = HELD
+            .subscribe()
+            .wait_for(|held| !held.contains(&args.name))
+            .await;
         tokio::time::sleep(LATENCY).await;
         if args.fail {
             return Err(ErrorData::internal_error("the provider is down", None));
@@ -287,6 +309,7 @@ async fn a_retried_task_call_gets_the_same_task_from_either_replica_and_runs_onc
         connect(&two, "tenant-a", true).await,
     );
 
+    hold("db-1");
     let (id, status) = create(&a, provision("db-1", "order-1", false)).await;
     assert_eq!(status, TaskStatus::Working);
     // Its answer lost: the same call again, through the other replica, while it runs.
@@ -296,6 +319,7 @@ async fn a_retried_task_call_gets_the_same_task_from_either_replica_and_runs_onc
         get(&b, &id).await.unwrap().task.status(),
         TaskStatus::Working
     );
+    release("db-1");
 
     let (done, _) = until_terminal(&[&a, &b], &id).await;
     let TaskPayload::Completed { result } = done.task.payload else {
@@ -379,6 +403,7 @@ async fn a_running_task_is_not_cancelled_and_a_failed_one_is_cancelled_for_good(
     let a = connect(&one, "tenant-a", true).await;
 
     // Running: its effect may happen any moment; cancel says so and the task completes.
+    hold("db-3");
     let (id, _) = create(&a, provision("db-3", "order-3", false)).await;
     let refused = a
         .peer()
@@ -390,6 +415,7 @@ async fn a_running_task_is_not_cancelled_and_a_failed_one_is_cancelled_for_good(
         (refused, data["type"].as_str()),
         (ErrorCode::INVALID_REQUEST, Some("task-running"))
     );
+    release("db-3");
     assert_eq!(
         until_terminal(&[&a], &id).await.0.task.status(),
         TaskStatus::Completed
@@ -468,10 +494,9 @@ async fn a_crashed_holder_is_reported_working_with_what_is_known() {
         )
         .await
         .unwrap();
-    assert!(matches!(
-        claim,
-        idem_core::machine::ClaimAnswer::Claimed { .. }
-    ));
+    let idem_core::machine::ClaimAnswer::Claimed { token, .. } = claim else {
+        panic!("claimed, got {claim:?}")
+    };
 
     // The same call: the same task, still in flight (Reconcile, the default stale policy);
     // nothing runs again.
@@ -481,7 +506,18 @@ async fn a_crashed_holder_is_reported_working_with_what_is_known() {
     assert_eq!(got.task.status(), TaskStatus::Working);
     let message = got.task.task.status_message.unwrap();
     assert!(message.contains("awaiting reconciliation"), "{message}");
-    tokio::time::sleep(LATENCY * 2).await;
+    // The server answered once its claim had been decided: a claim of its own would have
+    // replaced the dead holder's token before the tool ran.
+    let record = store
+        .get(&RecordId::new(scope.clone(), key.clone()), Timestamp::now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (record.token, record.attempt),
+        (token, 1),
+        "the dead holder's claim"
+    );
     assert!(sink.lock().unwrap().is_empty());
 
     // Under Takeover, a server says the next call takes it over, and that call runs it.

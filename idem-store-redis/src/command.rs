@@ -6,7 +6,7 @@ use std::io::Write as _;
 use idem_core::{Fingerprint, Outcome, StoreError};
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisWrite, Script, ServerErrorKind, ToRedisArgs};
 
-use crate::connect::Conn;
+use crate::conn::Conn;
 use crate::error::classify;
 use crate::keys::RecordKeys;
 use crate::record::class_char;

@@ -4,49 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::StoreError;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::IntoConnectionInfo;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
+use crate::conn::Conn;
 use crate::error::classify;
 use crate::wake::{Hub, Source};
 use crate::{RedisStore, durability};
-
-/// A reconnecting, multiplexed connection to a standalone server or to a cluster.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Self::Single(c) => c.get_db(),
-            Self::Cluster(c) => c.get_db(),
-        }
-    }
-}
 
 fn endpoint(info: &redis::ConnectionInfo) -> String {
     // `ConnectionAddr` displays host and port only, never credentials.

@@ -3,6 +3,7 @@
 
 mod command;
 mod config;
+mod conn;
 mod connect;
 mod durability;
 mod error;
@@ -26,7 +27,7 @@ pub use keys::{BUCKETS, InvalidPrefix, SLICE_MS};
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use redis;
 
-use connect::Conn;
+use conn::Conn;
 use keys::check_prefix;
 
 /// Native expiries at or beyond this many milliseconds are not set (the record is kept until

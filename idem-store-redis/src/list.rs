@@ -190,7 +190,7 @@ impl Page<'_> {
     /// filter selects.
     async fn read(
         &mut self,
-        conn: &mut crate::connect::Conn,
+        conn: &mut crate::conn::Conn,
         keys: &BucketKeys,
         members: &[String],
     ) -> Result<(), StoreError> {

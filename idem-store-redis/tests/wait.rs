@@ -194,10 +194,21 @@ async fn fifty_waiters_share_one_subscription(cluster: bool) {
         })
     };
     running.await.unwrap();
+    // Each waiter, once its claim found the record in flight, asks the timer for its bound:
+    // counted, that says how many are waiting.
+    const BOUND: Duration = Duration::from_secs(15);
+    let (waiting_tx, mut waiting_rx) = tokio::sync::watch::channel(0usize);
+    let timer = Timer::new(move |d| {
+        if d == BOUND {
+            waiting_tx.send_modify(|n| *n += 1);
+        }
+        Box::pin(tokio::time::sleep(d))
+    });
     let waiting = Executor::new(b.clone())
         .with_policy(p)
         .with_clock(SystemClock)
-        .waiting(Duration::from_secs(15));
+        .with_timer(timer)
+        .waiting(BOUND);
     let waiters: Vec<_> = (0..50)
         .map(|_| {
             let (exec, sink, ids) = (waiting.clone(), sink.clone(), ids.clone());
@@ -212,11 +223,14 @@ async fn fifty_waiters_share_one_subscription(cluster: bool) {
             })
         })
         .collect();
+    tokio::time::timeout(HANG, waiting_rx.wait_for(|&n| n == 50))
+        .await
+        .expect("every waiter waits")
+        .unwrap();
+    // Their shared round subscribes once it has read the record.
     while b.wait_subscriptions() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Let every waiter reach its wait.
-    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(b.wait_subscriptions(), 1, "one subscription for 50 waiters");
     assert_eq!(b.subscriber_connections_opened(), 1, "one subscriber");
     if !cluster {

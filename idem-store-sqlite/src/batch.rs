@@ -204,12 +204,18 @@ mod tests {
             RecordId::new(scope.clone(), left),
             RecordId::new(scope.clone(), next),
         );
-        let waited = tokio::time::timeout(
-            Duration::from_millis(200),
-            store.claim(&left, &fp, &policy(), NOW),
-        )
-        .await;
-        assert!(waited.is_err(), "the claim ran while the turn was held");
+        let claim = {
+            let (store, left, fp) = (store.clone(), left.clone(), fp.clone());
+            tokio::spawn(async move { store.claim(&left, &fp, &policy(), NOW).await })
+        };
+        while store.inner.batch.0.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        claim.abort();
+        assert!(
+            claim.await.unwrap_err().is_cancelled(),
+            "the claim ran while the turn was held"
+        );
         assert_eq!(store.inner.batch.0.lock().unwrap().len(), 1);
         drop(turn);
 

@@ -3,15 +3,13 @@
 //! next poll, and so does a completion in the caller's own transaction once the caller reports
 //! its commit ([contract §6](idem_core::contract#transactional-completion)).
 //!
-//! - The first case uses real time: the waiter is parked 1.2 s (a short real wait), long enough
-//!   that the portable poll reads only every 250 ms, so an answer within 40 ms is a wake-up.
-//! - The transactional cases wait on a timer whose every sleep lasts a minute, far past their
-//!   hang guard: the waiter's poll never reads, so a waiter that answers was woken. The timer
-//!   also reports each poll pause it is asked for, which a waiter asks for only once it has read
-//!   the record and found it in flight: the holder commits after that, never before.
+//! - Every case waits on a timer whose every sleep lasts a minute, far past its hang guard: the
+//!   waiter's poll never reads, so a waiter that answers was woken. The timer also reports each
+//!   poll pause it is asked for, which a waiter asks for only once it has read the record and
+//!   found it in flight: the holder writes after that, never before.
 
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idem_core::machine::{ClaimAnswer, CompleteAnswer};
 use idem_core::{
@@ -23,58 +21,42 @@ use idem_store_sqlite::rusqlite::{TransactionBehavior, params};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completion_in_this_process_wakes_a_waiter_parked_1200ms_on_another_handle() {
+async fn a_completion_in_this_process_wakes_a_waiter_parked_on_another_handle() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.sqlite3");
     let holder = SqliteStore::open(&path).unwrap();
     holder.migrate().unwrap();
     // A second store on the same file, as another component of the process would open it.
     let other = SqliteStore::open(&path).unwrap();
-    let policy = Policy::builder()
-        .lease(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let (scope, key) = (
-        Scope::new("tenant/create_ticket").unwrap(),
-        IdempotencyKey::new("wf-1:step-1").unwrap(),
-    );
-    let fp = Fingerprint::of("create_ticket", &json!({"title": "t"})).unwrap();
+    let policy = policy_30s();
+    let (scope, key, fp) = ids();
     let now = idem_core::Timestamp::now();
     let id = RecordId::new(scope.clone(), key.clone());
     let ClaimAnswer::Claimed { token, .. } = holder.claim(&id, &fp, &policy, now).await.unwrap()
     else {
         panic!("claimed")
     };
-    let waiter = {
-        let exec = Executor::new(other)
-            .with_policy(policy)
-            .waiting(Duration::from_secs(10));
-        let (scope, key, fp) = (scope.clone(), key.clone(), fp.clone());
-        tokio::spawn(async move {
-            let answer = exec
-                .run(&scope, &key, &fp, |_| async {
-                    unreachable!("the waiter replays")
-                })
-                .await;
-            (answer, Instant::now())
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (timer, polls) = minute_timer();
+    let (answered, waiter_answered) = tokio::sync::oneshot::channel();
+    let waiter = waiter(&other, timer, &(scope, key, fp), answered);
+    // The waiter has read the record in flight and sleeps on its poll.
+    tokio::task::spawn_blocking(move || polls.recv_timeout(HANG))
+        .await
+        .unwrap()
+        .expect("the waiter parks");
     let outcome = Outcome::definitive(201, &json!({"ticket_id": "T-1"})).unwrap();
     holder
         .complete(&id, token, &outcome, &policy, idem_core::Timestamp::now())
         .await
         .unwrap();
-    let completed = Instant::now();
-    let (answer, answered) = waiter.await.unwrap();
-    let answer = answer.unwrap();
+    // Its poll lasts a minute: only the completion can have woken it.
+    tokio::time::timeout(HANG, waiter_answered)
+        .await
+        .expect("the completion woke the waiter")
+        .unwrap();
+    let answer = waiter.await.unwrap().unwrap();
     assert!(answer.is_replay());
     assert_eq!(answer.outcome(), &outcome);
-    let gap = answered.saturating_duration_since(completed);
-    assert!(
-        gap < Duration::from_millis(40),
-        "woken {gap:?} after the completion"
-    );
 }
 
 /// How long a waiter may wait; every sleep of [`minute_timer`] is longer than this.

@@ -95,6 +95,12 @@ pub(super) async fn create_ticket(
         // A holder that crashed mid-flight: it never commits and never answers.
         std::future::pending::<()>().await;
     }
+    if let Some(hold) = &app.options.hold {
+        let _ = hold
+            .acquire()
+            .await
+            .map(tokio::sync::SemaphorePermit::forget);
+    }
     if !app.options.tool_latency.is_zero() {
         tokio::time::sleep(app.options.tool_latency).await;
     }

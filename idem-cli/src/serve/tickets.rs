@@ -162,6 +162,13 @@ impl Backend {
         self.store.clone()
     }
 
+    /// The same backend, its records reached through `store` (a test wraps the store to watch
+    /// what the server asks of it).
+    #[cfg(test)]
+    pub(crate) fn with_store(self, store: Arc<dyn KeyStore>) -> Self {
+        Self { store, ..self }
+    }
+
     /// How many tickets `tenant` has: the effects, counted where they land.
     pub async fn ticket_count(&self, tenant: &str) -> Result<i64, BoxError> {
         self.tickets.count(tenant).await

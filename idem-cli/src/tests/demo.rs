@@ -6,8 +6,8 @@ use std::time::Duration;
 use idem_conformance::kit;
 use idemkit::StoreUrl;
 
-use crate::demo::{self, DemoOptions};
-use crate::demo_stock;
+use crate::demo::orchestrated::{self as demo, DemoOptions};
+use crate::demo::stock as demo_stock;
 
 fn options(store: StoreUrl) -> DemoOptions {
     DemoOptions {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idem_conformance::kit;
 
-use crate::demo_tasks::{Mode, TasksOptions, run};
+use crate::demo::tasks::{Mode, TasksOptions, run};
 
 fn options() -> TasksOptions {
     TasksOptions::new(9, Duration::from_millis(1200))

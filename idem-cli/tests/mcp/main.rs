@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 
 use idem_conformance::kit::{self, TempDir};
+use idem_core::{IdempotencyKey, KeyStore, Record, RecordId, Scope, Timestamp};
 use rmcp::RoleClient;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, RequestMetaObject};
@@ -132,6 +133,11 @@ impl Server {
             .unwrap()
     }
 
+    /// The server's store, opened by the test to read records.
+    async fn open_store(&self) -> std::sync::Arc<dyn KeyStore> {
+        idemkit::open(self.store.as_str()).await.unwrap()
+    }
+
     fn log_file(&self) -> std::fs::File {
         std::fs::OpenOptions::new()
             .create(true)
@@ -200,6 +206,33 @@ fn keyed(key: &str, title: &str) -> CallToolRequestParams {
     meta.0.0.insert(idem_mcp::META_KEY.into(), json!(key));
     params.meta = Some(meta);
     params
+}
+
+/// The record of `key` in `tenant`'s scope of `create_ticket`, as `store` holds it now.
+async fn record(store: &dyn KeyStore, tenant: &str, key: &str) -> Option<Record> {
+    let id = RecordId::new(
+        Scope::from_parts([tenant, "create_ticket"]).unwrap(),
+        IdempotencyKey::new(key).unwrap(),
+    );
+    store.get(&id, Timestamp::now()).await.unwrap()
+}
+
+/// Returns `key`'s record once a server has claimed it, polling `store` (the servers are other
+/// processes: their store is what the test can watch).
+async fn until_claimed(store: &dyn KeyStore, tenant: &str, key: &str) -> Record {
+    let claimed = async {
+        loop {
+            if let Some(found) = record(store, tenant, key).await {
+                return found;
+            }
+            // A poll's pause, not a wait for anything.
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    // A guard against a hang, never a measure.
+    tokio::time::timeout(std::time::Duration::from_secs(60), claimed)
+        .await
+        .unwrap_or_else(|_| panic!("{key} was never claimed"))
 }
 
 fn ticket_id(result: &CallToolResult) -> String {

@@ -15,7 +15,7 @@ use idem_core::KeySource;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use crate::demo::DemoOptions;
+use super::orchestrated::DemoOptions;
 use crate::exit::Failure;
 use crate::serve::{Backend, BoxError, ServeOptions, TENANT_HEADER, router};
 use idemkit::StoreUrl;

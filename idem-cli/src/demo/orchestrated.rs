@@ -11,7 +11,7 @@ use idem_http::client::{ClientError, DeadlineExceeded, RetryPolicy, ToolClient};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-pub use crate::demo_report::{AnswerTimes, DemoReport, table};
+pub use super::report::{AnswerTimes, DemoReport, table};
 use crate::exit::Failure;
 use crate::serve::{
     Backend, BoxError, DEMO_FAULT_HEADER, ServeOptions, TENANT_HEADER, router, router_without_idem,
