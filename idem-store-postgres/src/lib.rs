@@ -8,6 +8,7 @@ mod maintenance;
 mod migrate;
 mod ops;
 mod params;
+mod pooler;
 mod row;
 mod schema;
 mod statement;
@@ -57,9 +58,10 @@ use schema::{MIGRATIONS, Statements};
 ///   and takeover notify in their own statement (so at commit), only for a record a waiter
 ///   marked, and the store listens on one connection of its own, opened at the first wait. See
 ///   [`PostgresStore::with_notifications`].
-/// - Behind a transaction pooler (PgBouncer `pool_mode = transaction`), told so with
-///   [`PostgresStore::with_transaction_pooler`] or `pooler=transaction` in the URL, no statement
-///   is prepared: each is one simple-protocol query.
+/// - Behind a transaction pooler (PgBouncer `pool_mode = transaction`), which the store
+///   recognises by itself before its first statement (or at the first prepared-statement
+///   collision, after which it runs that statement once more), no statement is prepared: each is
+///   one simple-protocol query. See [`PostgresStore::with_transaction_pooler`].
 ///
 /// Clones share the pool.
 #[derive(Clone)]
@@ -68,8 +70,8 @@ pub struct PostgresStore {
     sql: Arc<Statements>,
     hub: Arc<wake::Hub>,
     notifications: bool,
-    /// Behind a transaction pooler: statements are sent inline ([`statement`]).
-    pooler: bool,
+    /// Prepared or inline statements ([`statement`]), probed for or told ([`pooler`]).
+    mode: Arc<pooler::Mode>,
     /// Where `LISTEN` connects, when not on the pool's options.
     listen: Option<Arc<PgConnectOptions>>,
     /// Claims and completions that arrive together share statements ([`batch`]).
@@ -85,7 +87,7 @@ impl fmt::Debug for PostgresStore {
             .field("pool_size", &self.pool.size())
             .field("pool_idle", &self.pool.num_idle())
             .field("notifications", &self.notifications)
-            .field("transaction_pooler", &self.pooler)
+            .field("transaction_pooler", &self.mode.inline())
             .field("listen_url", &self.listen.is_some())
             .field("batching", &self.batching)
             .finish_non_exhaustive()
@@ -122,7 +124,7 @@ impl PostgresStore {
             sql: Arc::new(sql),
             hub: Arc::default(),
             notifications: true,
-            pooler: false,
+            mode: Arc::default(),
             listen: None,
             batching: true,
             batches: Arc::default(),
@@ -132,26 +134,48 @@ impl PostgresStore {
     /// `sql` as a statement the store's connections can run (inline behind a transaction
     /// pooler).
     pub(crate) fn statement<'q>(&self, sql: &SqlStr) -> statement::Statement<'q> {
-        statement::Statement::new(sql.clone(), self.pooler)
+        statement::Statement::new(sql.clone(), self.mode.inline())
     }
 
-    /// Whether the pool's URL points at a transaction pooler (PgBouncer `pool_mode =
+    /// Decides how statements are sent, once, before the first: unless told, probes the server
+    /// for a transaction pooler ([`pooler`]) with the pool's connection options (and leaves
+    /// `extra_float_digits` out of them if the server refused it).
+    pub(crate) async fn ready(&self) {
+        self.mode
+            .decide(|| async {
+                let probed = pooler::probe(&self.pool.connect_options()).await?;
+                if probed.refused_extra_float_digits {
+                    let options = (*self.pool.connect_options()).clone();
+                    self.pool
+                        .set_connect_options(options.extra_float_digits(None));
+                }
+                Ok(probed.transaction_pooler)
+            })
+            .await
+    }
+
+    /// Says whether the pool's URL points at a transaction pooler (PgBouncer `pool_mode =
     /// transaction`, or a managed pooler that behaves like it), where consecutive transactions of
-    /// one connection run on different server connections. With `true` every statement of the
-    /// store is sent as one simple-protocol query with its values written in as typed literals,
-    /// so no prepared statement outlives its round trip; waits poll the record unless
-    /// [`PostgresStore::with_listen_options`] names a direct connection to `LISTEN` on.
+    /// one connection run on different server connections. Not needed: unless told, the store
+    /// finds out before its first statement, with two connections of its own (one server process
+    /// seen by two client connections, or one client connection moved to another, is a pooler),
+    /// and a prepared statement that collides later (PostgreSQL `26000`, `42P05`, `08P01`: it did
+    /// not run) switches it to inline statements and runs again.
     ///
-    /// `false` (the default) keeps prepared statements cached per connection, which a
-    /// transaction pooler breaks (PostgreSQL `26000`, `42P05`, `08P01`: the store's errors then
-    /// say so). Session pooling needs nothing. In a URL (see [`PostgresStore::connect`]):
+    /// `true`: every statement of the store is sent as one simple-protocol query with its values
+    /// written in as typed literals, so no prepared statement outlives its round trip; waits poll
+    /// the record unless [`PostgresStore::with_listen_options`] names a direct connection to
+    /// `LISTEN` on. The pool's new connections also stop sending the `extra_float_digits` startup
+    /// parameter, which PgBouncer refuses unless told to ignore it (`ignore_startup_parameters`);
+    /// the store reads no floating-point values. In a URL (see [`PostgresStore::connect`]):
     /// `pooler=transaction`.
     ///
-    /// With `true` the pool's new connections also stop sending the `extra_float_digits` startup
-    /// parameter, which PgBouncer refuses unless told to ignore it (`ignore_startup_parameters`);
-    /// the store reads no floating-point values.
+    /// `false`: no probe; prepared statements cached per connection (a direct connection, or
+    /// session pooling: `pooler=none` or `pooler=session` in a URL). A collision still switches
+    /// the store to inline statements, but a statement of the same name and parameter types can
+    /// run in place of another before one does: do not say `false` behind a transaction pooler.
     pub fn with_transaction_pooler(mut self, enabled: bool) -> Self {
-        self.pooler = enabled;
+        self.mode = Arc::new(pooler::Mode::known(enabled));
         if enabled {
             let options = (*self.pool.connect_options()).clone();
             self.pool
@@ -215,6 +239,13 @@ impl PostgresStore {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether the store sends its statements inline, as behind a transaction pooler (told,
+    /// probed, or switched at a collision). For tests.
+    #[doc(hidden)]
+    pub fn sends_inline(&self) -> bool {
+        self.mode.inline()
+    }
+
     /// How many `LISTEN` connections this store (and its clones) opened. For tests.
     #[doc(hidden)]
     pub fn listen_connections_opened(&self) -> usize {
@@ -225,27 +256,45 @@ impl PostgresStore {
     /// returns a store in table `public.idem_records`. For other settings build the pool yourself
     /// and use [`PostgresStore::new`] or [`PostgresStore::with_table`].
     ///
+    /// Before the pool connects, it probes the server for a transaction pooler (see
+    /// [`PostgresStore::with_transaction_pooler`]), so a pooler's URL needs no flag: a store that
+    /// cannot work there (a pooler in statement mode refuses the probe's transaction) fails here,
+    /// not on its requests.
+    ///
     /// Three parameters of the URL are the store's, not the driver's:
-    /// `pooler=transaction` ([`PostgresStore::with_transaction_pooler`]; `pooler=session` only
-    /// drops the `extra_float_digits` startup parameter, which PgBouncer refuses by default),
+    /// `pooler=transaction`, `pooler=session` or `pooler=none` (no probe:
+    /// [`PostgresStore::with_transaction_pooler`] `true`, or `false`, `session` also dropping the
+    /// `extra_float_digits` startup parameter, which PgBouncer refuses by default),
     /// `listen_url=postgres://…` ([`PostgresStore::with_listen_options`]) and `batching=off`
     /// ([`PostgresStore::with_batching`]).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let url = params::StoreParams::parse(url)?;
-        let options = if url.pooled {
+        let mut options = if url.pooled {
             url.options.extra_float_digits(None)
         } else {
             url.options
         };
+        let inline = match url.pooler {
+            Some(told) => told,
+            None => {
+                let probed = pooler::probe(&options).await.map_err(refused_probe)?;
+                if probed.refused_extra_float_digits {
+                    options = options.extra_float_digits(None);
+                }
+                probed.transaction_pooler
+            }
+        };
+        if inline {
+            options = options.extra_float_digits(None);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
             .map_err(|e| classify("connect", e))?;
-        let store = Self::new(pool)
-            .with_transaction_pooler(url.pooler)
-            .with_batching(url.batching);
+        let mut store = Self::new(pool).with_batching(url.batching);
+        store.mode = Arc::new(pooler::Mode::known(inline));
         Ok(match url.listen {
             Some(listen) => store.with_listen_options(listen),
             None => store,
@@ -307,14 +356,39 @@ impl PostgresStore {
     ) -> Result<CompleteAnswer, StoreError> {
         let policy = attempt.policy();
         machine::check_outcome_size(outcome, policy)?;
+        self.ready().await;
         let held = Held {
             id: attempt.id(),
             token: attempt.token(),
         };
-        let answer = self
-            .complete_on(conn, held, outcome, policy, attempt.now())
+        let inline = self.mode.inline();
+        self.complete_on(conn, held, outcome, policy, attempt.now())
             .await
-            .map_err(|e| classify("complete", e))?;
-        Ok(answer)
+            .map_err(|e| {
+                // The caller's transaction is aborted: it runs again, and this statement inline.
+                if self.mode.collided(inline, &e) {
+                    return StoreError::unavailable(
+                        "postgres complete: a transaction pooler is in the path and a prepared \
+                         statement collided; statements are sent inline from now on: retry the \
+                         transaction",
+                        e,
+                    );
+                }
+                classify("complete", e)
+            })
+    }
+}
+
+/// The probe's error, for a store that refuses to start on it.
+fn refused_probe(e: pooler::ProbeError) -> StoreError {
+    match e {
+        pooler::ProbeError::Sql(e) => classify("connect", e),
+        pooler::ProbeError::NoTransactions(e) => StoreError::Misconfigured {
+            message: format!(
+                "postgres connect: the server refused a transaction ({e}): a pooler in statement \
+                 mode? idem needs transactions (migrate, complete_in): use pool_mode = transaction \
+                 or session, or connect directly"
+            ),
+        },
     }
 }

@@ -177,7 +177,7 @@ impl PostgresStore {
 
     /// Marks `id` as waited on, so that its next writes notify ([`crate::wake`]).
     pub(crate) async fn mark_waited(&self, id: &RecordId) -> Result<(), StoreError> {
-        retry_conflicts("mark waited", || {
+        retry_conflicts(&self.mode, "mark waited", || {
             self.statement(&self.sql.mark_waited)
                 .bind(id.scope().as_str())
                 .bind(id.key().as_str())
@@ -197,7 +197,7 @@ impl PostgresStore {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let payload = self.payload(id);
-        let updated = retry_conflicts(op, || {
+        let updated = retry_conflicts(&self.mode, op, || {
             self.statement(sql)
                 .bind(id.scope().as_str())
                 .bind(id.key().as_str())

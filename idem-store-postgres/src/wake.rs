@@ -198,7 +198,7 @@ pub(crate) async fn wait_for_change(
     let id = seen.id();
     // Behind a transaction pooler `LISTEN` succeeds but hears nothing (the session it ran in is
     // handed to other clients): without a direct connection to listen on, waits poll.
-    let options = match (&store.listen, store.notifications, store.pooler) {
+    let options = match (&store.listen, store.notifications, store.mode.inline()) {
         (Some(direct), true, _) => direct.clone(),
         (None, true, false) => store.pool.connect_options(),
         _ => return poll_for_change(store, seen, clock, timer).await,

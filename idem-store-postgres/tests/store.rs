@@ -275,6 +275,28 @@ async fn a_server_that_does_not_answer_is_unavailable() {
     assert!(!debug.contains("s3cr3t-pw"), "{debug}");
 }
 
+/// A direct connection is not taken for a transaction pooler: `connect` and the first operation
+/// of a store on a lazy pool both probe and keep prepared statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_connection_is_not_taken_for_a_pooler() {
+    let Some(url) = common::url() else { return };
+    common::store(&url, "idem-test-direct-probe").await; // migrated
+    let connected = PostgresStore::connect(&url).await.unwrap();
+    assert!(!connected.sends_inline(), "connect saw no pooler");
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_lazy_with(common::options(&url, "idem-test-direct-probe"));
+    let store = PostgresStore::with_table(pool, common::SCHEMA, common::TABLE).unwrap();
+    assert!(store.sends_inline(), "inline until the probe has run");
+    let (scope, key, _) = names("direct-probe");
+    let id = RecordId::new(scope, key);
+    assert_eq!(store.get(&id, t0()).await.unwrap(), None);
+    assert!(
+        !store.sends_inline(),
+        "the first operation's probe saw no pooler"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debug_never_shows_the_password() {
     let Some(url) = common::url() else { return };
