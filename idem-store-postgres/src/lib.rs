@@ -143,7 +143,7 @@ impl PostgresStore {
     pub(crate) async fn ready(&self) {
         self.mode
             .decide(|| async {
-                let probed = pooler::probe(&self.pool.connect_options()).await?;
+                let probed = pooler::probe_once(&self.pool.connect_options()).await?;
                 if probed.refused_extra_float_digits {
                     let options = (*self.pool.connect_options()).clone();
                     self.pool
@@ -277,7 +277,7 @@ impl PostgresStore {
         let inline = match url.pooler {
             Some(told) => told,
             None => {
-                let probed = pooler::probe(&options).await.map_err(refused_probe)?;
+                let probed = pooler::probe_once(&options).await.map_err(refused_probe)?;
                 if probed.refused_extra_float_digits {
                     options = options.extra_float_digits(None);
                 }

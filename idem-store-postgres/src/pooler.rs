@@ -9,7 +9,9 @@
 //!   transaction pooler the second is handed the server connection the first just gave back (a
 //!   pooler reuses the last one released first), or the first is handed another. Either sighting
 //!   proves transaction pooling; none in [`ROUNDS`] rounds is taken as a direct connection. Only
-//!   simple-protocol queries, so the probe leaves no prepared statement behind.
+//!   simple-protocol queries, so the probe leaves no prepared statement behind. The answer is
+//!   kept per address (host or socket, port, user, database) for the life of the process: the
+//!   stores of one process probe each server once.
 //! - A pooler that refuses the `extra_float_digits` startup parameter (PgBouncer unless
 //!   `ignore_startup_parameters` names it) answers SQLSTATE 08P01 before any query: the probe
 //!   connects again without it, and the pool's new connections leave it out from then on.
@@ -18,6 +20,8 @@
 //!   statement of that name), failed before it ran, so it changed nothing: the store switches to
 //!   inline statements for good and runs it once more.
 
+use std::path::PathBuf;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::postgres::PgConnectOptions;
@@ -111,6 +115,7 @@ pub(crate) fn is_collision(err: &sqlx::Error) -> bool {
 }
 
 /// What the probe found.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Probed {
     /// Whether a transaction pooler is in the path.
     pub(crate) transaction_pooler: bool,
@@ -135,8 +140,43 @@ impl From<sqlx::Error> for ProbeError {
     }
 }
 
+/// Where a connection goes: host (or socket) and port, user, database.
+type Address = (String, Option<PathBuf>, u16, String, Option<String>);
+
+/// What the probes of this process found, by address.
+static FOUND: Mutex<Vec<(Address, Probed)>> = Mutex::new(Vec::new());
+
+fn address(options: &PgConnectOptions) -> Address {
+    (
+        options.get_host().to_owned(),
+        options.get_socket().cloned(),
+        options.get_port(),
+        options.get_username().to_owned(),
+        options.get_database().map(str::to_owned),
+    )
+}
+
+/// What the probe of the server `options` connect to finds: asked once per address and process.
+pub(crate) async fn probe_once(options: &PgConnectOptions) -> Result<Probed, ProbeError> {
+    let address = address(options);
+    let found = |list: &Vec<(Address, Probed)>| {
+        list.iter()
+            .find(|(known, _)| *known == address)
+            .map(|(_, probed)| *probed)
+    };
+    if let Some(probed) = found(&FOUND.lock().unwrap_or_else(|e| e.into_inner())) {
+        return Ok(probed);
+    }
+    let probed = probe(options).await?;
+    let mut list = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+    if found(&list).is_none() {
+        list.push((address, probed));
+    }
+    Ok(probed)
+}
+
 /// Probes the server `options` connect to (see the module docs).
-pub(crate) async fn probe(options: &PgConnectOptions) -> Result<Probed, ProbeError> {
+async fn probe(options: &PgConnectOptions) -> Result<Probed, ProbeError> {
     let (mut first, refused) = connect(options).await?;
     let options = if refused {
         options.clone().extra_float_digits(None)
