@@ -10,6 +10,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::*;
 
+mod writers;
+
 const NOW: Timestamp = Timestamp::from_millis(946_684_800_000);
 
 /// A guard against a hang, never a measure.
@@ -34,31 +36,6 @@ async fn store_of(url: &str, app: &str, table: &str, max: u32) -> PostgresStore 
 
 async fn store(url: &str, table: &str, max: u32) -> PostgresStore {
     store_of(url, &unique("idem-batch"), table, max).await
-}
-
-/// Runs `op` to its end, and fails the moment a connection tagged `app` waits on a lock instead
-/// (the server's `pg_stat_activity` says so): an event either way, never a time.
-async fn without_waiting_on_a_lock<T>(admin: &PgPool, app: &str, op: impl Future<Output = T>) -> T {
-    let blocked = async {
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-                 AND wait_event_type = 'Lock'",
-            )
-            .bind(app)
-            .fetch_one(admin)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::select! {
-        done = op => done,
-        () = blocked => panic!("a connection of {app} waited on a lock"),
-    }
 }
 
 /// Waits until `lane` holds `n` queued requests (a hang guard, not a measure).
@@ -168,25 +145,6 @@ async fn completed(store: &PostgresStore, id: &RecordId, outcome: &Outcome) -> T
     token
 }
 
-/// A transaction of another session that has rewritten `id`'s row (an indexed column: a new
-/// row version) and stays open until it is dropped or rolled back.
-async fn writing(
-    store: &PostgresStore,
-    id: &RecordId,
-) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut writer = store.pool.begin().await.unwrap();
-    let sql = "UPDATE idem_test.idem_records SET updated_at = updated_at + 1 \
-               WHERE scope = $1 AND key = $2";
-    let updated = sqlx::query(sql)
-        .bind(id.scope().as_str())
-        .bind(id.key().as_str())
-        .execute(&mut *writer)
-        .await
-        .unwrap();
-    assert_eq!(updated.rows_affected(), 1);
-    writer
-}
-
 /// Spawns a claim of each `(id, fingerprint)` while the insert lane's turn is taken, waits
 /// until every one has queued its insert, then gives the turn back: the claims' tasks.
 async fn claims_behind_a_batch(
@@ -262,68 +220,6 @@ async fn under_load_a_claim_inserts_first_and_a_key_that_exists_is_read() {
     assert_eq!((r0.state, r0.token), (RecordState::Completed, done));
     assert_eq!((r1.state, r1.token), (RecordState::Processing, held));
     assert_eq!(record(2).await.token, new);
-}
-
-/// With the lane idle (and with batching off) a claim reads first: a replay is one `SELECT`,
-/// which a transaction writing the record does not hold up (a plain insert's unique check
-/// would wait for it; idem's leaves a key its snapshot holds alone before that check).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_lane_idle_a_replay_reads_and_does_not_wait_for_a_writer_of_its_record() {
-    let Some(url) = postgres_url() else { return };
-    let admin = pool(&url, "idem-batch-admin", 1).await;
-    for batching in [true, false] {
-        let app = unique("idem-batch-idle");
-        let store = store_of(&url, &app, "idem_records", 4).await;
-        let store = store.with_batching(batching);
-        store.migrate().await.unwrap();
-        let id = &ids("batch-idle", 1)[0];
-        let outcome = Outcome::definitive(200, &serde_json::json!({"sent": 1})).unwrap();
-        completed(&store, id, &outcome).await;
-        let writer = writing(&store, id).await;
-        let (fp, policy) = (fp(), Policy::default());
-        let replay = store.claim(id, &fp, &policy, NOW);
-        let replay = without_waiting_on_a_lock(&admin, &app, replay).await;
-        writer.rollback().await.unwrap();
-        assert_eq!(
-            replay.unwrap(),
-            ClaimAnswer::Replay(outcome),
-            "batching {batching}"
-        );
-    }
-}
-
-/// Under load a claim inserts first, but a key that exists is left alone without the unique
-/// check, which would wait for a transaction writing its row (a `complete_in` not yet
-/// committed) and hold the whole batch, others' new keys too, until it ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn under_load_a_batch_does_not_wait_for_a_transaction_writing_a_key_of_it() {
-    let Some(url) = postgres_url() else { return };
-    let admin = pool(&url, "idem-batch-admin", 1).await;
-    let app = unique("idem-batch-writer");
-    let store = store_of(&url, &app, "idem_records", 4).await;
-    store.migrate().await.unwrap();
-    let ids = ids("batch-writer", 2);
-    let outcome = Outcome::definitive(200, &serde_json::json!({"sent": 1})).unwrap();
-    completed(&store, &ids[0], &outcome).await;
-    let writer = writing(&store, &ids[0]).await;
-
-    let claims = ids.iter().map(|id| (id.clone(), fp())).collect();
-    let claims = claims_behind_a_batch(&store, claims).await;
-    let answers = without_waiting_on_a_lock(&admin, &app, async {
-        let mut answers = Vec::new();
-        for claim in claims {
-            answers.push(claim.await.unwrap().unwrap());
-        }
-        answers
-    })
-    .await;
-    writer.rollback().await.unwrap();
-    assert_eq!(answers[0], ClaimAnswer::Replay(outcome));
-    assert!(
-        matches!(answers[1], ClaimAnswer::Claimed { .. }),
-        "{:?}",
-        answers[1]
-    );
 }
 
 /// Runs `records` as one insert batch: whether each was inserted.
