@@ -1,9 +1,10 @@
 //! Batching: the writes of claims (and completions) that arrive together on one store handle
 //! share one statement and one commit.
 //!
-//! Each kind has a lane: a queue of waiting writes and one turn ([`TURNS`], the batch in flight).
+//! Each kind has a lane ([`crate::lane`]): a queue of waiting writes and one turn (the batch in
+//! flight).
 //! A write joins the queue and waits for its answer or a turn, whichever comes first;
-//! whoever gets a turn takes everything queued (up to [`MAX_BATCH`]) and runs it as one batch, in a
+//! whoever gets a turn takes everything queued (up to 64) and runs it as one batch, in a
 //! task of its own. A lone write (nothing queued, a turn free) runs at once, alone and in its
 //! caller's task, with the statement it would run unbatched: nothing waits for company.
 //!
@@ -25,124 +26,25 @@
 //! whose caller went away before a batch took it is not run; once taken, it runs to the end in a
 //! task of its own (a caller that leaves while its batch runs cancels nothing of the others').
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 
 use idem_core::machine::{self, CompleteAnswer};
 use idem_core::{Outcome, Policy, Record, RecordId, RecordState, StoreError, Timestamp, Token};
 use sqlx::Row;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::PostgresStore;
 use crate::conflict::retry_conflicts;
+use crate::lane::{Batches, CompleteJob, InsertJob, Job, Lane};
+#[cfg(test)]
+use crate::lane::{MAX_BATCH, TURNS};
 use crate::ops::Held;
 use crate::row::{big, bind_record, bind_records, ts};
 
-/// The most requests one batch takes; the rest wait for the next turn.
-pub(crate) const MAX_BATCH: usize = 64;
-
-/// How many batches of one kind run at once: one. While it runs, the next requests queue and go
-/// together in the next batch (two turns made batches half the size, and each claim and
-/// completion cost the server about twice the CPU at 32 callers: docs/bench.md).
-pub(crate) const TURNS: usize = 1;
-
-/// The two lanes of a store handle (shared by its clones).
-#[derive(Default)]
-pub(crate) struct Batches {
-    inserts: Lane<InsertJob>,
-    completions: Lane<CompleteJob>,
-    /// Requests that ran in a batch with others (for tests).
-    pub(crate) shared: AtomicU64,
-}
-
-/// Requests of one kind waiting for a batch, and the turns to run one.
-struct Lane<J> {
-    queue: Mutex<VecDeque<J>>,
-    turns: Arc<Semaphore>,
-}
-
-impl<J> Default for Lane<J> {
-    fn default() -> Self {
-        Self {
-            queue: Mutex::default(),
-            turns: Arc::new(Semaphore::new(TURNS)),
-        }
-    }
-}
-
-impl<J: Job> Lane<J> {
-    fn push(&self, job: J) {
-        self.lock().push_back(job);
-    }
-
-    /// Up to [`MAX_BATCH`] requests whose callers still wait; empty only if none is queued.
-    fn take(&self) -> Vec<J> {
-        let mut queue = self.lock();
-        let mut jobs = Vec::new();
-        while jobs.len() < MAX_BATCH {
-            match queue.pop_front() {
-                Some(job) if job.abandoned() => {} // its caller left: not run
-                Some(job) => jobs.push(job),
-                None => break,
-            }
-        }
-        jobs
-    }
-
-    /// A turn for a write that is alone: nothing queued and a turn free.
-    fn lone_turn(&self) -> Option<OwnedSemaphorePermit> {
-        if !self.lock().is_empty() {
-            return None;
-        }
-        self.turns.clone().try_acquire_owned().ok()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<J>> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// A queued request.
-trait Job: Send + 'static {
-    /// Its caller went away before a batch took it.
-    fn abandoned(&self) -> bool;
-}
-
-type Answer<T> = oneshot::Sender<Result<T, StoreError>>;
-
 /// A batch's run, answering each of its requests.
 type Batch = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// A claim's insert of a key it found absent, waiting for a batch: answered whether it inserted.
-pub(crate) struct InsertJob {
-    record: Record,
-    answer: Answer<bool>,
-}
-
-impl Job for InsertJob {
-    fn abandoned(&self) -> bool {
-        self.answer.is_closed()
-    }
-}
-
-/// A completion waiting for a batch.
-pub(crate) struct CompleteJob {
-    id: RecordId,
-    token: Token,
-    outcome: Outcome,
-    policy: Policy,
-    now: Timestamp,
-    answer: Answer<CompleteAnswer>,
-}
-
-impl Job for CompleteJob {
-    fn abandoned(&self) -> bool {
-        self.answer.is_closed()
-    }
-}
 
 /// A record's address, as the table keys it.
 fn key_of(record: &Record) -> (String, String) {

@@ -4,6 +4,7 @@ mod batch;
 mod config;
 mod conflict;
 mod error;
+mod lane;
 mod maintenance;
 mod migrate;
 mod ops;
@@ -19,10 +20,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::machine::{self, CompleteAnswer};
-use idem_core::{Attempt, Outcome, StoreError};
+use idem_core::StoreError;
+use sqlx::SqlStr;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{PgConnection, SqlStr};
 
 pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 
@@ -33,7 +33,6 @@ const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version as u32;
 pub use sqlx;
 
 use error::{check_identifier, classify};
-use ops::Held;
 use schema::{MIGRATIONS, Statements};
 
 /// A [`KeyStore`](idem_core::KeyStore) keeping records in one PostgreSQL table.
@@ -76,7 +75,7 @@ pub struct PostgresStore {
     listen: Option<Arc<PgConnectOptions>>,
     /// Claims and completions that arrive together share statements ([`batch`]).
     batching: bool,
-    batches: Arc<batch::Batches>,
+    batches: Arc<lane::Batches>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -309,73 +308,6 @@ impl PostgresStore {
     /// The quoted, schema-qualified table name, e.g. `"public"."idem_records"`.
     pub fn qualified_table(&self) -> &str {
         &self.sql.qualified
-    }
-
-    /// Completes `attempt`'s claim with `outcome` on the caller's connection, typically `&mut tx`
-    /// of an open [`sqlx::Transaction`], so the operation's own writes and the completed record
-    /// commit (or roll back) together. Runs [`KeyStore::complete`](idem_core::KeyStore::complete)'s
-    /// fenced `UPDATE` under the attempt's policy and at its clock's now. Pass the outcome through
-    /// [`Attempt::encode`] first if the executor has a codec.
-    ///
-    /// The answer describes the transaction's view: `Completed` is only durable once the caller
-    /// commits. The statement's `NOTIFY` is part of the transaction too: requests waiting on the
-    /// record, in this process and in others, wake when it commits, never if it rolls back. Once
-    /// it has committed, call [`Attempt::mark_recorded`], so the executor does not complete the
-    /// record again; if the transaction rolls back, the record stays `processing`
-    /// with the same token and the executor records the operation's own outcome as usual. If the
-    /// answer is [`CompleteAnswer::Fenced`], roll back: the effect must not happen either.
-    ///
-    /// Unlike [`KeyStore::complete`](idem_core::KeyStore::complete), this cannot run the statement
-    /// again after a serialization failure or deadlock (the caller's transaction is aborted): it
-    /// answers [`StoreError::Unavailable`], and the caller retries its whole transaction.
-    ///
-    /// ```no_run
-    /// # use idem_store_postgres::PostgresStore;
-    /// # use idem_core::{Attempt, Outcome};
-    /// # use idem_core::machine::CompleteAnswer;
-    /// # async fn demo(store: &PostgresStore, attempt: &Attempt)
-    /// #     -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut tx = store.pool().begin().await?;
-    /// sqlx::query("INSERT INTO tickets (title) VALUES ($1)").bind("printer on fire")
-    ///     .execute(&mut *tx).await?;
-    /// let outcome = Outcome::definitive(201, &serde_json::json!({"ticket": 1}))?;
-    /// match store.complete_in(&mut tx, attempt, &attempt.encode(&outcome)?).await? {
-    ///     CompleteAnswer::Fenced => tx.rollback().await?, // lost the claim: undo the effect
-    ///     _ => {
-    ///         tx.commit().await?;
-    ///         attempt.mark_recorded(); // the executor must not complete it again
-    ///     }
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn complete_in(
-        &self,
-        conn: &mut PgConnection,
-        attempt: &Attempt,
-        outcome: &Outcome,
-    ) -> Result<CompleteAnswer, StoreError> {
-        let policy = attempt.policy();
-        machine::check_outcome_size(outcome, policy)?;
-        self.ready().await;
-        let held = Held {
-            id: attempt.id(),
-            token: attempt.token(),
-        };
-        let inline = self.mode.inline();
-        self.complete_on(conn, held, outcome, policy, attempt.now())
-            .await
-            .map_err(|e| {
-                // The caller's transaction is aborted: it runs again, and this statement inline.
-                if self.mode.collided(inline, &e) {
-                    return StoreError::unavailable(
-                        "postgres complete: a transaction pooler is in the path and a prepared \
-                         statement collided; statements are sent inline from now on: retry the \
-                         transaction",
-                        e,
-                    );
-                }
-                classify("complete", e)
-            })
     }
 }
 

@@ -8,7 +8,7 @@ use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::store::{CheckpointStore, ListFilter};
-use idem_core::wait::Timer;
+use idem_core::wait::{Timer, changed, poll_every, poll_for_change};
 use idem_core::{
     Checkpoint, Clock, Fingerprint, KeyStore, Outcome, Policy, Record, RecordId, RecordState,
     StoreError, Timestamp, Token, async_trait,
@@ -20,6 +20,7 @@ use crate::error::is_transient_conflict;
 use crate::ops::Held;
 use crate::row::{big, record_from_row, timestamp, ts};
 use crate::schema::{self, trusted};
+use crate::wake::SAFETY_POLL;
 
 #[async_trait]
 impl KeyStore for PostgresStore {
@@ -223,8 +224,36 @@ impl KeyStore for PostgresStore {
         clock: &dyn Clock,
         timer: &Timer,
     ) -> Result<(), StoreError> {
+        // Register, read, then the first of a notification and a poll (every `SAFETY_POLL` while
+        // the listener is up, the portable backoff while it is down): `crate::wake`.
         self.ready().await;
-        crate::wake::wait_for_change(self, seen, clock, timer).await
+        let id = seen.id();
+        // Behind a transaction pooler `LISTEN` succeeds but hears nothing (the session it ran in
+        // is handed to other clients): without a direct connection to listen on, waits poll.
+        let options = match (&self.listen, self.notifications, self.mode.inline()) {
+            (Some(direct), true, _) => direct.clone(),
+            (None, true, false) => self.pool.connect_options(),
+            _ => return poll_for_change(self, seen, clock, timer).await,
+        };
+        self.hub.start(&options).await;
+        let (mut registered, up) = self.hub.register(self.payload(&id));
+        if up {
+            self.mark_waited(&id).await?;
+        }
+        if changed(seen, self.get(&id, clock.now()).await?.as_ref()) {
+            return Ok(());
+        }
+        if up {
+            tokio::select! {
+                () = registered.woken() => Ok(()),
+                polled = poll_every(self, seen, clock, timer, SAFETY_POLL) => polled,
+            }
+        } else {
+            tokio::select! {
+                () = registered.woken() => Ok(()),
+                polled = poll_for_change(self, seen, clock, timer) => polled,
+            }
+        }
     }
 }
 
