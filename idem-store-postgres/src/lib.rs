@@ -29,6 +29,8 @@ pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 /// The newest migration this crate knows
 /// ([`Maintenance::latest_schema_version`](idem_core::Maintenance::latest_schema_version)).
 const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version as u32;
+/// How long `PostgresStore::connect`'s pool (and its pooler check) waits for a connection.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use sqlx;
 
@@ -142,7 +144,8 @@ impl PostgresStore {
     pub(crate) async fn ready(&self) {
         self.mode
             .decide(|| async {
-                let probed = pooler::probe_once(&self.pool.connect_options()).await?;
+                let limit = self.pool.options().get_acquire_timeout();
+                let probed = pooler::probe_once(&self.pool.connect_options(), limit).await?;
                 if probed.refused_extra_float_digits {
                     let options = (*self.pool.connect_options()).clone();
                     self.pool
@@ -276,7 +279,9 @@ impl PostgresStore {
         let inline = match url.pooler {
             Some(told) => told,
             None => {
-                let probed = pooler::probe_once(&options).await.map_err(refused_probe)?;
+                let probed = pooler::probe_once(&options, ACQUIRE_TIMEOUT)
+                    .await
+                    .map_err(refused_probe)?;
                 if probed.refused_extra_float_digits {
                     options = options.extra_float_digits(None);
                 }
@@ -288,7 +293,7 @@ impl PostgresStore {
         }
         let pool = PgPoolOptions::new()
             .max_connections(10)
-            .acquire_timeout(Duration::from_secs(5))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await
             .map_err(|e| classify("connect", e))?;

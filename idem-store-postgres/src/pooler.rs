@@ -23,6 +23,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, Row};
@@ -156,8 +157,13 @@ fn address(options: &PgConnectOptions) -> Address {
     )
 }
 
-/// What the probe of the server `options` connect to finds: asked once per address and process.
-pub(crate) async fn probe_once(options: &PgConnectOptions) -> Result<Probed, ProbeError> {
+/// What the probe of the server `options` connect to finds: asked once per address and process,
+/// for at most `limit` (a server that accepts connections and never answers, as the pool's
+/// acquire timeout bounds a statement's wait).
+pub(crate) async fn probe_once(
+    options: &PgConnectOptions,
+    limit: Duration,
+) -> Result<Probed, ProbeError> {
     let address = address(options);
     let found = |list: &Vec<(Address, Probed)>| {
         list.iter()
@@ -167,7 +173,9 @@ pub(crate) async fn probe_once(options: &PgConnectOptions) -> Result<Probed, Pro
     if let Some(probed) = found(&FOUND.lock().unwrap_or_else(|e| e.into_inner())) {
         return Ok(probed);
     }
-    let probed = probe(options).await?;
+    let probed = tokio::time::timeout(limit, probe(options))
+        .await
+        .map_err(|_| ProbeError::Sql(sqlx::Error::PoolTimedOut))??;
     let mut list = FOUND.lock().unwrap_or_else(|e| e.into_inner());
     if found(&list).is_none() {
         list.push((address, probed));

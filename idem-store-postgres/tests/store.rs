@@ -275,6 +275,28 @@ async fn a_server_that_does_not_answer_is_unavailable() {
     assert!(!debug.contains("s3cr3t-pw"), "{debug}");
 }
 
+/// A server that accepts connections and never answers: the pooler check before the first
+/// statement gives up when the pool would (real time: the pool's own acquire timeout is what is
+/// under test), and the call is Unavailable instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_accepts_and_never_answers_is_unavailable() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy(&format!("postgres://postgres@127.0.0.1:{port}/test"))
+        .unwrap();
+    let store = PostgresStore::new(pool);
+    let (scope, key, _) = names("silent");
+    let err = store
+        .get(&RecordId::new(scope, key), t0())
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    drop(silent);
+}
+
 /// A direct connection is not taken for a transaction pooler: `connect` and the first operation
 /// of a store on a lazy pool both probe and keep prepared statements.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
