@@ -295,7 +295,8 @@ async fn fifty_waiters_in_one_process_share_one_listen_and_each_gets_the_replay(
     };
     running.await.unwrap();
     // Each waiter asks its timer for its wait's bound once, as it starts to wait: that call says
-    // it has arrived. The timer is tokio's otherwise.
+    // it has arrived. Otherwise the timer is tokio's: the waits' own clock (their bound, the
+    // store's safety poll), which decides nothing here, since the completion ends every wait.
     const BOUND: Duration = Duration::from_secs(15);
     let arrived = Arc::new(tokio::sync::Semaphore::new(0));
     let timer = {
