@@ -5,7 +5,7 @@ use idem_core::{ConfigWarning, StoreError};
 use sqlx::{Row, SqlStr};
 
 use crate::PostgresStore;
-use crate::error::classify;
+use crate::conflict::retry_conflicts;
 
 /// The settings read from the server the store writes to, as its connections see them (a
 /// setting made per role, per database or in the connection string counts).
@@ -156,23 +156,26 @@ impl PostgresStore {
     /// A role without `pg_monitor` sees the rows of `pg_stat_replication` but not their
     /// `sync_state`: grant it to the role that runs the check.
     pub(crate) async fn durability_warnings(&self) -> Result<Vec<ConfigWarning>, StoreError> {
-        let op = "config check";
-        let mut c = self.pool.acquire().await.map_err(|e| classify(op, e))?;
-        let row = self
-            .statement(&SqlStr::from_static(
-                "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'), \
-                 current_setting('fsync'), pg_is_in_recovery()",
-            ))
-            .fetch_one(&mut *c)
-        .await
-        .map_err(|e| classify(op, e))?;
-        let replicas = self
-            .statement(&SqlStr::from_static(
-                "SELECT coalesce(sync_state, '') FROM pg_stat_replication",
-            ))
-            .fetch_all(&mut *c)
-            .await
-            .map_err(|e| classify(op, e))?
+        let (row, replicas) = retry_conflicts(&self.mode, "config check", || async {
+            let mut c = self.pool.acquire().await?;
+            let row = self
+                .statement(&SqlStr::from_static(
+                    "SELECT current_setting('synchronous_commit'), \
+                     current_setting('synchronous_standby_names'), current_setting('fsync'), \
+                     pg_is_in_recovery()",
+                ))
+                .fetch_one(&mut *c)
+                .await?;
+            let replicas = self
+                .statement(&SqlStr::from_static(
+                    "SELECT coalesce(sync_state, '') FROM pg_stat_replication",
+                ))
+                .fetch_all(&mut *c)
+                .await?;
+            Ok((row, replicas))
+        })
+        .await?;
+        let replicas = replicas
             .into_iter()
             .map(|r| Replica {
                 sync_state: r.get(0),

@@ -1,4 +1,5 @@
-//! Serialization failures and deadlocks: statements run again, with a random backoff.
+//! Statements that run again: after a serialization failure or a deadlock, with a random backoff;
+//! once, inline, after a prepared-statement collision (a transaction pooler: [`crate::pooler`]).
 
 use std::time::Duration;
 
@@ -6,6 +7,7 @@ use idem_core::StoreError;
 
 use crate::error::classify;
 use crate::error::is_transient_conflict;
+use crate::pooler::Mode;
 
 /// How many times a claim re-reads and retries when the record changes under it (another claim,
 /// a completion, a purge) or the server reports a serialization conflict, before giving up with
@@ -17,12 +19,15 @@ pub(crate) const MAX_CLAIM_ROUNDS: usize = 16;
 /// [`StoreError::Unavailable`].
 pub(crate) const MAX_CONFLICT_RETRIES: usize = 16;
 
-/// Runs `statement` (one autocommit statement on the pool) again while the server reports a
-/// serialization failure or a deadlock: the server rolled the statement back, so running it
-/// again is exactly one attempt more (a server whose `default_transaction_isolation` is
-/// `serializable` or `repeatable read` raises 40001 when a concurrent writer committed to the
-/// row after the statement's snapshot). Codes by SQLSTATE, never by message text.
+/// Runs `statement` (one autocommit statement on the pool, or a transaction of its own, built
+/// anew with `mode` at each call) again while the server reports a serialization failure or a
+/// deadlock: the server rolled the statement back, so running it again is exactly one attempt
+/// more (a server whose `default_transaction_isolation` is `serializable` or `repeatable read`
+/// raises 40001 when a concurrent writer committed to the row after the statement's snapshot).
+/// A prepared statement that collided behind a transaction pooler did not run either: it runs
+/// again, inline ([`Mode::collided`]). Codes by SQLSTATE, never by message text.
 pub(crate) async fn retry_conflicts<T, F, Fut>(
+    mode: &Mode,
     op: &'static str,
     mut statement: F,
 ) -> Result<T, StoreError>
@@ -31,8 +36,10 @@ where
     Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
 {
     for round in 1..=MAX_CONFLICT_RETRIES {
+        let inline = mode.inline();
         match statement().await {
             Ok(value) => return Ok(value),
+            Err(e) if mode.collided(inline, &e) => {}
             Err(e) if is_transient_conflict(&e) => {
                 tracing::debug!(op, round, error = %e, "serialization conflict; running the statement again");
                 conflict_backoff(round).await;

@@ -76,25 +76,19 @@ pub(crate) fn sqlstate(err: &sqlx::Error) -> Option<String> {
     }
 }
 
-/// What a transaction pooler answers a client that uses prepared statements across
-/// transactions: a statement missing (26000) or already there (42P05) on the server connection it
-/// was handed, or a `Bind` that does not fit the statement of that name there (08P01). Neither
-/// happens on a direct connection, where sqlx tracks its own statements.
-fn code_means_pooler(code: &str) -> bool {
-    matches!(code, "26000" | "42P05" | "08P01")
-}
-
 /// Classifies `err`, raised while doing `op`.
 pub(crate) fn classify(op: &'static str, err: sqlx::Error) -> StoreError {
     let code = sqlstate(&err);
-    if code.as_deref().is_some_and(code_means_pooler) {
-        return StoreError::Misconfigured {
-            message: format!(
-                "postgres {op}: the URL points at a transaction pooler: {err}; add \
-                 pooler=transaction to the URL (PostgresStore::with_transaction_pooler(true)), \
-                 or connect directly or through session pooling"
+    if matches!(code.as_deref(), Some("26000" | "42P05")) {
+        // A prepared statement made on another server connection: a transaction pooler the store
+        // was told is not there (`crate::pooler`). It did not run; running it again may succeed.
+        return StoreError::unavailable(
+            format!(
+                "postgres {op}: a prepared statement collided ({err}): a transaction pooler is in \
+                 the path; leave pooler= out of the URL (or say pooler=transaction)"
             ),
-        };
+            err,
+        );
     }
     let unavailable = match &err {
         sqlx::Error::Io(_)
@@ -170,9 +164,6 @@ mod tests {
         }
         for code in ["23505", "40001", "42P01", "57014", "22003"] {
             assert!(!code_means_unavailable(code), "{code}");
-        }
-        for code in ["26000", "42P05", "08P01"] {
-            assert!(code_means_pooler(code), "{code}");
         }
     }
 }

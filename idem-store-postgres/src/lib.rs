@@ -4,10 +4,12 @@ mod batch;
 mod config;
 mod conflict;
 mod error;
+mod lane;
 mod maintenance;
 mod migrate;
 mod ops;
 mod params;
+mod pooler;
 mod row;
 mod schema;
 mod statement;
@@ -18,21 +20,21 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::machine::{self, CompleteAnswer};
-use idem_core::{Attempt, Outcome, StoreError};
+use idem_core::StoreError;
+use sqlx::SqlStr;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{PgConnection, SqlStr};
 
 pub use error::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 
 /// The newest migration this crate knows
 /// ([`Maintenance::latest_schema_version`](idem_core::Maintenance::latest_schema_version)).
 const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version as u32;
+/// How long `PostgresStore::connect`'s pool (and its pooler check) waits for a connection.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The driver this crate is built on, re-exported so callers use the same version.
 pub use sqlx;
 
 use error::{check_identifier, classify};
-use ops::Held;
 use schema::{MIGRATIONS, Statements};
 
 /// A [`KeyStore`](idem_core::KeyStore) keeping records in one PostgreSQL table.
@@ -57,9 +59,10 @@ use schema::{MIGRATIONS, Statements};
 ///   and takeover notify in their own statement (so at commit), only for a record a waiter
 ///   marked, and the store listens on one connection of its own, opened at the first wait. See
 ///   [`PostgresStore::with_notifications`].
-/// - Behind a transaction pooler (PgBouncer `pool_mode = transaction`), told so with
-///   [`PostgresStore::with_transaction_pooler`] or `pooler=transaction` in the URL, no statement
-///   is prepared: each is one simple-protocol query.
+/// - Behind a transaction pooler (PgBouncer `pool_mode = transaction`), which the store
+///   recognises by itself before its first statement (or at the first prepared-statement
+///   collision, after which it runs that statement once more), no statement is prepared: each is
+///   one simple-protocol query. See [`PostgresStore::with_transaction_pooler`].
 ///
 /// Clones share the pool.
 #[derive(Clone)]
@@ -68,13 +71,13 @@ pub struct PostgresStore {
     sql: Arc<Statements>,
     hub: Arc<wake::Hub>,
     notifications: bool,
-    /// Behind a transaction pooler: statements are sent inline ([`statement`]).
-    pooler: bool,
+    /// Prepared or inline statements ([`statement`]), probed for or told ([`pooler`]).
+    mode: Arc<pooler::Mode>,
     /// Where `LISTEN` connects, when not on the pool's options.
     listen: Option<Arc<PgConnectOptions>>,
     /// Claims and completions that arrive together share statements ([`batch`]).
     batching: bool,
-    batches: Arc<batch::Batches>,
+    batches: Arc<lane::Batches>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -85,7 +88,7 @@ impl fmt::Debug for PostgresStore {
             .field("pool_size", &self.pool.size())
             .field("pool_idle", &self.pool.num_idle())
             .field("notifications", &self.notifications)
-            .field("transaction_pooler", &self.pooler)
+            .field("transaction_pooler", &self.mode.inline())
             .field("listen_url", &self.listen.is_some())
             .field("batching", &self.batching)
             .finish_non_exhaustive()
@@ -122,7 +125,7 @@ impl PostgresStore {
             sql: Arc::new(sql),
             hub: Arc::default(),
             notifications: true,
-            pooler: false,
+            mode: Arc::default(),
             listen: None,
             batching: true,
             batches: Arc::default(),
@@ -132,26 +135,49 @@ impl PostgresStore {
     /// `sql` as a statement the store's connections can run (inline behind a transaction
     /// pooler).
     pub(crate) fn statement<'q>(&self, sql: &SqlStr) -> statement::Statement<'q> {
-        statement::Statement::new(sql.clone(), self.pooler)
+        statement::Statement::new(sql.clone(), self.mode.inline())
     }
 
-    /// Whether the pool's URL points at a transaction pooler (PgBouncer `pool_mode =
+    /// Decides how statements are sent, once, before the first: unless told, probes the server
+    /// for a transaction pooler ([`pooler`]) with the pool's connection options (and leaves
+    /// `extra_float_digits` out of them if the server refused it).
+    pub(crate) async fn ready(&self) {
+        self.mode
+            .decide(|| async {
+                let limit = self.pool.options().get_acquire_timeout();
+                let probed = pooler::probe_once(&self.pool.connect_options(), limit).await?;
+                if probed.refused_extra_float_digits {
+                    let options = (*self.pool.connect_options()).clone();
+                    self.pool
+                        .set_connect_options(options.extra_float_digits(None));
+                }
+                Ok(probed.transaction_pooler)
+            })
+            .await
+    }
+
+    /// Says whether the pool's URL points at a transaction pooler (PgBouncer `pool_mode =
     /// transaction`, or a managed pooler that behaves like it), where consecutive transactions of
-    /// one connection run on different server connections. With `true` every statement of the
-    /// store is sent as one simple-protocol query with its values written in as typed literals,
-    /// so no prepared statement outlives its round trip; waits poll the record unless
-    /// [`PostgresStore::with_listen_options`] names a direct connection to `LISTEN` on.
+    /// one connection run on different server connections. Not needed: unless told, the store
+    /// finds out before its first statement, with two connections of its own (one server process
+    /// seen by two client connections, or one client connection moved to another, is a pooler),
+    /// and a prepared statement that collides later (PostgreSQL `26000`, `42P05`, `08P01`: it did
+    /// not run) switches it to inline statements and runs again.
     ///
-    /// `false` (the default) keeps prepared statements cached per connection, which a
-    /// transaction pooler breaks (PostgreSQL `26000`, `42P05`, `08P01`: the store's errors then
-    /// say so). Session pooling needs nothing. In a URL (see [`PostgresStore::connect`]):
+    /// `true`: every statement of the store is sent as one simple-protocol query with its values
+    /// written in as typed literals, so no prepared statement outlives its round trip; waits poll
+    /// the record unless [`PostgresStore::with_listen_options`] names a direct connection to
+    /// `LISTEN` on. The pool's new connections also stop sending the `extra_float_digits` startup
+    /// parameter, which PgBouncer refuses unless told to ignore it (`ignore_startup_parameters`);
+    /// the store reads no floating-point values. In a URL (see [`PostgresStore::connect`]):
     /// `pooler=transaction`.
     ///
-    /// With `true` the pool's new connections also stop sending the `extra_float_digits` startup
-    /// parameter, which PgBouncer refuses unless told to ignore it (`ignore_startup_parameters`);
-    /// the store reads no floating-point values.
+    /// `false`: no probe; prepared statements cached per connection (a direct connection, or
+    /// session pooling: `pooler=none` or `pooler=session` in a URL). A collision still switches
+    /// the store to inline statements, but a statement of the same name and parameter types can
+    /// run in place of another before one does: do not say `false` behind a transaction pooler.
     pub fn with_transaction_pooler(mut self, enabled: bool) -> Self {
-        self.pooler = enabled;
+        self.mode = Arc::new(pooler::Mode::known(enabled));
         if enabled {
             let options = (*self.pool.connect_options()).clone();
             self.pool
@@ -215,6 +241,13 @@ impl PostgresStore {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether the store sends its statements inline, as behind a transaction pooler (told,
+    /// probed, or switched at a collision). For tests.
+    #[doc(hidden)]
+    pub fn sends_inline(&self) -> bool {
+        self.mode.inline()
+    }
+
     /// How many `LISTEN` connections this store (and its clones) opened. For tests.
     #[doc(hidden)]
     pub fn listen_connections_opened(&self) -> usize {
@@ -225,27 +258,47 @@ impl PostgresStore {
     /// returns a store in table `public.idem_records`. For other settings build the pool yourself
     /// and use [`PostgresStore::new`] or [`PostgresStore::with_table`].
     ///
+    /// Before the pool connects, it probes the server for a transaction pooler (see
+    /// [`PostgresStore::with_transaction_pooler`]), so a pooler's URL needs no flag: a store that
+    /// cannot work there (a pooler in statement mode refuses the probe's transaction) fails here,
+    /// not on its requests.
+    ///
     /// Three parameters of the URL are the store's, not the driver's:
-    /// `pooler=transaction` ([`PostgresStore::with_transaction_pooler`]; `pooler=session` only
-    /// drops the `extra_float_digits` startup parameter, which PgBouncer refuses by default),
+    /// `pooler=transaction`, `pooler=session` or `pooler=none` (no probe:
+    /// [`PostgresStore::with_transaction_pooler`] `true`, or `false`, `session` also dropping the
+    /// `extra_float_digits` startup parameter, which PgBouncer refuses by default),
     /// `listen_url=postgres://…` ([`PostgresStore::with_listen_options`]) and `batching=off`
     /// ([`PostgresStore::with_batching`]).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let url = params::StoreParams::parse(url)?;
-        let options = if url.pooled {
+        let mut options = if url.pooled {
             url.options.extra_float_digits(None)
         } else {
             url.options
         };
+        let inline = match url.pooler {
+            Some(told) => told,
+            None => {
+                let probed = pooler::probe_once(&options, ACQUIRE_TIMEOUT)
+                    .await
+                    .map_err(refused_probe)?;
+                if probed.refused_extra_float_digits {
+                    options = options.extra_float_digits(None);
+                }
+                probed.transaction_pooler
+            }
+        };
+        if inline {
+            options = options.extra_float_digits(None);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(10)
-            .acquire_timeout(Duration::from_secs(5))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await
             .map_err(|e| classify("connect", e))?;
-        let store = Self::new(pool)
-            .with_transaction_pooler(url.pooler)
-            .with_batching(url.batching);
+        let mut store = Self::new(pool).with_batching(url.batching);
+        store.mode = Arc::new(pooler::Mode::known(inline));
         Ok(match url.listen {
             Some(listen) => store.with_listen_options(listen),
             None => store,
@@ -261,60 +314,18 @@ impl PostgresStore {
     pub fn qualified_table(&self) -> &str {
         &self.sql.qualified
     }
+}
 
-    /// Completes `attempt`'s claim with `outcome` on the caller's connection, typically `&mut tx`
-    /// of an open [`sqlx::Transaction`], so the operation's own writes and the completed record
-    /// commit (or roll back) together. Runs [`KeyStore::complete`](idem_core::KeyStore::complete)'s
-    /// fenced `UPDATE` under the attempt's policy and at its clock's now. Pass the outcome through
-    /// [`Attempt::encode`] first if the executor has a codec.
-    ///
-    /// The answer describes the transaction's view: `Completed` is only durable once the caller
-    /// commits. The statement's `NOTIFY` is part of the transaction too: requests waiting on the
-    /// record, in this process and in others, wake when it commits, never if it rolls back. Once
-    /// it has committed, call [`Attempt::mark_recorded`], so the executor does not complete the
-    /// record again; if the transaction rolls back, the record stays `processing`
-    /// with the same token and the executor records the operation's own outcome as usual. If the
-    /// answer is [`CompleteAnswer::Fenced`], roll back: the effect must not happen either.
-    ///
-    /// Unlike [`KeyStore::complete`](idem_core::KeyStore::complete), this cannot run the statement
-    /// again after a serialization failure or deadlock (the caller's transaction is aborted): it
-    /// answers [`StoreError::Unavailable`], and the caller retries its whole transaction.
-    ///
-    /// ```no_run
-    /// # use idem_store_postgres::PostgresStore;
-    /// # use idem_core::{Attempt, Outcome};
-    /// # use idem_core::machine::CompleteAnswer;
-    /// # async fn demo(store: &PostgresStore, attempt: &Attempt)
-    /// #     -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut tx = store.pool().begin().await?;
-    /// sqlx::query("INSERT INTO tickets (title) VALUES ($1)").bind("printer on fire")
-    ///     .execute(&mut *tx).await?;
-    /// let outcome = Outcome::definitive(201, &serde_json::json!({"ticket": 1}))?;
-    /// match store.complete_in(&mut tx, attempt, &attempt.encode(&outcome)?).await? {
-    ///     CompleteAnswer::Fenced => tx.rollback().await?, // lost the claim: undo the effect
-    ///     _ => {
-    ///         tx.commit().await?;
-    ///         attempt.mark_recorded(); // the executor must not complete it again
-    ///     }
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn complete_in(
-        &self,
-        conn: &mut PgConnection,
-        attempt: &Attempt,
-        outcome: &Outcome,
-    ) -> Result<CompleteAnswer, StoreError> {
-        let policy = attempt.policy();
-        machine::check_outcome_size(outcome, policy)?;
-        let held = Held {
-            id: attempt.id(),
-            token: attempt.token(),
-        };
-        let answer = self
-            .complete_on(conn, held, outcome, policy, attempt.now())
-            .await
-            .map_err(|e| classify("complete", e))?;
-        Ok(answer)
+/// The probe's error, for a store that refuses to start on it.
+fn refused_probe(e: pooler::ProbeError) -> StoreError {
+    match e {
+        pooler::ProbeError::Sql(e) => classify("connect", e),
+        pooler::ProbeError::NoTransactions(e) => StoreError::Misconfigured {
+            message: format!(
+                "postgres connect: the server refused a transaction ({e}): a pooler in statement \
+                 mode? idem needs transactions (migrate, complete_in): use pool_mode = transaction \
+                 or session, or connect directly"
+            ),
+        },
     }
 }

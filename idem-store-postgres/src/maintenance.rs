@@ -5,7 +5,8 @@ use idem_core::{ConfigWarning, Maintenance, StoreError, async_trait};
 
 use sqlx::Row;
 
-use crate::error::{classify, sqlstate};
+use crate::conflict::retry_conflicts;
+use crate::error::sqlstate;
 use crate::schema::trusted;
 use crate::{PostgresStore, SCHEMA_VERSION};
 
@@ -21,21 +22,21 @@ impl Maintenance for PostgresStore {
     /// `schema.<table>_migrations`), reading only: 0 when it was never migrated. An operator's
     /// read-only role can call it.
     async fn schema_version(&self) -> Result<u32, StoreError> {
+        self.ready().await;
         let newest_applied = trusted(format!(
             "SELECT max(version) FROM {}",
             self.sql.migrations_table
         ));
-        let applied = match self
-            .statement(&newest_applied)
-            .fetch_one(&self.pool)
-            .await
-            .and_then(|row| row.try_get::<Option<i32>, _>(0))
-        {
-            Ok(applied) => applied.unwrap_or(0),
-            // undefined_table, invalid_schema_name: never migrated.
-            Err(e) if matches!(sqlstate(&e).as_deref(), Some("42P01" | "3F000")) => 0,
-            Err(e) => return Err(classify("schema version", e)),
-        };
+        let applied = retry_conflicts(&self.mode, "schema version", || async {
+            let read = self.statement(&newest_applied).fetch_one(&self.pool).await;
+            match read.and_then(|row| row.try_get::<Option<i32>, _>(0)) {
+                Ok(applied) => Ok(applied.unwrap_or(0)),
+                // undefined_table, invalid_schema_name: never migrated.
+                Err(e) if matches!(sqlstate(&e).as_deref(), Some("42P01" | "3F000")) => Ok(0),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
         u32::try_from(applied).map_err(|_| {
             StoreError::corrupt(format!(
                 "{} records migration {applied}, which is not a version",
@@ -58,6 +59,7 @@ impl Maintenance for PostgresStore {
     /// A role without `pg_monitor` sees the rows of `pg_stat_replication` but not their
     /// `sync_state`: grant it to the role that runs the check.
     async fn check_config(&self) -> Result<Vec<ConfigWarning>, StoreError> {
+        self.ready().await;
         self.durability_warnings().await
     }
 }

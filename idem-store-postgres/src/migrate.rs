@@ -5,7 +5,7 @@ use idem_core::{StoreError, Timestamp};
 use sqlx::{PgConnection, Row, SqlStr};
 
 use crate::PostgresStore;
-use crate::error::classify;
+use crate::conflict::retry_conflicts;
 use crate::row::ts;
 use crate::schema::{MIGRATIONS, trusted};
 
@@ -21,7 +21,13 @@ impl PostgresStore {
     /// everything exists); the store's day-to-day role only needs `SELECT`, `INSERT`, `UPDATE`
     /// and `DELETE` on the table.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let op = "migrate";
+        self.ready().await;
+        // Run again as a whole (a new transaction) after a serialization failure or a collision.
+        retry_conflicts(&self.mode, "migrate", || self.migrate_once()).await?
+    }
+
+    /// One attempt of [`PostgresStore::migrate`]: the driver's error outside, a refusal inside.
+    async fn migrate_once(&self) -> Result<Result<(), StoreError>, sqlx::Error> {
         let bootstrap = format!(
             "CREATE SCHEMA IF NOT EXISTS {schema}; \
              CREATE TABLE IF NOT EXISTS {versions} (version INTEGER PRIMARY KEY, \
@@ -34,65 +40,56 @@ impl PostgresStore {
             "INSERT INTO {} (version, description, applied_at_ms) VALUES ($1, $2, $3)",
             self.sql.migrations_table
         ));
-        let mut conn = self.pool.acquire().await.map_err(|e| classify(op, e))?;
+        let mut conn = self.pool.acquire().await?;
         let conn: &mut PgConnection = &mut conn;
         let encoding: String = self
             .statement(&SqlStr::from_static(
                 "SELECT current_setting('server_encoding')",
             ))
             .fetch_one(&mut *conn)
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(|e| classify(op, e))?;
+            .await?
+            .try_get(0)?;
         if encoding != "UTF8" {
-            return Err(StoreError::Misconfigured {
+            return Ok(Err(StoreError::Misconfigured {
                 message: format!(
                     "postgres database encoding is {encoding}; idem needs UTF8 to replay bodies byte for byte"
                 ),
-            });
+            }));
         }
-        let mut tx = sqlx::Connection::begin(&mut *conn)
-            .await
-            .map_err(|e| classify(op, e))?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         self.statement(&SqlStr::from_static("SELECT pg_advisory_xact_lock($1)"))
             .bind(advisory_key(&self.sql.qualified))
             .execute(&mut *tx)
-            .await
-            .map_err(|e| classify(op, e))?;
-        sqlx::Executor::execute(&mut *tx, trusted(bootstrap))
-            .await
-            .map_err(|e| classify(op, e))?;
+            .await?;
+        sqlx::Executor::execute(&mut *tx, trusted(bootstrap)).await?;
         let applied: Option<i32> = self
             .statement(&trusted(newest_applied))
             .fetch_one(&mut *tx)
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(|e| classify(op, e))?;
+            .await?
+            .try_get(0)?;
         let applied = applied.unwrap_or(0);
         let newest = MIGRATIONS.last().map_or(0, |m| m.version);
         if applied > newest {
-            return Err(StoreError::Misconfigured {
+            return Ok(Err(StoreError::Misconfigured {
                 message: format!(
                     "{} is at migration {applied}, newer than this build knows ({newest})",
                     self.sql.qualified
                 ),
-            });
+            }));
         }
         for m in MIGRATIONS.iter().filter(|m| m.version > applied) {
             let ddl = self.sql.migration_sql(m);
-            sqlx::Executor::execute(&mut *tx, trusted(ddl))
-                .await
-                .map_err(|e| classify(op, e))?;
+            sqlx::Executor::execute(&mut *tx, trusted(ddl)).await?;
             self.statement(&record_version)
                 .bind(m.version)
                 .bind(m.description)
                 .bind(ts(Timestamp::now()))
                 .execute(&mut *tx)
-                .await
-                .map_err(|e| classify(op, e))?;
+                .await?;
             tracing::info!(table = %self.sql.qualified, version = m.version, "idem migration applied");
         }
-        tx.commit().await.map_err(|e| classify(op, e))
+        tx.commit().await?;
+        Ok(Ok(()))
     }
 }
 

@@ -2,11 +2,14 @@
 //! executor (the pool, or the caller's transaction).
 
 use idem_core::machine::{self, ClaimAnswer, ClaimRequest, CompleteAnswer};
-use idem_core::{Outcome, Policy, Record, RecordId, RecordState, StoreError, Timestamp, Token};
+use idem_core::{
+    Attempt, Outcome, Policy, Record, RecordId, RecordState, StoreError, Timestamp, Token,
+};
 use sqlx::{PgConnection, Postgres, Row, SqlStr};
 
 use crate::PostgresStore;
 use crate::conflict::retry_conflicts;
+use crate::error::classify;
 use crate::row::{big, bind_record, record_from_row, ts};
 
 /// The claim a fenced write is made under: the record's address and the holder's token.
@@ -17,6 +20,73 @@ pub(crate) struct Held<'a> {
 }
 
 impl PostgresStore {
+    /// Completes `attempt`'s claim with `outcome` on the caller's connection, typically `&mut tx`
+    /// of an open [`sqlx::Transaction`], so the operation's own writes and the completed record
+    /// commit (or roll back) together. Runs [`KeyStore::complete`](idem_core::KeyStore::complete)'s
+    /// fenced `UPDATE` under the attempt's policy and at its clock's now. Pass the outcome through
+    /// [`Attempt::encode`] first if the executor has a codec.
+    ///
+    /// The answer describes the transaction's view: `Completed` is only durable once the caller
+    /// commits. The statement's `NOTIFY` is part of the transaction too: requests waiting on the
+    /// record, in this process and in others, wake when it commits, never if it rolls back. Once
+    /// it has committed, call [`Attempt::mark_recorded`], so the executor does not complete the
+    /// record again; if the transaction rolls back, the record stays `processing`
+    /// with the same token and the executor records the operation's own outcome as usual. If the
+    /// answer is [`CompleteAnswer::Fenced`], roll back: the effect must not happen either.
+    ///
+    /// Unlike [`KeyStore::complete`](idem_core::KeyStore::complete), this cannot run the statement
+    /// again after a serialization failure or deadlock (the caller's transaction is aborted): it
+    /// answers [`StoreError::Unavailable`], and the caller retries its whole transaction.
+    ///
+    /// ```no_run
+    /// # use idem_store_postgres::PostgresStore;
+    /// # use idem_core::{Attempt, Outcome};
+    /// # use idem_core::machine::CompleteAnswer;
+    /// # async fn demo(store: &PostgresStore, attempt: &Attempt)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = store.pool().begin().await?;
+    /// sqlx::query("INSERT INTO tickets (title) VALUES ($1)").bind("printer on fire")
+    ///     .execute(&mut *tx).await?;
+    /// let outcome = Outcome::definitive(201, &serde_json::json!({"ticket": 1}))?;
+    /// match store.complete_in(&mut tx, attempt, &attempt.encode(&outcome)?).await? {
+    ///     CompleteAnswer::Fenced => tx.rollback().await?, // lost the claim: undo the effect
+    ///     _ => {
+    ///         tx.commit().await?;
+    ///         attempt.mark_recorded(); // the executor must not complete it again
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        attempt: &Attempt,
+        outcome: &Outcome,
+    ) -> Result<CompleteAnswer, StoreError> {
+        let policy = attempt.policy();
+        machine::check_outcome_size(outcome, policy)?;
+        self.ready().await;
+        let held = Held {
+            id: attempt.id(),
+            token: attempt.token(),
+        };
+        let inline = self.mode.inline();
+        self.complete_on(conn, held, outcome, policy, attempt.now())
+            .await
+            .map_err(|e| {
+                // The caller's transaction is aborted: it runs again, and this statement inline.
+                if self.mode.collided(inline, &e) {
+                    return StoreError::unavailable(
+                        "postgres complete: a transaction pooler is in the path and a prepared \
+                         statement collided; statements are sent inline from now on: retry the \
+                         transaction",
+                        e,
+                    );
+                }
+                classify("complete", e)
+            })
+    }
+
     /// [`machine::complete`] as one fenced `UPDATE` (a live `processing` record held by `token`
     /// takes the outcome; anything else is `Fenced` and nothing is written), on `executor`: the
     /// pool or the caller's transaction (`complete_in`).
@@ -177,7 +247,7 @@ impl PostgresStore {
 
     /// Marks `id` as waited on, so that its next writes notify ([`crate::wake`]).
     pub(crate) async fn mark_waited(&self, id: &RecordId) -> Result<(), StoreError> {
-        retry_conflicts("mark waited", || {
+        retry_conflicts(&self.mode, "mark waited", || {
             self.statement(&self.sql.mark_waited)
                 .bind(id.scope().as_str())
                 .bind(id.key().as_str())
@@ -197,7 +267,7 @@ impl PostgresStore {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let payload = self.payload(id);
-        let updated = retry_conflicts(op, || {
+        let updated = retry_conflicts(&self.mode, op, || {
             self.statement(sql)
                 .bind(id.scope().as_str())
                 .bind(id.key().as_str())

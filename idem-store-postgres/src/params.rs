@@ -10,8 +10,8 @@ use sqlx::postgres::PgConnectOptions;
 pub(crate) struct StoreParams {
     /// The driver's options: the URL without the store's parameters.
     pub(crate) options: PgConnectOptions,
-    /// `pooler=transaction`.
-    pub(crate) pooler: bool,
+    /// `pooler=transaction` (`Some(true)`), `session` or `none` (`Some(false)`); absent: probe.
+    pub(crate) pooler: Option<bool>,
     /// `pooler=transaction` or `pooler=session`: a pooler that refuses unknown startup
     /// parameters.
     pub(crate) pooled: bool,
@@ -36,15 +36,15 @@ impl StoreParams {
     pub(crate) fn parse(text: &str) -> Result<Self, StoreError> {
         let mut url = url::Url::parse(text)
             .map_err(|e| misconfigured(format!("postgres connection string: {e}")))?;
-        let (mut pooler, mut pooled, mut listen, mut batching) = (false, false, None, true);
+        let (mut pooler, mut pooled, mut listen, mut batching) = (None, false, None, true);
         let mut rest = Vec::new();
         for (name, value) in url.query_pairs() {
             match &*name {
                 "pooler" => {
                     (pooler, pooled) = match &*value {
-                        "transaction" => (true, true),
-                        "session" => (false, true),
-                        "none" => (false, false),
+                        "transaction" => (Some(true), true),
+                        "session" => (Some(false), true),
+                        "none" => (Some(false), false),
                         other => {
                             return Err(misconfigured(format!(
                                 "postgres connection string: pooler={other:?}; expected \
@@ -94,13 +94,15 @@ mod tests {
              &listen_url=postgres%3A%2F%2Fapp%3Apw%40db%3A5432%2Fapp&application_name=x",
         )
         .unwrap();
-        assert!(p.pooler && p.batching);
+        assert!(p.pooler == Some(true) && p.batching);
         assert_eq!(p.options.get_port(), 6432);
         assert_eq!(p.options.get_application_name(), Some("x"));
         let listen = p.listen.unwrap();
         assert_eq!((listen.get_host(), listen.get_port()), ("db", 5432));
         let plain = StoreParams::parse("postgres://db/app?pooler=session").unwrap();
-        assert!(!plain.pooler && plain.pooled && plain.listen.is_none());
+        assert!(plain.pooler == Some(false) && plain.pooled && plain.listen.is_none());
+        let probed = StoreParams::parse("postgres://db/app").unwrap();
+        assert!(probed.pooler.is_none() && !probed.pooled);
         assert!(
             !StoreParams::parse("postgres://db/app?batching=off")
                 .unwrap()

@@ -8,7 +8,7 @@ use idem_core::machine::{
     self, CheckpointAnswer, ClaimAnswer, ClaimRequest, CompleteAnswer, ExtendAnswer, ReleaseAnswer,
 };
 use idem_core::store::{CheckpointStore, ListFilter};
-use idem_core::wait::Timer;
+use idem_core::wait::{Timer, changed, poll_every, poll_for_change};
 use idem_core::{
     Checkpoint, Clock, Fingerprint, KeyStore, Outcome, Policy, Record, RecordId, RecordState,
     StoreError, Timestamp, Token, async_trait,
@@ -16,10 +16,11 @@ use idem_core::{
 
 use crate::PostgresStore;
 use crate::conflict::{MAX_CLAIM_ROUNDS, claim_error, conflict_backoff, retry_conflicts};
-use crate::error::{classify, is_transient_conflict};
+use crate::error::is_transient_conflict;
 use crate::ops::Held;
 use crate::row::{big, record_from_row, timestamp, ts};
 use crate::schema::{self, trusted};
+use crate::wake::SAFETY_POLL;
 
 #[async_trait]
 impl KeyStore for PostgresStore {
@@ -30,6 +31,7 @@ impl KeyStore for PostgresStore {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<ClaimAnswer, StoreError> {
+        self.ready().await;
         self.claim_alone(id, fingerprint, policy, now).await
     }
 
@@ -42,10 +44,11 @@ impl KeyStore for PostgresStore {
         now: Timestamp,
     ) -> Result<CompleteAnswer, StoreError> {
         machine::check_outcome_size(outcome, policy)?;
+        self.ready().await;
         if self.batching {
             return self.complete_batched(id, token, outcome, policy, now).await;
         }
-        retry_conflicts("complete", || {
+        retry_conflicts(&self.mode, "complete", || {
             let held = Held { id, token };
             self.complete_on(&self.pool, held, outcome, policy, now)
         })
@@ -58,6 +61,7 @@ impl KeyStore for PostgresStore {
         token: Token,
         now: Timestamp,
     ) -> Result<ReleaseAnswer, StoreError> {
+        self.ready().await;
         let sql = &self.sql.release;
         Ok(
             if self.fenced_update("release", sql, id, token, now).await? {
@@ -76,9 +80,10 @@ impl KeyStore for PostgresStore {
         now: Timestamp,
     ) -> Result<ExtendAnswer, StoreError> {
         machine::check_lease(lease)?;
+        self.ready().await;
         // One fenced UPDATE that keeps the later deadline and returns the one stored; run again
         // on a serialization failure or deadlock, as every write is.
-        let row = retry_conflicts("extend", || {
+        let row = retry_conflicts(&self.mode, "extend", || {
             self.statement(&self.sql.extend)
                 .bind(id.scope().as_str())
                 .bind(id.key().as_str())
@@ -98,14 +103,15 @@ impl KeyStore for PostgresStore {
     }
 
     async fn get(&self, id: &RecordId, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        let row = self
-            .statement(&self.sql.get)
-            .bind(id.scope().as_str())
-            .bind(id.key().as_str())
-            .bind(ts(now))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| classify("get", e))?;
+        self.ready().await;
+        let row = retry_conflicts(&self.mode, "get", || {
+            self.statement(&self.sql.get)
+                .bind(id.scope().as_str())
+                .bind(id.key().as_str())
+                .bind(ts(now))
+                .fetch_optional(&self.pool)
+        })
+        .await?;
         row.as_ref().map(record_from_row).transpose()
     }
 
@@ -114,13 +120,14 @@ impl KeyStore for PostgresStore {
         older_than: Timestamp,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let rows = self
-            .statement(&self.sql.list_in_flight)
-            .bind(ts(older_than))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| classify("list_in_flight", e))?;
+        self.ready().await;
+        let rows = retry_conflicts(&self.mode, "list_in_flight", || {
+            self.statement(&self.sql.list_in_flight)
+                .bind(ts(older_than))
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&self.pool)
+        })
+        .await?;
         rows.iter().map(record_from_row).collect()
     }
 
@@ -130,6 +137,7 @@ impl KeyStore for PostgresStore {
         now: Timestamp,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
+        self.ready().await;
         // Only the filters that are set, so each is served by an index: a state filter reads
         // `(state, updated_at)` in order, a scope filter (without a state) the primary key.
         // With neither, the query reads `(state, updated_at)` once per state, at most `limit`
@@ -166,21 +174,23 @@ impl KeyStore for PostgresStore {
                 per_state.join(" UNION ALL ")
             )
         };
-        let mut query = self.statement(&trusted(sql)).bind(ts(now));
-        if let Some(state) = filter.state {
-            query = query.bind(state.as_str());
-        }
-        if let Some(scope) = &filter.scope {
-            query = query.bind(scope.as_str());
-        }
-        if let Some(before) = filter.updated_before {
-            query = query.bind(ts(before));
-        }
-        let rows = query
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| classify("list", e))?;
+        let sql = trusted(sql);
+        let rows = retry_conflicts(&self.mode, "list", || {
+            let mut query = self.statement(&sql).bind(ts(now));
+            if let Some(state) = filter.state {
+                query = query.bind(state.as_str());
+            }
+            if let Some(scope) = &filter.scope {
+                query = query.bind(scope.as_str());
+            }
+            if let Some(before) = filter.updated_before {
+                query = query.bind(ts(before));
+            }
+            query
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&self.pool)
+        })
+        .await?;
         rows.iter().map(record_from_row).collect()
     }
 
@@ -188,14 +198,15 @@ impl KeyStore for PostgresStore {
         if limit == 0 {
             return Ok(0);
         }
-        let deleted = self
-            .statement(&self.sql.purge)
-            .bind(ts(now))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| classify("purge_expired", e))?
-            .rows_affected();
+        self.ready().await;
+        let deleted = retry_conflicts(&self.mode, "purge_expired", || {
+            self.statement(&self.sql.purge)
+                .bind(ts(now))
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .execute(&self.pool)
+        })
+        .await?
+        .rows_affected();
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
@@ -213,7 +224,36 @@ impl KeyStore for PostgresStore {
         clock: &dyn Clock,
         timer: &Timer,
     ) -> Result<(), StoreError> {
-        crate::wake::wait_for_change(self, seen, clock, timer).await
+        // Register, read, then the first of a notification and a poll (every `SAFETY_POLL` while
+        // the listener is up, the portable backoff while it is down): `crate::wake`.
+        self.ready().await;
+        let id = seen.id();
+        // Behind a transaction pooler `LISTEN` succeeds but hears nothing (the session it ran in
+        // is handed to other clients): without a direct connection to listen on, waits poll.
+        let options = match (&self.listen, self.notifications, self.mode.inline()) {
+            (Some(direct), true, _) => direct.clone(),
+            (None, true, false) => self.pool.connect_options(),
+            _ => return poll_for_change(self, seen, clock, timer).await,
+        };
+        self.hub.start(&options).await;
+        let (mut registered, up) = self.hub.register(self.payload(&id));
+        if up {
+            self.mark_waited(&id).await?;
+        }
+        if changed(seen, self.get(&id, clock.now()).await?.as_ref()) {
+            return Ok(());
+        }
+        if up {
+            tokio::select! {
+                () = registered.woken() => Ok(()),
+                polled = poll_every(self, seen, clock, timer, SAFETY_POLL) => polled,
+            }
+        } else {
+            tokio::select! {
+                () = registered.woken() => Ok(()),
+                polled = poll_for_change(self, seen, clock, timer) => polled,
+            }
+        }
     }
 }
 
@@ -228,9 +268,13 @@ impl PostgresStore {
     ) -> Result<ClaimAnswer, StoreError> {
         let req = ClaimRequest::new(id, fingerprint);
         for round in 1..=MAX_CLAIM_ROUNDS {
+            let inline = self.mode.inline();
             match self.claim_round(id, req, policy, now).await {
                 Ok(Some(answer)) => return Ok(answer),
                 Ok(None) => continue,
+                // That statement did not run, and the round's statements before it wrote nothing
+                // (a round returns at its first write): the next round starts afresh, inline.
+                Err(e) if self.mode.collided(inline, &e) => continue,
                 Err(e) if is_transient_conflict(&e) => conflict_backoff(round).await,
                 Err(e) => return Err(claim_error(e)),
             }
@@ -255,8 +299,9 @@ impl CheckpointStore for PostgresStore {
         policy: &Policy,
     ) -> Result<CheckpointAnswer, StoreError> {
         machine::check_checkpoint_size(checkpoint, policy)?;
+        self.ready().await;
         let item = idem_core::store::columns::checkpoint_item(checkpoint);
-        let updated = retry_conflicts("checkpoint", || {
+        let updated = retry_conflicts(&self.mode, "checkpoint", || {
             self.statement(&self.sql.checkpoint)
                 .bind(id.scope().as_str())
                 .bind(id.key().as_str())

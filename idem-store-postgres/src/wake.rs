@@ -1,5 +1,6 @@
 //! Waking the requests that wait on a record ([contract §5.2](idem_core::contract#waiting)) with
-//! `LISTEN/NOTIFY`.
+//! `LISTEN/NOTIFY`: the listener and the waits it wakes (the wait itself is
+//! `KeyStore::wait_for_change` in [`crate::store`]).
 //!
 //! - Writers: completion, release, and a claim that replaces a `processing` record (takeover,
 //!   expiry) call `pg_notify(CHANNEL, payload)` in their own statement, so the notification is
@@ -29,13 +30,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use idem_core::wait::{Timer, Waiter, Waiters, changed, poll_every, poll_for_change};
-use idem_core::{Clock, KeyStore, Record, RecordId, StoreError};
+use idem_core::RecordId;
+use idem_core::wait::{Waiter, Waiters};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{OnceCell, oneshot};
-
-use crate::PostgresStore;
 
 /// The channel every store notifies and listens on (the payload names the table).
 pub(crate) const CHANNEL: &str = "idem_changes";
@@ -90,7 +89,7 @@ impl Hub {
 
     /// Starts the listener task on the first call, connecting with `options`; returns once it
     /// has tried to `LISTEN` once.
-    async fn start(self: &Arc<Self>, options: &PgConnectOptions) {
+    pub(crate) async fn start(self: &Arc<Self>, options: &PgConnectOptions) {
         self.started
             .get_or_init(|| async {
                 let (ready, first) = oneshot::channel();
@@ -108,7 +107,7 @@ impl Hub {
     }
 
     /// Registers a wait on `payload`; also answers whether the listener is up.
-    fn register(&self, payload: String) -> (Waiter<String>, bool) {
+    pub(crate) fn register(&self, payload: String) -> (Waiter<String>, bool) {
         let waiter = self.waiters.register(payload);
         (waiter, self.up.load(Ordering::SeqCst))
     }
@@ -183,43 +182,5 @@ async fn listen(
             () = tokio::time::sleep(pause) => {}
         }
         pause = (pause * 2).min(RECONNECT_MAX);
-    }
-}
-
-/// [`KeyStore::wait_for_change`] for PostgreSQL: register, read, then the first of a
-/// notification and a poll (every [`SAFETY_POLL`] while the listener is up, the portable
-/// backoff while it is down).
-pub(crate) async fn wait_for_change(
-    store: &PostgresStore,
-    seen: &Record,
-    clock: &dyn Clock,
-    timer: &Timer,
-) -> Result<(), StoreError> {
-    let id = seen.id();
-    // Behind a transaction pooler `LISTEN` succeeds but hears nothing (the session it ran in is
-    // handed to other clients): without a direct connection to listen on, waits poll.
-    let options = match (&store.listen, store.notifications, store.pooler) {
-        (Some(direct), true, _) => direct.clone(),
-        (None, true, false) => store.pool.connect_options(),
-        _ => return poll_for_change(store, seen, clock, timer).await,
-    };
-    store.hub.start(&options).await;
-    let (mut registered, up) = store.hub.register(store.payload(&id));
-    if up {
-        store.mark_waited(&id).await?;
-    }
-    if changed(seen, store.get(&id, clock.now()).await?.as_ref()) {
-        return Ok(());
-    }
-    if up {
-        tokio::select! {
-            () = registered.woken() => Ok(()),
-            polled = poll_every(store, seen, clock, timer, SAFETY_POLL) => polled,
-        }
-    } else {
-        tokio::select! {
-            () = registered.woken() => Ok(()),
-            polled = poll_for_change(store, seen, clock, timer) => polled,
-        }
     }
 }

@@ -6,9 +6,10 @@
 //!
 //! The fault models a partition followed by a crash: the standby loses its primary (its
 //! `primary_conninfo` is pointed at a closed port and reloaded, so its WAL receiver cannot
-//! reconnect), the primary runs alone for 150 ms (asynchronous: it commits; synchronous: its
-//! commits wait for the standby) and is stopped with `pg_ctl stop -m immediate`, the standby is
-//! promoted (`pg_ctl promote`), and the callers reconnect to it.
+//! reconnect), the primary runs alone until the server shows it did (asynchronous: it
+//! acknowledged 8 more completions; synchronous: a commit waits for the standby) and is stopped
+//! with `pg_ctl stop -m immediate`, the standby is promoted (`pg_ctl promote`), and the callers
+//! reconnect to it.
 //!
 //! - `synchronous_standby_names = 'standby1'`, `synchronous_commit = on`: a commit returns only
 //!   once the standby flushed it, so zero double effects (asserted).
@@ -169,7 +170,7 @@ impl Pair {
             {
                 return pair;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await; // pacing the poll only
         }
         panic!("the standby never streamed ({want})");
     }
@@ -201,9 +202,32 @@ impl Pair {
             if n == 0 {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await; // pacing the poll only
         }
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // The primary runs alone until it shows it: a commit waits for the standby it lost
+        // (synchronous), or it acknowledged completions the standby never received
+        // (asynchronous). An event of the server's, not a time.
+        let completed = "SELECT count(*) FROM public.idem_records WHERE state = 'completed'";
+        let before: i64 = sqlx::query_scalar(completed)
+            .fetch_one(&mut primary)
+            .await
+            .unwrap();
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+            )
+            .fetch_one(&mut primary)
+            .await
+            .unwrap();
+            let now: i64 = sqlx::query_scalar(completed)
+                .fetch_one(&mut primary)
+                .await
+                .unwrap();
+            if waiting > 0 || now >= before + 8 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
         tokio::task::block_in_place(|| {
             self.run(
                 "pg_ctl",

@@ -38,7 +38,11 @@ async fn fragile_store(url: &str, app: &str, max: u32) -> PostgresStore {
         .connect_with(common::options(url, app))
         .await
         .unwrap();
-    PostgresStore::with_table(pool, common::SCHEMA, common::TABLE).unwrap()
+    // A direct connection, said so: no pooler check, whose own two connections (under this
+    // `application_name`) the kills below would count and cut.
+    PostgresStore::with_table(pool, common::SCHEMA, common::TABLE)
+        .unwrap()
+        .with_transaction_pooler(false)
 }
 
 /// What a fault test starts from: the server's URL, the `application_name` of the store's

@@ -275,6 +275,50 @@ async fn a_server_that_does_not_answer_is_unavailable() {
     assert!(!debug.contains("s3cr3t-pw"), "{debug}");
 }
 
+/// A server that accepts connections and never answers: the pooler check before the first
+/// statement gives up when the pool would (real time: the pool's own acquire timeout is what is
+/// under test), and the call is Unavailable instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_accepts_and_never_answers_is_unavailable() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy(&format!("postgres://postgres@127.0.0.1:{port}/test"))
+        .unwrap();
+    let store = PostgresStore::new(pool);
+    let (scope, key, _) = names("silent");
+    let err = store
+        .get(&RecordId::new(scope, key), t0())
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    drop(silent);
+}
+
+/// A direct connection is not taken for a transaction pooler: `connect` and the first operation
+/// of a store on a lazy pool both probe and keep prepared statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_connection_is_not_taken_for_a_pooler() {
+    let Some(url) = common::url() else { return };
+    common::store(&url, "idem-test-direct-probe").await; // migrated
+    let connected = PostgresStore::connect(&url).await.unwrap();
+    assert!(!connected.sends_inline(), "connect saw no pooler");
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_lazy_with(common::options(&url, "idem-test-direct-probe"));
+    let store = PostgresStore::with_table(pool, common::SCHEMA, common::TABLE).unwrap();
+    assert!(store.sends_inline(), "inline until the probe has run");
+    let (scope, key, _) = names("direct-probe");
+    let id = RecordId::new(scope, key);
+    assert_eq!(store.get(&id, t0()).await.unwrap(), None);
+    assert!(
+        !store.sends_inline(),
+        "the first operation's probe saw no pooler"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debug_never_shows_the_password() {
     let Some(url) = common::url() else { return };

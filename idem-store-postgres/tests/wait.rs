@@ -109,6 +109,37 @@ async fn woken(task: tokio::task::JoinHandle<()>, by: &str) {
         .unwrap();
 }
 
+/// A direct session listening on the channel every store notifies on (`idem_changes`).
+async fn channel_listener(app: &str) -> sqlx::postgres::PgListener {
+    let direct = common::pool(&common::url().unwrap(), app, 1).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&direct)
+        .await
+        .unwrap();
+    listener.listen("idem_changes").await.unwrap();
+    listener
+}
+
+/// Sends a notification of its own on the channel and reads `listener` up to it: none for the
+/// record of `ids` came first (notifications arrive in commit order, so one sent by a write that
+/// committed before would have).
+async fn nothing_notified_for(
+    listener: &mut sqlx::postgres::PgListener,
+    ids: &(Scope, IdempotencyKey, Fingerprint),
+) {
+    let sentinel = common::unique("sentinel");
+    let direct = common::pool(&common::url().unwrap(), "wait-sentinel", 1).await;
+    sqlx::query("SELECT pg_notify('idem_changes', $1)")
+        .bind(&sentinel)
+        .execute(&direct)
+        .await
+        .unwrap();
+    let before = notified_before(listener, &sentinel).await;
+    assert!(
+        !before.contains(&payload(&ids.0, &ids.1)),
+        "the record's waiters were notified"
+    );
+}
+
 #[tokio::test]
 async fn a_waiter_on_another_store_wakes_on_completion_release_and_takeover() {
     let Some((a, b)) = two("wait-kinds").await else {
@@ -171,14 +202,16 @@ async fn a_completion_in_the_callers_transaction_wakes_only_at_commit() {
     let p = policy(StalePolicy::Reconcile);
     let ids = ids("wait-tx");
     let token = claim(&a, &ids, &p, clock.now()).await;
-    let mut waiter = wait_on(&b, &ids, &clock).await;
+    let waiter = wait_on(&b, &ids, &clock).await;
+    let mut listener = channel_listener("wait-tx").await;
     let attempt = common::attempt(&a, &ids.0, &ids.1, token, &p, clock.now());
     let mut tx = a.pool().begin().await.unwrap();
     let answer = a.complete_in(&mut tx, &attempt, &ticket()).await.unwrap();
     assert_eq!(answer, CompleteAnswer::Completed);
-    // Not before the commit: a notification is delivered at commit, and none was.
-    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiter).await;
-    assert!(early.is_err(), "woken before the commit");
+    // Not before the commit: the waiter wakes only by notification (its timer never fires), and
+    // none for the record precedes a notification sent after the uncommitted completion.
+    nothing_notified_for(&mut listener, &ids).await;
+    assert!(!waiter.is_finished(), "woken before the commit");
     tx.commit().await.unwrap();
     woken(waiter, "commit").await;
 }
@@ -193,13 +226,14 @@ async fn a_rolled_back_completion_wakes_nobody_and_a_later_release_does() {
     let p = policy(StalePolicy::Reconcile);
     let ids = ids("wait-rollback");
     let token = claim(&a, &ids, &p, clock.now()).await;
-    let mut waiter = wait_on(&b, &ids, &clock).await;
+    let waiter = wait_on(&b, &ids, &clock).await;
+    let mut listener = channel_listener("wait-rollback").await;
     let attempt = common::attempt(&a, &ids.0, &ids.1, token, &p, clock.now());
     let mut tx = a.pool().begin().await.unwrap();
     a.complete_in(&mut tx, &attempt, &ticket()).await.unwrap();
     tx.rollback().await.unwrap();
-    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiter).await;
-    assert!(early.is_err(), "woken by a rolled-back completion");
+    nothing_notified_for(&mut listener, &ids).await;
+    assert!(!waiter.is_finished(), "woken by a rolled-back completion");
     a.release(
         &RecordId::new(ids.0.clone(), ids.1.clone()),
         token,
@@ -260,10 +294,25 @@ async fn fifty_waiters_in_one_process_share_one_listen_and_each_gets_the_replay(
         })
     };
     running.await.unwrap();
+    // Each waiter asks its timer for its wait's bound once, as it starts to wait: that call says
+    // it has arrived. Otherwise the timer is tokio's: the waits' own clock (their bound, the
+    // store's safety poll), which decides nothing here, since the completion ends every wait.
+    const BOUND: Duration = Duration::from_secs(15);
+    let arrived = Arc::new(tokio::sync::Semaphore::new(0));
+    let timer = {
+        let arrived = arrived.clone();
+        Timer::new(move |d| {
+            if d == BOUND {
+                arrived.add_permits(1);
+            }
+            Box::pin(tokio::time::sleep(d))
+        })
+    };
     let waiting = Executor::new(b.clone())
         .with_policy(p)
         .with_clock(SystemClock)
-        .waiting(Duration::from_secs(15));
+        .with_timer(timer)
+        .waiting(BOUND);
     let waiters: Vec<_> = (0..50)
         .map(|_| {
             let (exec, sink, ids) = (waiting.clone(), sink.clone(), ids.clone());
@@ -278,11 +327,15 @@ async fn fifty_waiters_in_one_process_share_one_listen_and_each_gets_the_replay(
             })
         })
         .collect();
-    while b.wait_subscriptions() == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // Let every waiter reach its wait.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every waiter has arrived, and the store's one wait has registered.
+    tokio::time::timeout(HANG, async {
+        let _ = arrived.acquire_many(50).await.unwrap();
+        while b.wait_subscriptions() == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the waiters arrive");
     assert_eq!(b.wait_subscriptions(), 1, "one registration for 50 waiters");
     assert_eq!(b.listen_connections_opened(), 1, "one LISTEN connection");
     assert_eq!(
@@ -343,7 +396,7 @@ async fn a_dropped_waiter_leaves_no_record_change_and_no_registration() {
         })
     };
     while b.wait_subscriptions() == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::task::yield_now().await;
     }
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
@@ -413,7 +466,7 @@ async fn a_waiter_survives_its_listen_connection_being_killed() {
         })
     };
     while listening(&admin, &app_b).await == 0 || b.wait_subscriptions() == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::task::yield_now().await;
     }
     let killed: i64 = sqlx::query_scalar(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
@@ -439,7 +492,7 @@ async fn a_waiter_survives_its_listen_connection_being_killed() {
         .unwrap();
     // The store listens again.
     while listening(&admin, &app_b).await == 0 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::task::yield_now().await;
     }
 }
 

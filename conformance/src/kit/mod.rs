@@ -179,12 +179,9 @@ pub fn store_url(backend: &str, file: &str) -> Option<(String, Option<TempDir>)>
             Some((url, Some(dir)))
         }
         "postgres" => Some((postgres_url()?, None)),
-        // The same database through PgBouncer in transaction mode; waits poll (no `listen_url`).
-        "postgres-pooler" => {
-            let url = pgbouncer_url()?;
-            let sep = if url.contains('?') { '&' } else { '?' };
-            Some((format!("{url}{sep}pooler=transaction"), None))
-        }
+        // The same database through PgBouncer in transaction mode, its plain URL as a user has it
+        // (the store finds the pooler itself); waits poll (no `listen_url`).
+        "postgres-pooler" => Some((pgbouncer_url()?, None)),
         "redis" => Some((redis_url()?, None)),
         other => panic!("no test store for backend {other:?}"),
     }

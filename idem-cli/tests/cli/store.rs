@@ -143,9 +143,9 @@ fn passwords_never_reach_the_terminal() {
     assert!(!stdout(&out).contains("hunter2"), "{}", stdout(&out));
 }
 
-/// Through PgBouncer in transaction mode, the operator commands take the pooler's URL
-/// (`?pooler=transaction`): `idem migrate` succeeds and succeeds again (the schema is current),
-/// `idem keys ls` reads, and `idem conformance` passes every case.
+/// Through PgBouncer in transaction mode, the operator commands take the pooler's plain URL (no
+/// `pooler=` parameter: the store finds the pooler): `idem migrate` succeeds and succeeds again
+/// (the schema is current), `idem keys ls` reads, and `idem conformance` passes every case.
 #[test]
 fn migrate_list_and_conformance_through_a_transaction_pooler() {
     let Some((url, _)) = kit::store_url("postgres-pooler", "unused") else {

@@ -60,13 +60,14 @@ pub type Factory =
     Box<dyn Fn() -> Pin<Box<dyn Future<Output = PostgresStore> + Send>> + Send + Sync + 'static>;
 
 /// How the stores under test reach the database: `IDEM_TEST_POSTGRES_STORE_URL` when it is set
-/// (scripts/test sets it for a second run of the conformance, race and wait tests: the same
-/// database through PgBouncer in transaction mode, with the store's parameters `pooler` and
-/// `listen_url`), else `url`. The tests' own statements (effects, locks, `pg_stat_activity`) stay
-/// on `url`, a direct connection.
+/// (scripts/test sets it for a second run of the conformance, race, batch and wait tests: the same
+/// database through PgBouncer in transaction mode, as a user's plain URL, with `listen_url` for
+/// the wait tests), else `url`. The tests' own statements (effects, locks, `pg_stat_activity`)
+/// stay on `url`, a direct connection.
 struct StoreTarget {
     url: String,
-    pooler: bool,
+    /// The URL's `pooler`, when it says one (`transaction`: `Some(true)`); else the store probes.
+    pooler: Option<bool>,
     listen: Option<String>,
 }
 
@@ -74,10 +75,10 @@ impl StoreTarget {
     fn of(url: &str) -> Self {
         let text = std::env::var("IDEM_TEST_POSTGRES_STORE_URL").unwrap_or_else(|_| url.to_owned());
         let mut parsed = url::Url::parse(&text).expect("IDEM_TEST_POSTGRES_STORE_URL parses");
-        let (mut pooler, mut listen, mut rest) = (false, None, Vec::new());
+        let (mut pooler, mut listen, mut rest) = (None, None, Vec::new());
         for (name, value) in parsed.query_pairs() {
             match &*name {
-                "pooler" => pooler = value == "transaction",
+                "pooler" => pooler = Some(value == "transaction"),
                 "listen_url" => listen = Some(value.into_owned()),
                 _ => rest.push((name.into_owned(), value.into_owned())),
             }
@@ -93,22 +94,20 @@ impl StoreTarget {
         }
     }
 
-    /// A store on a new pool of up to `max` connections tagged `app`, in the test table.
+    /// A store on a new pool of up to `max` connections tagged `app`, in the test table. The pool
+    /// connects lazily, as a user's pool behind a pooler must: the store's first operation probes
+    /// the server (and leaves out the startup parameter PgBouncer refuses) before the pool's
+    /// first connection.
     async fn store(&self, app: &str, max: u32) -> PostgresStore {
-        let mut connect = options(&self.url, app);
-        if self.pooler {
-            // PgBouncer refuses this startup parameter by default (the store's README).
-            connect = connect.extra_float_digits(None);
-        }
         let pool = PgPoolOptions::new()
             .max_connections(max)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(connect)
-            .await
-            .expect("connect to IDEM_TEST_POSTGRES_STORE_URL");
-        let store = PostgresStore::with_table(pool, SCHEMA, TABLE)
-            .expect("valid names")
-            .with_transaction_pooler(self.pooler);
+            .connect_lazy_with(options(&self.url, app));
+        let store = PostgresStore::with_table(pool, SCHEMA, TABLE).expect("valid names");
+        let store = match self.pooler {
+            Some(told) => store.with_transaction_pooler(told),
+            None => store,
+        };
         match &self.listen {
             Some(listen) => store.with_listen_options(options(listen, app)),
             None => store,

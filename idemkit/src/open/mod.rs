@@ -12,7 +12,7 @@
 //! | URL | store | feature |
 //! | --- | --- | --- |
 //! | `sqlite://PATH`, `sqlite:PATH`, `sqlite:///ABS/PATH` | `SqliteStore` on the file (percent-encode spaces) | `sqlite` |
-//! | `postgres://…`, `postgresql://…` | `PostgresStore` in `public.idem_records`; parameters go to sqlx (`?sslmode=…`, `?password=…`), except the store's own: `?pooler=transaction` behind a transaction pooler such as PgBouncer, `&listen_url=…` a direct URL to `LISTEN` on | `postgres` |
+//! | `postgres://…`, `postgresql://…` | `PostgresStore` in `public.idem_records`; parameters go to sqlx (`?sslmode=…`, `?password=…`), except the store's own: `&listen_url=…` a direct URL to `LISTEN` on behind a transaction pooler such as PgBouncer (which the store finds by itself; `?pooler=transaction`, `session` or `none` says it and skips the check) | `postgres` |
 //! | `redis://…`, `rediss://…` | `RedisStore` on a standalone server | `redis` |
 //! | `redis+cluster://[USER:PASS@]HOST:PORT[?node=HOST:PORT&node=…]`, `rediss+cluster://…` | `RedisStore` on a Redis Cluster, seeded by every node named | `redis` |
 //!
