@@ -66,6 +66,7 @@ pub struct IdempotencyLayer {
     pub(crate) replay: Replay,
     pub(crate) keyless: Keyless,
     pub(crate) fingerprint: Option<Arc<FingerprintFn>>,
+    pub(crate) in_doubt_when_stale: bool,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -77,6 +78,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("key_source", &self.keyless.source)
             .field("key_window", &self.keyless.window)
             .field("fingerprint_with", &self.fingerprint.is_some())
+            .field("in_doubt_when_stale", &self.in_doubt_when_stale)
             .finish_non_exhaustive()
     }
 }
@@ -100,6 +102,7 @@ impl IdempotencyLayer {
             replay: Replay::Envelope,
             keyless: Keyless::default(),
             fingerprint: None,
+            in_doubt_when_stale: false,
         }
     }
 
@@ -203,6 +206,17 @@ impl IdempotencyLayer {
         choose: impl Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync + 'static,
     ) -> Self {
         self.fingerprint = Some(Arc::new(choose));
+        self
+    }
+
+    /// Answers a repeat that finds its record stale (the holder's lease ended and nobody took it
+    /// over: [`StalePolicy::Reconcile`](idem_core::StalePolicy::Reconcile)) with `409` problem
+    /// `urn:idem:problem:in-doubt`, without `Retry-After`, instead of `in-flight`: for a layer in
+    /// front of a tool whose effect it cannot see and no reconciler settles (a proxy, [contract
+    /// §5](idem_core::contract#http)), where retrying later changes nothing until an operator
+    /// settles the key (`idem keys resolve` or `release`).
+    pub fn in_doubt_when_stale(mut self) -> Self {
+        self.in_doubt_when_stale = true;
         self
     }
 
