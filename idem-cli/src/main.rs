@@ -24,6 +24,7 @@ mod demo_tasks;
 pub(crate) const DEMO_DEFAULT_LATENCY_MS: u64 = 60;
 mod exit;
 mod ops;
+mod proxy;
 mod serve;
 mod steps;
 mod tokens;
@@ -44,7 +45,7 @@ async fn main() -> ExitCode {
     let default_level = match cli.command {
         // On stdio the client owns the process: only what goes wrong.
         Command::Serve { stdio: true, .. } => "warn,rmcp::service=error",
-        Command::Serve { .. } => "info",
+        Command::Serve { .. } | Command::Proxy { .. } => "info",
         _ => "error",
     };
     tracing_subscriber::fmt()
@@ -119,6 +120,24 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 metrics,
             };
             serve(store_or_default(), listen, options, mcp).await
+        }
+        Command::Proxy {
+            upstream,
+            addr,
+            config,
+            key_source,
+            tokens,
+            lease,
+        } => {
+            let options = proxy::ProxyOptions {
+                upstream,
+                addr,
+                config,
+                key_source,
+                tokens,
+                lease,
+            };
+            proxy::run(store_or_default(), options).await
         }
         Command::Demo {
             operations,
