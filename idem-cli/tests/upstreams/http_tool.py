@@ -17,6 +17,8 @@ A request can ask for a behaviour with headers (the proxy forwards them like any
   x-fixture-garbage: 1      record the effect, then answer bytes that are not HTTP
   x-fixture-bytes: N        answer a text body of N bytes
 
+Each request's row also says whether it carried an `Authorization` header (never its value).
+
 With --dedupe it deduplicates by the `Idempotency-Key` it receives, as a provider with an
 idempotency contract does: a key it has seen gets the first answer again and no new effect.
 
@@ -44,16 +46,17 @@ class Sink:
         self.lock = threading.Lock()
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY, method TEXT, path TEXT,"
-            " idempotency_key TEXT, body TEXT, status INTEGER, effect INTEGER, answer TEXT)"
+            " idempotency_key TEXT, body TEXT, status INTEGER, effect INTEGER, answer TEXT,"
+            " authorization INTEGER)"
         )
         self.db.execute("CREATE TABLE IF NOT EXISTS reads (id INTEGER PRIMARY KEY, path TEXT)")
 
-    def record(self, method, path, key, body, status):
+    def record(self, method, path, key, body, status, authorization):
         with self.lock:
             cur = self.db.execute(
-                "INSERT INTO requests (method, path, idempotency_key, body, status, effect)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (method, path, key, body, status, 1 if status < 400 else 0),
+                "INSERT INTO requests (method, path, idempotency_key, body, status, effect,"
+                " authorization) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (method, path, key, body, status, 1 if status < 400 else 0, authorization),
             )
             return cur.lastrowid
 
@@ -77,13 +80,14 @@ class Sink:
     def report(self):
         with self.lock:
             rows = self.db.execute(
-                "SELECT id, method, path, idempotency_key, body, status, effect FROM requests"
+                "SELECT id, method, path, idempotency_key, body, status, effect, authorization"
+                " FROM requests"
                 " ORDER BY id"
             ).fetchall()
             reads = self.db.execute("SELECT count(*) FROM reads").fetchone()[0]
         requests = [
             {"id": r[0], "method": r[1], "path": r[2], "idempotency_key": r[3], "body": r[4],
-             "status": r[5], "effect": bool(r[6])}
+             "status": r[5], "effect": bool(r[6]), "authorization": bool(r[7])}
             for r in rows
         ]
         return {"effects": sum(1 for r in requests if r["effect"]), "reads": reads,
@@ -159,7 +163,8 @@ class Handler(BaseHTTPRequestHandler):
                 kept = json.loads(kept)
                 return self.answer(kept["status"], kept["body"], extra=[("X-Deduplicated", "true")])
         status = int(self.headers.get("x-fixture-status") or 201)
-        row = self.server.sink.record(self.command, url.path, key, body, status)
+        authorization = "Authorization" in self.headers
+        row = self.server.sink.record(self.command, url.path, key, body, status, authorization)
         gate = self.headers.get("x-fixture-block")
         if gate:
             self.server.gates.arrive_and_wait(gate)
