@@ -165,6 +165,10 @@ class Handler(BaseHTTPRequestHandler):
         status = int(self.headers.get("x-fixture-status") or 201)
         authorization = "Authorization" in self.headers
         row = self.server.sink.record(self.command, url.path, key, body, status, authorization)
+        answer = json.dumps({"effect_id": row, "method": self.command, "path": url.path,
+                             "received": body})
+        # Kept before any wait: a provider's deduplication knows the operation once it happened.
+        self.server.sink.keep_answer(row, json.dumps({"status": status, "body": answer}))
         gate = self.headers.get("x-fixture-block")
         if gate:
             self.server.gates.arrive_and_wait(gate)
@@ -182,9 +186,6 @@ class Handler(BaseHTTPRequestHandler):
         size = self.headers.get("x-fixture-bytes")
         if size:
             return self.answer(status, b"x" * int(size), "text/plain")
-        answer = json.dumps({"effect_id": row, "method": self.command, "path": url.path,
-                             "received": body})
-        self.server.sink.keep_answer(row, json.dumps({"status": status, "body": answer}))
         self.answer(status, answer, extra=[
             ("Location", f"/effects/{row}"),
             # Unique per answer: a replay that carries it was not produced again.
