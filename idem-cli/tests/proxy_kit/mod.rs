@@ -60,6 +60,13 @@ impl Drop for Running {
     }
 }
 
+impl Running {
+    /// Starts `command` and waits for its `listening on URL` line.
+    pub fn start(command: Command) -> Self {
+        start(command)
+    }
+}
+
 /// Starts `command` and waits for its `listening on URL` line.
 fn start(mut command: Command) -> Running {
     let mut child = command

@@ -59,6 +59,9 @@ def main():
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", args.http))
+    # Listening before the line is printed: a client that read it is queued, not refused, until
+    # the server accepts.
+    sock.listen(128)
     port = sock.getsockname()[1]
     app = server.streamable_http_app(json_response=not args.sse, stateless_http=True)
     print(f"listening on http://127.0.0.1:{port}/mcp", flush=True)
