@@ -126,9 +126,29 @@ pub(crate) enum Command {
     /// X-Tenant-Id). The first line on stdout is `listening on http://ADDR`.
     #[command(after_help = EXIT_CODES)]
     Proxy {
-        /// The tool server: http://HOST:PORT.
-        #[arg(long, value_name = "URL")]
-        upstream: String,
+        /// The tool server: http://HOST:PORT (with --mcp: its streamable HTTP endpoint,
+        /// http://HOST:PORT/mcp).
+        #[arg(long, value_name = "URL", required_unless_present = "command")]
+        upstream: Option<String>,
+        /// In front of an MCP server instead: its tools/call of every tool it does not mark
+        /// readOnlyHint is protected, everything else passes through. Serves streamable HTTP at
+        /// http://ADDR/mcp (stateless) for --upstream, or MCP over stdin and stdout for a child
+        /// given after `--`.
+        #[arg(long)]
+        mcp: bool,
+        /// With --mcp: callers without X-Tenant-Id share the scope NAME instead of being
+        /// refused; over stdio, the scope of every call (default `stdio`).
+        #[arg(long, requires = "mcp", value_name = "NAME")]
+        principal: Option<String>,
+        /// With --mcp: the MCP server to run as a child and speak to over its stdin and stdout
+        /// (`idem proxy --mcp -- python server.py`).
+        #[arg(
+            last = true,
+            requires = "mcp",
+            conflicts_with = "upstream",
+            value_name = "CMD"
+        )]
+        command: Vec<String>,
         /// The address to listen on.
         #[arg(long, default_value = "127.0.0.1:8788")]
         addr: SocketAddr,

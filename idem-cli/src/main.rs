@@ -45,6 +45,7 @@ async fn main() -> ExitCode {
     let default_level = match cli.command {
         // On stdio the client owns the process: only what goes wrong.
         Command::Serve { stdio: true, .. } => "warn,rmcp::service=error",
+        Command::Proxy { ref command, .. } if !command.is_empty() => "warn,rmcp::service=error",
         Command::Serve { .. } | Command::Proxy { .. } => "info",
         _ => "error",
     };
@@ -123,6 +124,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Proxy {
             upstream,
+            mcp,
+            principal,
+            command,
             addr,
             config,
             key_source,
@@ -131,6 +135,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         } => {
             let options = proxy::ProxyOptions {
                 upstream,
+                mcp,
+                principal,
+                command,
                 addr,
                 config,
                 key_source,

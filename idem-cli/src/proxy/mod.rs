@@ -19,6 +19,7 @@ use idemkit::StoreUrl;
 mod body;
 mod config;
 mod forward;
+mod mcp;
 mod pipeline;
 mod tenant;
 
@@ -33,7 +34,10 @@ use crate::exit::Failure;
 /// `idem proxy`'s command line.
 #[derive(Debug)]
 pub(crate) struct ProxyOptions {
-    pub(crate) upstream: String,
+    pub(crate) upstream: Option<String>,
+    pub(crate) mcp: bool,
+    pub(crate) principal: Option<String>,
+    pub(crate) command: Vec<String>,
     pub(crate) addr: SocketAddr,
     pub(crate) config: Option<PathBuf>,
     pub(crate) key_source: KeySourceName,
@@ -49,6 +53,13 @@ struct Proxy {
 
 /// Runs the proxy until Ctrl-C. The first line on stdout is `listening on http://ADDR`.
 pub(crate) async fn run(store: StoreUrl, options: ProxyOptions) -> Result<(), Failure> {
+    if options.mcp {
+        return run_mcp(store, options).await;
+    }
+    let upstream_url = options
+        .upstream
+        .clone()
+        .ok_or_else(|| Failure::usage("--upstream URL is required without --mcp"))?;
     let mut defaults = RouteSettings {
         key_source: options.key_source,
         ..RouteSettings::default()
@@ -62,7 +73,7 @@ pub(crate) async fn run(store: StoreUrl, options: ProxyOptions) -> Result<(), Fa
         Some(path) => Config::load(path, defaults).map_err(Failure::usage)?,
         None => Config::with_defaults(defaults),
     };
-    let upstream = Upstream::new(&options.upstream).map_err(Failure::usage)?;
+    let upstream = Upstream::new(&upstream_url).map_err(Failure::usage)?;
     let tokens = match &options.tokens {
         Some(path) => Some(Arc::new(
             crate::tokens::Tokens::load(path).map_err(Failure::usage)?,
@@ -98,10 +109,7 @@ pub(crate) async fn run(store: StoreUrl, options: ProxyOptions) -> Result<(), Fa
         .await
         .map_err(|e| Failure::other(format!("cannot listen on {}: {e}", options.addr)))?;
     let addr = listener.local_addr().map_err(Failure::other)?;
-    eprintln!(
-        "idem: proxying http://{addr} to {} with records on {store}",
-        options.upstream
-    );
+    eprintln!("idem: proxying http://{addr} to {upstream_url} with records on {store}");
     // The first line on stdout: scripts and tests read the address from it.
     println!("listening on http://{addr}");
     axum::serve(listener, app)
@@ -110,6 +118,31 @@ pub(crate) async fn run(store: StoreUrl, options: ProxyOptions) -> Result<(), Fa
         })
         .await
         .map_err(Failure::other)
+}
+
+/// `idem proxy --mcp`.
+async fn run_mcp(store: StoreUrl, options: ProxyOptions) -> Result<(), Failure> {
+    if options.config.is_some() || options.tokens.is_some() {
+        return Err(Failure::usage(
+            "--config and --tokens are for the HTTP proxy; --mcp takes --principal",
+        ));
+    }
+    let stdio = !options.command.is_empty();
+    let upstream = match options.upstream {
+        Some(url) => mcp::McpUpstream::Http(url),
+        None => mcp::McpUpstream::Child(options.command),
+    };
+    let lease = options.lease.unwrap_or(RouteSettings::default().lease);
+    let store = pipeline::open_store(&store).await?;
+    let options = mcp::McpOptions {
+        upstream,
+        addr: options.addr,
+        principal: options.principal,
+        key_source: options.key_source,
+        lease,
+        stdio,
+    };
+    mcp::run(store, options).await
 }
 
 /// Sends a request to its route: protected, or straight through.

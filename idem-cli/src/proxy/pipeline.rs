@@ -1,6 +1,6 @@
 //! The one file of the proxy that speaks idem's types: a protected route is idem-http's
 //! [`IdempotencyLayer`] in verbatim mode around [`ToUpstream`], the service that forwards to the
-//! upstream ([contract §5](idem_core::contract#http); the proxy's rules are the SPEC's §5.4).
+//! upstream ([contract §5](idem_core::contract#http), and the proxy's own section of it).
 //!
 //! The layer claims before anything is forwarded and answers every repeat with the upstream's
 //! first answer. What only the proxy can tell it goes through the attempt the layer hands the
@@ -37,6 +37,13 @@ const PROVIDER: &str = "idem-proxy";
 /// The record store, opened (and its schema created or upgraded) at start.
 #[derive(Debug, Clone)]
 pub(crate) struct Store(Arc<dyn KeyStore>);
+
+impl Store {
+    /// The store itself.
+    pub(crate) fn handle(&self) -> Arc<dyn KeyStore> {
+        self.0.clone()
+    }
+}
 
 /// Opens `url`, creating or upgrading its schema, as `idem serve` does.
 pub(crate) async fn open_store(url: &StoreUrl) -> Result<Store, Failure> {

@@ -65,7 +65,15 @@ impl Running {
     pub fn start(command: Command) -> Self {
         start(command)
     }
+
+    /// Both processes, `first` killed before `second` (a proxy before its upstream).
+    pub fn start_pair(first: Running, second: Running) -> Pair {
+        Pair(first, second)
+    }
 }
+
+/// Two processes, the first dropped (killed) first.
+pub struct Pair(pub Running, pub Running);
 
 /// Starts `command` and waits for its `listening on URL` line.
 fn start(mut command: Command) -> Running {
