@@ -290,3 +290,79 @@ async fn six_identical_keyless_calls_with_arguments_keys_are_one_effect_and_six_
         "six calls, one effect"
     );
 }
+
+/// Waiting for the lease to end is waiting for the engine's clock: polled, every answer on the
+/// way checked.
+#[tokio::test]
+async fn a_proxy_killed_mid_call_is_in_flight_then_in_doubt_never_a_second_effect() {
+    let dir = Scratch::new("proxy-mcp-kill");
+    let Some(upstream) = Sdk::Python.command(&dir.0) else {
+        return;
+    };
+    let block = dir.0.join("release");
+    let mut command = Command::new(&upstream[0]);
+    command
+        .args(&upstream[1..])
+        .args(["--http", "0", "--block-file"])
+        .arg(&block);
+    let server = Running::start(command);
+    let start = || {
+        let mut command = Command::new(IDEM);
+        command
+            .env_remove("IDEM_STORE")
+            .args([
+                "proxy",
+                "--mcp",
+                "--upstream",
+                &server.url,
+                "--addr",
+                "127.0.0.1:0",
+            ])
+            .args(["--store", &dir.sqlite(), "--lease", "2s"]);
+        Running::start(command)
+    };
+    let mut first = start();
+    let second = start();
+    let mut held = Client::Http(first.url.clone());
+    tokio::spawn(async move {
+        held.call("create_ticket", "Printer on fire", Some("k-1"))
+            .await
+    });
+    // The upstream recorded the effect and holds its answer.
+    while Sdk::Python.effects(&dir.0).is_empty() {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    first.child.kill().unwrap(); // SIGKILL
+    first.child.wait().unwrap();
+    let mut client = Client::Http(second.url.clone());
+    let during = client
+        .call("create_ticket", "Printer on fire", Some("k-1"))
+        .await;
+    assert_eq!(
+        during["error"]["data"]["type"], "urn:idem:problem:in-flight",
+        "{during}"
+    );
+    let waited = std::time::Instant::now();
+    let after = loop {
+        let retry = client
+            .call("create_ticket", "Printer on fire", Some("k-1"))
+            .await;
+        if retry["error"]["data"]["type"] != "urn:idem:problem:in-flight" {
+            break retry;
+        }
+        assert!(waited.elapsed().as_secs() < 60, "the lease never ended");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(after["error"]["data"]["io.idem/inDoubt"], true, "{after}");
+    assert_eq!(after["error"]["data"]["type"], "urn:idem:problem:in-doubt");
+    std::fs::write(&block, "").unwrap();
+    let again = client
+        .call("create_ticket", "Printer on fire", Some("k-1"))
+        .await;
+    assert_eq!(again["error"]["data"]["io.idem/inDoubt"], true);
+    assert_eq!(
+        Sdk::Python.effects(&dir.0).len(),
+        1,
+        "never a second effect"
+    );
+}

@@ -22,8 +22,8 @@ use idem_core::{Attempt, Executor, KeySource, OutcomeClass, Policy, StalePolicy}
 use idem_mcp::key::{lift_http_request, lift_lines};
 use idem_mcp::{IdempotentTools, Principal, ToolSettings};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ErrorData, ListToolsResult, PaginatedRequestParams,
-    RequestMetaObject, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, ErrorCode, ErrorData, ListToolsResult,
+    PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{RequestContext, RunningService, ServiceError};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -40,6 +40,9 @@ use crate::exit::Failure;
 const META_KEY: &str = "io.idem/idempotencyKey";
 /// The provider name the downstream key is derived for (as the HTTP proxy's).
 const PROVIDER: &str = "idem-proxy";
+/// JSON-RPC error code of a call whose first attempt may have taken effect and got no answer
+/// (its holder's lease ended): retrying changes nothing until an operator settles the key.
+const IN_DOUBT: ErrorCode = ErrorCode(-32094);
 
 /// Where the MCP upstream is.
 #[derive(Debug)]
@@ -243,7 +246,25 @@ impl ServerHandler for McpProxy {
                 }
             })
             .await
+            .map_err(in_doubt)
     }
+}
+
+/// idem-mcp's answer to a call whose record is stale (in flight past its holder's lease) as the
+/// in-doubt error: the proxy cannot see the effect and nobody reconciles it.
+fn in_doubt(error: ErrorData) -> ErrorData {
+    let stale = error
+        .data
+        .as_ref()
+        .is_some_and(|d| d["type"] == "urn:idem:problem:in-flight" && d["stale"] == true);
+    if !stale {
+        return error;
+    }
+    ErrorData::new(
+        IN_DOUBT,
+        "the first call with this idempotency key was forwarded and never answered: its effect may have happened; it will not run again until an operator settles the key (idem keys resolve or release)",
+        Some(json!({"type": "urn:idem:problem:in-doubt", "io.idem/inDoubt": true})),
+    )
 }
 
 fn upstream_failed(e: &ServiceError) -> ErrorData {

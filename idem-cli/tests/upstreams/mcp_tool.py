@@ -7,16 +7,21 @@ Tools:
                         with the `_meta["io.idem/idempotencyKey"]` it received; answers the row's id
   count_tickets()       `readOnlyHint`: how many rows the sink holds (no effect)
 
+With --block-file PATH, create_ticket records its effect and then answers only once PATH
+exists (the test creates it): a call the upstream holds while its caller is killed.
+
 Transports: stdio (the default; the agent runtime's child) or `--http PORT` (streamable HTTP at
 /mcp, stateless, JSON responses unless --sse; the first stdout line is
 `listening on http://127.0.0.1:PORT/mcp`).
 """
 
 import argparse
+import os
 import sqlite3
 import sys
 import threading
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
@@ -28,6 +33,7 @@ def main():
     parser.add_argument("--sink", required=True)
     parser.add_argument("--http", type=int, metavar="PORT")
     parser.add_argument("--sse", action="store_true", help="answer over SSE instead of JSON")
+    parser.add_argument("--block-file", help="answer create_ticket only once this file exists")
     args = parser.parse_args()
 
     db = sqlite3.connect(args.sink, check_same_thread=False, isolation_level=None)
@@ -36,12 +42,14 @@ def main():
     server = MCPServer("fixture-python-mcp")
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, idempotentHint=False))
-    def create_ticket(title: str, ctx: Context) -> str:
+    async def create_ticket(title: str, ctx: Context) -> str:
         """Creates a ticket (a row in the sink)."""
         params = ctx.request_context.params or {}
         key = (params.get("_meta") or {}).get(KEY_META)
         with lock:
             row = db.execute("INSERT INTO tickets (title, key) VALUES (?, ?)", (title, key)).lastrowid
+        while args.block_file and not os.path.exists(args.block_file):
+            await anyio.sleep(0.02)
         return f"ticket {row}: {title}"
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
