@@ -334,3 +334,57 @@ fn a_config_file_with_an_error_is_refused_at_start_with_the_line() {
         "refused before the store was touched"
     );
 }
+
+#[tokio::test]
+async fn busy_answers_are_retried_unless_the_route_keeps_every_answer() {
+    let dir = Scratch::new("proxy-keep");
+    let config = dir.0.join("proxy.toml");
+    std::fs::write(
+        &config,
+        "[[route]]\npath = \"/kept/*\"\nkeep_every_answer = true\n",
+    )
+    .unwrap();
+    let up = http_tool(&dir.0, &[]);
+    let p = proxy(
+        &up.url,
+        &dir.sqlite(),
+        &["--config", config.to_str().unwrap()],
+    );
+    // 425, 429 and 5xx are not kept: the next attempt reaches the upstream.
+    for (i, status) in ["425", "429", "500"].into_iter().enumerate() {
+        let url = format!("{}/tools/busy", p.url);
+        let key = format!("k-{i}");
+        let busy = post(
+            &url,
+            "acme",
+            Some(&key),
+            &[("x-fixture-status", status)],
+            BODY,
+        )
+        .await;
+        assert_eq!(busy.status.to_string(), status);
+        let ran = post(&url, "acme", Some(&key), &[], BODY).await;
+        assert_eq!((ran.status, ran.replayed()), (201, false), "{status}");
+    }
+    // On the route that keeps every answer, the 503 is the answer for good.
+    let url = format!("{}/kept/x", p.url);
+    let busy = post(
+        &url,
+        "acme",
+        Some("k-kept"),
+        &[("x-fixture-status", "503")],
+        BODY,
+    )
+    .await;
+    let again = post(&url, "acme", Some("k-kept"), &[], BODY).await;
+    assert_eq!((again.status, again.replayed()), (503, true));
+    assert_eq!(again.body, busy.body);
+    let requests = proxy_kit::sink(&up.url).await["requests"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(
+        requests, 7,
+        "three busy and three runs, and the kept 503 only once"
+    );
+}
