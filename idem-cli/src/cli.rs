@@ -149,6 +149,12 @@ pub(crate) enum Command {
             value_name = "CMD"
         )]
         command: Vec<String>,
+        /// With --mcp: answer a client that declared MCP's tasks extension with a task for a
+        /// protected tool (created once, served from the store by any proxy; the upstream is
+        /// called synchronously meanwhile), its id sealed with the secret in FILE: 64
+        /// hexadecimal digits, the same for every proxy on the store.
+        #[arg(long, requires = "mcp", value_name = "FILE")]
+        task_secret_file: Option<PathBuf>,
         /// The address to listen on.
         #[arg(long, default_value = "127.0.0.1:8788")]
         addr: SocketAddr,

@@ -127,6 +127,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             mcp,
             principal,
             command,
+            task_secret_file,
             addr,
             config,
             key_source,
@@ -138,6 +139,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 mcp,
                 principal,
                 command,
+                task_secret: task_secret_file
+                    .as_deref()
+                    .map(serve::read_task_secret)
+                    .transpose()?,
                 addr,
                 config,
                 key_source,

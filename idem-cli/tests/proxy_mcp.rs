@@ -366,3 +366,126 @@ async fn a_proxy_killed_mid_call_is_in_flight_then_in_doubt_never_a_second_effec
         "never a second effect"
     );
 }
+
+/// A client of the proxy at `url` as `tenant` that declares MCP's tasks extension (MCP
+/// 2026-07-28, no session).
+async fn tasks_client(
+    url: &str,
+    tenant: &str,
+) -> rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig> {
+    use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let mut headers = std::collections::HashMap::new();
+    headers.insert(
+        http::HeaderName::from_static("x-tenant-id"),
+        http::HeaderValue::from_str(tenant).unwrap(),
+    );
+    idem_http::client::install_crypto_provider();
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers),
+    );
+    ClientConfig::new(
+        ClientCapabilities::builder().enable_tasks().build(),
+        Implementation::new("proxy-tasks-test", "1.0.0"),
+    )
+    .serve_with_lifecycle(
+        transport,
+        ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// The Python SDK's server knows no tasks; two proxies serve one for its tool: created once,
+/// the same task from either proxy, `working` while the upstream holds the call, then
+/// `completed` with its result from either; one effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_for_a_task_less_upstream_across_two_proxies() {
+    use rmcp::model::{
+        CallToolRequestParams, CallToolResponse, GetTaskParams, RequestMetaObject, TaskPayload,
+        TaskStatus,
+    };
+    let dir = Scratch::new("proxy-mcp-tasks");
+    let Some(upstream) = Sdk::Python.command(&dir.0) else {
+        return;
+    };
+    let block = dir.0.join("release");
+    let mut command = Command::new(&upstream[0]);
+    command
+        .args(&upstream[1..])
+        .args(["--http", "0", "--block-file"])
+        .arg(&block);
+    let server = Running::start(command);
+    let secret = dir.0.join("secret");
+    std::fs::write(&secret, "ab".repeat(32)).unwrap();
+    let start = || {
+        let mut command = Command::new(IDEM);
+        command
+            .env_remove("IDEM_STORE")
+            .args([
+                "proxy",
+                "--mcp",
+                "--upstream",
+                &server.url,
+                "--addr",
+                "127.0.0.1:0",
+            ])
+            .args(["--store", &dir.sqlite(), "--task-secret-file"])
+            .arg(&secret);
+        Running::start(command)
+    };
+    let (a, b) = (start(), start());
+    let (to_a, to_b) = (
+        tasks_client(&a.url, "acme").await,
+        tasks_client(&b.url, "acme").await,
+    );
+    let mut params = CallToolRequestParams::new("create_ticket");
+    params.arguments = json!({"title": "Printer on fire"}).as_object().cloned();
+    let mut meta = RequestMetaObject::new();
+    meta.0
+        .0
+        .insert("io.idem/idempotencyKey".into(), json!("wf-1:step-1"));
+    params.meta = Some(meta);
+    let task_of = async |client: &rmcp::service::RunningService<_, _>| match client
+        .peer()
+        .call_tool_once(params.clone())
+        .await
+        .unwrap()
+    {
+        CallToolResponse::Task(created) => created.task.task_id,
+        other => panic!("expected a task, got {other:?}"),
+    };
+    let id = task_of(&to_a).await;
+    // The first answer lost: the same call again, through the other proxy.
+    assert_eq!(task_of(&to_b).await, id, "one key, one task");
+    let got = to_b.peer().get_task(GetTaskParams::new(&id)).await.unwrap();
+    assert_eq!(got.task.status(), TaskStatus::Working);
+    std::fs::write(&block, "").unwrap();
+    let mut polls = 0;
+    let done = loop {
+        let client = if polls % 2 == 0 { &to_a } else { &to_b };
+        let got = client
+            .peer()
+            .get_task(GetTaskParams::new(&id))
+            .await
+            .unwrap();
+        if got.task.status().is_terminal() {
+            break got;
+        }
+        polls += 1;
+        assert!(polls < 600, "the task never finished");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let TaskPayload::Completed { result } = done.task.payload else {
+        panic!("completed, got {:?}", done.task.payload)
+    };
+    assert_eq!(
+        result["content"][0]["text"], "ticket 1: Printer on fire",
+        "{result:?}"
+    );
+    assert_eq!(Sdk::Python.effects(&dir.0).len(), 1, "one task, one effect");
+}

@@ -22,8 +22,9 @@ use idem_core::{Attempt, Executor, KeySource, OutcomeClass, Policy, StalePolicy}
 use idem_mcp::key::{lift_http_request, lift_lines};
 use idem_mcp::{IdempotentTools, Principal, ToolSettings};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ErrorCode, ErrorData, ListToolsResult,
-    PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, ErrorCode, ErrorData, GetTaskParams,
+    GetTaskResult, ListToolsResult, PaginatedRequestParams, RequestMetaObject, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::{RequestContext, RunningService, ServiceError};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -64,6 +65,9 @@ pub(crate) struct McpOptions {
     pub(crate) lease: Duration,
     /// Serve over stdin and stdout (with a child upstream) instead of HTTP.
     pub(crate) stdio: bool,
+    /// With it, a client that declares MCP's tasks extension gets a task for a protected tool
+    /// (the upstream is called synchronously under the lease), its id sealed with the secret.
+    pub(crate) task_secret: Option<[u8; 32]>,
 }
 
 #[derive(Clone)]
@@ -131,7 +135,8 @@ pub(crate) async fn run(store: Store, options: McpOptions) -> Result<(), Failure
         if read_only != Some(true) {
             let settings = ToolSettings::window(options.lease.min(Duration::from_secs(5)))
                 .tool_error(OutcomeClass::Definitive)
-                .key_source(key_source.clone());
+                .key_source(key_source.clone())
+                .tasks(options.task_secret.is_some());
             idem = idem.tool(tool.name.to_string(), settings);
         }
     }
@@ -141,6 +146,9 @@ pub(crate) async fn run(store: Store, options: McpOptions) -> Result<(), Failure
     };
     if let Some(principal) = anonymous {
         idem = idem.allow_anonymous(principal);
+    }
+    if let Some(secret) = options.task_secret {
+        idem = idem.tasks(secret);
     }
     let proxy = McpProxy {
         upstream: Arc::new(upstream),
@@ -247,6 +255,22 @@ impl ServerHandler for McpProxy {
             })
             .await
             .map_err(in_doubt)
+    }
+
+    async fn get_task(
+        &self,
+        params: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.idem.get_task(params, context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        params: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.idem.cancel_task(params, context).await
     }
 }
 

@@ -38,6 +38,7 @@ pub(crate) struct ProxyOptions {
     pub(crate) mcp: bool,
     pub(crate) principal: Option<String>,
     pub(crate) command: Vec<String>,
+    pub(crate) task_secret: Option<[u8; 32]>,
     pub(crate) addr: SocketAddr,
     pub(crate) config: Option<PathBuf>,
     pub(crate) key_source: KeySourceName,
@@ -141,6 +142,7 @@ async fn run_mcp(store: StoreUrl, options: ProxyOptions) -> Result<(), Failure> 
         key_source: options.key_source,
         lease,
         stdio,
+        task_secret: options.task_secret,
     };
     mcp::run(store, options).await
 }
