@@ -489,3 +489,67 @@ async fn tasks_for_a_task_less_upstream_across_two_proxies() {
     );
     assert_eq!(Sdk::Python.effects(&dir.0).len(), 1, "one task, one effect");
 }
+
+/// Eight calls with one key at once, through the proxy to the Python SDK's server (which holds
+/// the first until the test lets it answer; the others wait for its result): one effect, eight
+/// results.
+#[tokio::test]
+async fn eight_concurrent_calls_with_one_key_are_one_effect() {
+    let dir = Scratch::new("proxy-mcp-eight");
+    let Some(upstream) = Sdk::Python.command(&dir.0) else {
+        return;
+    };
+    let block = dir.0.join("release");
+    let mut command = Command::new(&upstream[0]);
+    command
+        .args(&upstream[1..])
+        .args(["--http", "0", "--block-file"])
+        .arg(&block);
+    let server = Running::start(command);
+    let mut command = Command::new(IDEM);
+    command
+        .env_remove("IDEM_STORE")
+        .args([
+            "proxy",
+            "--mcp",
+            "--upstream",
+            &server.url,
+            "--addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--store", &dir.sqlite()]);
+    let proxy = Running::start(command);
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+    let mut calls = Vec::new();
+    for _ in 0..8 {
+        let (mut client, barrier) = (Client::Http(proxy.url.clone()), barrier.clone());
+        calls.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let params = json!({"name": "create_ticket", "arguments": {"title": "x"},
+                "_meta": {"io.idem/idempotencyKey": "k-8", "io.idem/wait": 30}});
+            client
+                .request(
+                    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}),
+                )
+                .await
+        }));
+    }
+    while Sdk::Python.effects(&dir.0).is_empty() {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    std::fs::write(&block, "").unwrap();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    assert!(
+        answers.iter().all(|a| a["result"].is_object()),
+        "{answers:?}"
+    );
+    assert_eq!(answers.iter().filter(|a| !replayed(a)).count(), 1);
+    assert_eq!(
+        Sdk::Python.effects(&dir.0).len(),
+        1,
+        "eight calls, one effect"
+    );
+}
