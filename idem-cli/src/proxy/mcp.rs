@@ -162,6 +162,9 @@ pub(crate) async fn run(store: Store, options: McpOptions) -> Result<(), Failure
         return Ok(());
     }
     // Stateless (MCP 2026-07-28: no sessions), so any proxy on the store answers any request.
+    tracing::warn!(
+        "X-Tenant-Id is trusted AS SENT, unauthenticated: anyone who reaches this proxy can act as any tenant and replay its answers. Run it behind an authenticating proxy that sets the header"
+    );
     let mut config = StreamableHttpServerConfig::default().with_legacy_session_mode(false);
     let mut hosts = config.allowed_hosts.clone();
     if !options.addr.ip().is_unspecified() {
