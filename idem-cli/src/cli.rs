@@ -57,6 +57,71 @@ pub(crate) enum Command {
     /// (one client per process) every call is --principal's, default `stdio`.
     #[command(after_help = EXIT_CODES)]
     Serve(ServeArgs),
+    /// Stand in front of an HTTP tool server that knows nothing of idem and give its calls
+    /// idem's contract, records in the store.
+    ///
+    /// Requests to protected routes (by default every POST, PUT, PATCH and DELETE; routes in
+    /// --config) are claimed before they are forwarded, and every repeat gets the upstream's
+    /// first answer verbatim (status, headers less hop-by-hop ones, body) with
+    /// `Idempotency-Replayed: true`; GET, HEAD and OPTIONS pass through untouched. The upstream
+    /// receives a downstream key (the same on every attempt of one operation, distinct per
+    /// tenant) in `Idempotency-Key`. A request sent that got no answer may have taken effect: a
+    /// retry gets 409 during the lease, then `urn:idem:problem:in-doubt` until an operator
+    /// settles the key (`idem keys resolve` / `release`). Tenancy as `idem serve` (--tokens,
+    /// X-Tenant-Id). The first line on stdout is `listening on http://ADDR`.
+    #[command(after_help = EXIT_CODES)]
+    Proxy {
+        /// The tool server: http://HOST:PORT (with --mcp: its streamable HTTP endpoint,
+        /// http://HOST:PORT/mcp).
+        #[arg(long, value_name = "URL", required_unless_present = "command")]
+        upstream: Option<String>,
+        /// In front of an MCP server instead: its tools/call of every tool it does not mark
+        /// readOnlyHint is protected, everything else passes through. Serves streamable HTTP at
+        /// http://ADDR/mcp (stateless) for --upstream, or MCP over stdin and stdout for a child
+        /// given after `--`.
+        #[arg(long)]
+        mcp: bool,
+        /// With --mcp: callers without X-Tenant-Id share the scope NAME instead of being
+        /// refused; over stdio, the scope of every call (default `stdio`).
+        #[arg(long, requires = "mcp", value_name = "NAME")]
+        principal: Option<String>,
+        /// With --mcp: the MCP server to run as a child and speak to over its stdin and stdout
+        /// (`idem proxy --mcp -- python server.py`).
+        #[arg(
+            last = true,
+            requires = "mcp",
+            conflicts_with = "upstream",
+            value_name = "CMD"
+        )]
+        command: Vec<String>,
+        /// With --mcp: answer a client that declared MCP's tasks extension with a task for a
+        /// protected tool (created once, served from the store by any proxy; the upstream is
+        /// called synchronously meanwhile), its id sealed with the secret in FILE: 64
+        /// hexadecimal digits, the same for every proxy on the store.
+        #[arg(long, requires = "mcp", value_name = "FILE")]
+        task_secret_file: Option<PathBuf>,
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8788")]
+        addr: SocketAddr,
+        /// Routes, the methods they protect and their settings, in TOML (see the README).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// What a protected request without an Idempotency-Key gets: `refuse` (400), `arguments`
+        /// (a key derived from its body: the same request within an hour is one operation) or
+        /// `unprotected` (forwarded every time). The config file may set it per route.
+        #[arg(long, value_name = "SOURCE", default_value = "refuse", value_parser = parse_proxy_key_source)]
+        key_source: crate::proxy::KeySourceName,
+        /// Bearer tokens mapped to tenants, as `idem serve --tokens`: a protected request then
+        /// needs `Authorization: Bearer TOKEN` (401 otherwise; the header is not passed on) and
+        /// X-Tenant-Id is ignored.
+        #[arg(long, value_name = "FILE")]
+        tokens: Option<PathBuf>,
+        /// How long a claim is presumed alive without news from its proxy (e.g. 30s): after
+        /// it, a retry of a request that got no answer is in doubt. Renewed while the upstream
+        /// works. The config file may set it per route.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        lease: Option<Duration>,
+    },
     /// Simulated agents retry a real tool under injected faults; effects counted at the sink.
     ///
     /// Starts the reference tool server on a loopback port (a fresh SQLite file in a temp
@@ -361,6 +426,18 @@ fn parse_duty(s: &str) -> Result<f64, String> {
         .duty(duty)
         .map(|pace| pace.duty_cycle())
         .map_err(|e| e.to_string())
+}
+
+fn parse_proxy_key_source(s: &str) -> Result<crate::proxy::KeySourceName, String> {
+    use crate::proxy::KeySourceName;
+    match s {
+        "refuse" | "client" => Ok(KeySourceName::Refuse),
+        "arguments" => Ok(KeySourceName::Arguments),
+        "unprotected" => Ok(KeySourceName::Unprotected),
+        other => Err(format!(
+            "unknown key source {other:?}: refuse, arguments or unprotected"
+        )),
+    }
 }
 
 fn parse_state(s: &str) -> Result<idem_core::RecordState, String> {

@@ -16,6 +16,7 @@ mod demo;
 mod exit;
 mod keys;
 mod migrate;
+mod proxy;
 mod purge;
 mod serve;
 mod store;
@@ -35,7 +36,8 @@ async fn main() -> ExitCode {
     let default_level = match &cli.command {
         // On stdio the client owns the process: only what goes wrong.
         Command::Serve(args) if args.stdio => "warn,rmcp::service=error",
-        Command::Serve(_) => "info",
+        Command::Proxy { command, .. } if !command.is_empty() => "warn,rmcp::service=error",
+        Command::Serve(_) | Command::Proxy { .. } => "info",
         _ => "error",
     };
     tracing_subscriber::fmt()
@@ -64,6 +66,35 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let named = cli.store.as_deref();
     let store = || -> Result<StoreUrl, Failure> { Ok(named.unwrap_or(DEFAULT_STORE).parse()?) };
     match cli.command {
+        Command::Proxy {
+            upstream,
+            mcp,
+            principal,
+            command,
+            task_secret_file,
+            addr,
+            config,
+            key_source,
+            tokens,
+            lease,
+        } => {
+            let options = proxy::ProxyOptions {
+                upstream,
+                mcp,
+                principal,
+                command,
+                task_secret: task_secret_file
+                    .as_deref()
+                    .map(serve::read_task_secret)
+                    .transpose()?,
+                addr,
+                config,
+                key_source,
+                tokens,
+                lease,
+            };
+            proxy::run(store()?, options).await
+        }
         Command::Serve(args) => serve::command::run(store()?, args).await,
         Command::Demo(args) => {
             let store = named.map(|_| store()).transpose()?;

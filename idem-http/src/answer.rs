@@ -65,11 +65,11 @@ fn json_string(text: &str) -> String {
     serde_json::Value::String(text.to_owned()).to_string()
 }
 
-/// The tool's response in verbatim mode: the outcome to store (status, the `listed` headers and
-/// the body bytes) and the whole response for the caller whose request ran the tool.
+/// The tool's response in verbatim mode: the outcome to store (status, the `listed` headers, or
+/// all but the hop-by-hop ones, and the body bytes) and the whole response for the caller whose request ran the tool.
 pub(crate) async fn to_verbatim_outcome<B>(
     response: Response<B>,
-    listed: &[http::HeaderName],
+    listed: Option<&[http::HeaderName]>,
     classify: &ClassifyFn,
 ) -> (Outcome, Option<Response<Bytes>>)
 where
@@ -136,16 +136,17 @@ pub(crate) fn respond<B: From<Bytes>>(
     replay: bool,
 ) -> Response<B> {
     match mode {
-        Replay::Verbatim { headers } => verbatim(headers, outcome, replay),
+        Replay::Verbatim { headers } => verbatim(Some(headers), outcome, replay),
+        Replay::VerbatimAllHeaders => verbatim(None, outcome, replay),
         _ => wrap(outcome, replay),
     }
 }
 
-/// A stored outcome in verbatim mode: its status, the kept headers still `listed`, its body
-/// bytes. An outcome without a kept response (stored in envelope mode, or stored by the executor
+/// A stored outcome in verbatim mode: its status, the kept headers still `listed` (all of them
+/// when `None`), its body bytes. An outcome without a kept response (stored in envelope mode, or stored by the executor
 /// in place of the tool's answer) is its JSON body.
 fn verbatim<B: From<Bytes>>(
-    listed: &[http::HeaderName],
+    listed: Option<&[http::HeaderName]>,
     outcome: &Outcome,
     replay: bool,
 ) -> Response<B> {
@@ -153,7 +154,7 @@ fn verbatim<B: From<Bytes>>(
         Some(kept) => {
             let mut response = Response::new(B::from(kept.body));
             for (name, value) in kept.headers {
-                if listed.contains(&name) {
+                if listed.is_none_or(|listed| listed.contains(&name)) {
                     response.headers_mut().append(name, value);
                 }
             }

@@ -67,6 +67,7 @@ pub struct IdempotencyLayer {
     pub(crate) replay: Replay,
     pub(crate) key_from: Choose,
     pub(crate) fingerprint: Option<Arc<FingerprintFn>>,
+    pub(crate) in_doubt_when_stale: bool,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -78,6 +79,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("replay", &self.replay)
             .field("key_from", &self.key_from.is_some())
             .field("fingerprint_with", &self.fingerprint.is_some())
+            .field("in_doubt_when_stale", &self.in_doubt_when_stale)
             .finish_non_exhaustive()
     }
 }
@@ -103,6 +105,7 @@ impl IdempotencyLayer {
             replay: Replay::Envelope,
             key_from: None,
             fingerprint: None,
+            in_doubt_when_stale: false,
         }
     }
 
@@ -201,6 +204,17 @@ impl IdempotencyLayer {
         choose: impl Fn(&Parts, &Value) -> Result<Value, Problem> + Send + Sync + 'static,
     ) -> Self {
         self.fingerprint = Some(Arc::new(choose));
+        self
+    }
+
+    /// Answers a repeat that finds its record stale (the holder's lease ended and nobody took it
+    /// over: [`StalePolicy::Reconcile`](idem_core::StalePolicy::Reconcile)) with `409` problem
+    /// `urn:idem:problem:in-doubt`, without `Retry-After`, instead of `in-flight`: for a layer in
+    /// front of a tool whose effect it cannot see and no reconciler settles (a proxy, [contract
+    /// §5](idem_core::contract#http)), where retrying later changes nothing until an operator
+    /// settles the key (`idem keys resolve` or `release`).
+    pub fn in_doubt_when_stale(mut self) -> Self {
+        self.in_doubt_when_stale = true;
         self
     }
 

@@ -56,3 +56,22 @@ impl ProblemResponse for Problem {
         response
     }
 }
+
+/// The answer of [`IdempotencyLayer::in_doubt_when_stale`](crate::IdempotencyLayer::in_doubt_when_stale)
+/// to a repeat that finds its record stale: `409`, problem `urn:idem:problem:in-doubt`, no
+/// `Retry-After` (waiting changes nothing).
+pub(crate) fn in_doubt<B: From<Bytes>>() -> Response<B> {
+    let body = serde_json::json!({
+        "type": "urn:idem:problem:in-doubt",
+        "title": "The first request with this key may have taken effect",
+        "status": 409,
+        "detail": "the first request with this key was forwarded and never answered, so its effect may have happened; it will not run again until an operator settles the key (idem keys resolve or idem keys release)",
+    });
+    let mut response = Response::new(B::from(Bytes::from(body.to_string())));
+    *response.status_mut() = StatusCode::CONFLICT;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}

@@ -29,6 +29,12 @@ pub enum Replay {
         /// The response headers kept and replayed.
         headers: Vec<HeaderName>,
     },
+    /// [`Replay::Verbatim`] keeping every header of the tool's response except the hop-by-hop
+    /// ones (those listed in [`Replay::Verbatim`], and any the response's `Connection` header
+    /// names): a proxy's replay, for a tool whose headers it does not know
+    /// ([contract §5](idem_core::contract#http)). Every header is stored with the record,
+    /// `Set-Cookie` included.
+    VerbatimAllHeaders,
 }
 
 impl Replay {
@@ -122,13 +128,34 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name) || name.as_str() == "keep-alive"
 }
 
+/// Whether `name` is one the `Connection` header of `headers` names (hop-by-hop too).
+fn named_by_connection(headers: &HeaderMap, name: &HeaderName) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
+}
+
 /// The JSON text stored for a verbatim response: the values of the `listed` headers in
-/// `headers`, in order (hop-by-hop headers left out), and the body.
-pub(crate) fn encode(listed: &[HeaderName], headers: &HeaderMap, body: &[u8]) -> String {
+/// `headers` (every header when `None`), in order (hop-by-hop headers left out), and the body.
+pub(crate) fn encode(listed: Option<&[HeaderName]>, headers: &HeaderMap, body: &[u8]) -> String {
     let mut kept = Vec::new();
-    for name in listed.iter().filter(|n| !hop_by_hop(n)) {
-        for value in headers.get_all(name) {
-            kept.push((name.as_str().to_owned(), StoredBytes::of(value.as_bytes())));
+    match listed {
+        Some(listed) => {
+            for name in listed.iter().filter(|n| !hop_by_hop(n)) {
+                for value in headers.get_all(name) {
+                    kept.push((name.as_str().to_owned(), StoredBytes::of(value.as_bytes())));
+                }
+            }
+        }
+        None => {
+            for (name, value) in headers {
+                if !hop_by_hop(name) && !named_by_connection(headers, name) {
+                    kept.push((name.as_str().to_owned(), StoredBytes::of(value.as_bytes())));
+                }
+            }
         }
     }
     let stored = Stored {
@@ -170,12 +197,12 @@ mod tests {
 
     fn round_trip(headers: &HeaderMap, body: &[u8]) -> VerbatimResponse {
         let text = encode(
-            &[
+            Some(&[
                 header::CONTENT_TYPE,
                 header::LOCATION,
                 header::SET_COOKIE,
                 header::TRANSFER_ENCODING,
-            ],
+            ]),
             headers,
             body,
         );
@@ -211,6 +238,36 @@ mod tests {
         assert_eq!(back.headers[3].1, "b=2");
         let text = round_trip(&h, "ünïcode \u{0} \"quoted\"".as_bytes());
         assert_eq!(text.body.as_ref(), "ünïcode \u{0} \"quoted\"".as_bytes());
+    }
+
+    #[test]
+    fn all_headers_but_hop_by_hop_ones_are_kept_when_none_is_listed() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        h.append(header::SET_COOKIE, "a=1".parse().unwrap());
+        h.append(header::SET_COOKIE, "b=2".parse().unwrap());
+        h.insert("x-request-id", "r-1".parse().unwrap());
+        h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
+        h.insert(header::CONNECTION, "keep-alive, X-Hop".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("x-hop", "1".parse().unwrap());
+        let text = encode(None, &h, b"body");
+        let outcome = Outcome::from_json_text(200, text, OutcomeClass::Definitive).unwrap();
+        let back = decode(&outcome).unwrap();
+        let kept: Vec<_> = back
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("content-type", "text/plain"),
+                ("set-cookie", "a=1"),
+                ("set-cookie", "b=2"),
+                ("x-request-id", "r-1")
+            ]
+        );
     }
 
     #[test]

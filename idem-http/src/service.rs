@@ -21,7 +21,7 @@ use crate::keyless::IDEMPOTENCY_KEY_SOURCE;
 use crate::layer::IdempotencyLayer;
 use crate::prepare::{Prepared, prepare};
 use crate::replay::Replay;
-use crate::{IDEMPOTENCY_KEY, ProblemResponse};
+use crate::{IDEMPOTENCY_KEY, Problem, ProblemResponse};
 
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotent<S>;
@@ -98,6 +98,10 @@ where
                     ..
                 } => respond(&layer.replay, &outcome, false),
                 Reply::Replayed { outcome } => respond(&layer.replay, &outcome, true),
+                Reply::Refused {
+                    refusal: Problem::InFlight { stale: true, .. },
+                    ..
+                } if layer.in_doubt_when_stale => crate::problem::in_doubt(),
                 Reply::Refused { refusal, .. } => refusal.to_response(),
             };
             if let Some(origin) = origin {
@@ -186,7 +190,11 @@ where
     };
     match (answer, replay) {
         (Ok(response), Replay::Verbatim { headers }) => {
-            let (outcome, response) = to_verbatim_outcome(response, headers, classify).await;
+            let (outcome, response) = to_verbatim_outcome(response, Some(headers), classify).await;
+            (outcome, response, None)
+        }
+        (Ok(response), Replay::VerbatimAllHeaders) => {
+            let (outcome, response) = to_verbatim_outcome(response, None, classify).await;
             (outcome, response, None)
         }
         (Ok(response), _) => (to_outcome(response, classify).await, None, None),
