@@ -9,7 +9,7 @@ use idem_conformance::kit::{self, FaultStore, Op, TempDir, unique};
 use idem_core::{KeyStore, ManualClock, RecordId, RecordState};
 use idemkit::StoreUrl;
 use serde_json::{Value, json};
-use tokio::sync::{Barrier, Notify, Semaphore};
+use tokio::sync::{Barrier, Semaphore};
 
 struct Server {
     base: String,
@@ -192,26 +192,26 @@ async fn two_hundred_new_keys_two_hundred_tickets(s: Server) {
 }
 
 /// A retry that asks to wait (`Prefer: wait`) while the first call runs gets the replay, not
-/// 409; one ticket. The tool is held until the retry's claim has been answered "in flight": from
-/// there it waits, however soon the first call then finishes.
+/// 409; one ticket. The tool is held until the retry's claim (the second claim the store
+/// answers) has been answered "in flight": from there it waits, however soon the first call then
+/// finishes.
 async fn a_waiting_retry_gets_the_replay(s: Server) {
     s.hold.forget_permits(Semaphore::MAX_PERMITS);
     let s = Arc::new(s);
     let key = "wf-wait:step-1";
+    // Counted from before the first call: a store may make a claim visible before it answers it,
+    // so "the next claim after the record shows" could still be the first call's.
+    let (claims_tx, mut claims) = tokio::sync::watch::channel(0usize);
+    let claims_tx = Arc::new(claims_tx);
+    s.watched.after(Op::Claim, move |_| {
+        let claims_tx = claims_tx.clone();
+        async move { claims_tx.send_modify(|n| *n += 1) }
+    });
     let first = {
         let s = s.clone();
         tokio::spawn(async move { s.post(Some(key), &args()).await })
     };
     until_state(&s, key, RecordState::Processing).await;
-    // The next claim to reach the store is the retry's.
-    let answered = Arc::new(Notify::new());
-    {
-        let answered = answered.clone();
-        s.watched.after_once(Op::Claim, move |_| {
-            let answered = answered.clone();
-            async move { answered.notify_one() }
-        });
-    }
     let again = {
         let s = s.clone();
         tokio::spawn(async move {
@@ -228,7 +228,7 @@ async fn a_waiting_retry_gets_the_replay(s: Server) {
                 .unwrap()
         })
     };
-    answered.notified().await;
+    claims.wait_for(|n| *n >= 2).await.unwrap();
     s.hold.add_permits(1);
     let again = again.await.unwrap();
     assert_eq!(again.status(), 201, "the replay, not 409");
