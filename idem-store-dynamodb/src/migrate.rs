@@ -223,13 +223,19 @@ impl Inner {
             .await;
         let item = match got {
             Ok(out) => out.item.unwrap_or_default(),
-            Err(err)
-                if err.as_service_error().and_then(|e| e.code())
-                    == Some("ResourceNotFoundException") =>
-            {
-                return Ok(0);
+            Err(err) => {
+                match err.as_service_error().and_then(|e| e.code()) {
+                    Some("ResourceNotFoundException") => return Ok(0),
+                    // The key is not `pk`: a table of another shape, said as such.
+                    Some("ValidationException") => {
+                        if let Some(table) = self.describe().await? {
+                            check_shape(self.table.as_str(), &table)?;
+                        }
+                    }
+                    _ => {}
+                }
+                return Err(classify("schema version", self.table.as_str(), err));
             }
-            Err(err) => return Err(classify("schema version", self.table.as_str(), err)),
         };
         if item.is_empty() {
             return Ok(0);
