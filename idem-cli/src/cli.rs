@@ -23,8 +23,9 @@ pub(crate) const DEMO_DEFAULT_LATENCY_MS: u64 = 60;
 )]
 pub(crate) struct Cli {
     /// The store, for every command: sqlite://PATH, postgres://…, redis://…, rediss://…,
-    /// redis+cluster://HOST:PORT?node=HOST:PORT. Accepted before or after the
-    /// command. A text without a scheme is refused (write sqlite://idem.db for a file).
+    /// redis+cluster://HOST:PORT?node=HOST:PORT, dynamodb://TABLE?region=…&endpoint=…. Accepted
+    /// before or after the command. A text without a scheme is refused (write sqlite://idem.db
+    /// for a file).
     /// Default: sqlite://idem.db (demo: a fresh SQLite file in a temp directory).
     #[arg(
         long,

@@ -1,6 +1,7 @@
 //! `idem demo --crash-between-effects`: a two-effect checkout whose holder crashes between the
 //! payment and the email; without checkpoints every retry pays again, with them none does.
-//! Counted at the sinks, by the binary, on SQLite and on PostgreSQL when its URL is set.
+//! Counted at the sinks, by the binary, on SQLite, and on PostgreSQL and DynamoDB when their URLs
+//! are set.
 
 use std::process::Command;
 
@@ -49,6 +50,17 @@ fn the_binary_shows_double_payments_without_checkpoints_and_none_with() {
 #[test]
 fn on_postgres_too() {
     let Some((store, _dir)) = kit::store_url("postgres", "crash.db") else {
+        return;
+    };
+    assert_eq!(
+        crash_between(&store, 10),
+        [["20", "10"], ["10", "10"], ["10", "0"]].map(|r| r.map(str::to_owned))
+    );
+}
+
+#[test]
+fn on_dynamodb_too() {
+    let Some((store, _dir)) = kit::store_url("dynamodb", "crash.db") else {
         return;
     };
     assert_eq!(

@@ -24,11 +24,12 @@
 //! whose effect in progress then runs again (contract §7).
 //!
 //! ```text
-//! cargo run -p idemkit --example takeover_chaos --features sqlite,postgres,redis -- 200
+//! cargo run -p idemkit --example takeover_chaos --features sqlite,postgres,redis,dynamodb -- 200
 //! ```
 //!
 //! runs 200 orders (30 without the argument) on SQLite (a temporary file), and on PostgreSQL and
-//! Redis when `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL` are set.
+//! Redis and DynamoDB when `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_REDIS_URL` and
+//! `IDEM_TEST_DYNAMODB_URL` are set.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -380,6 +381,7 @@ pub fn backends(dir: &Path) -> Vec<(&'static str, String)> {
     for (name, var) in [
         ("postgres", "IDEM_TEST_POSTGRES_URL"),
         ("redis", "IDEM_TEST_REDIS_URL"),
+        ("dynamodb", "IDEM_TEST_DYNAMODB_URL"),
     ] {
         match std::env::var(var) {
             Ok(url) => backends.push((name, url)),

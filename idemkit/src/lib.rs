@@ -34,6 +34,13 @@ pub mod redis {
     pub use idem_store_redis::*;
 }
 
+/// The DynamoDB store.
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub mod dynamodb {
+    pub use idem_store_dynamodb::*;
+}
+
 /// Idempotent tools for MCP servers on `rmcp`, and the retrying caller.
 #[cfg(feature = "mcp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]

@@ -117,3 +117,29 @@ async fn redis_cluster_url_opens_a_cluster_store() {
     assert!(redis.is_cluster());
     round_trip(&*opened.store(), &kit::unique("open/cluster")).await;
 }
+
+/// `dynamodb://TABLE?endpoint=…&region=…` opens the DynamoDB store: refused before `migrate`
+/// creates the table (schema missing), working after; a parameter it does not know is a bad URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamodb_url_opens_a_working_store_once_migrated() {
+    let err = idemkit::open("dynamodb://tbl?regoin=eu-west-1")
+        .await
+        .unwrap_err();
+    assert!(err.is_bad_url(), "{err:?}");
+    let Some((base, _)) = kit::store_url("dynamodb", "unused") else {
+        return;
+    };
+    // A table of this test's own: the URL's table name replaced.
+    let (_, query) = base.split_once('?').expect("the test URL has an endpoint");
+    let url = format!("dynamodb://{}?{query}", kit::unique("open"));
+    match idemkit::open(&url).await.unwrap_err() {
+        OpenError::SchemaMissing { found: 0, .. } => {}
+        other => panic!("{other:?}"),
+    }
+    let opened = OpenOptions::new().migrate(true).open(&url).await.unwrap();
+    assert!(opened.engine::<idemkit::dynamodb::DynamoStore>().is_some());
+    assert_eq!(opened.url().backend(), "dynamodb");
+    assert_eq!(opened.maintenance().check_config().await.unwrap(), []);
+    let store = idemkit::open(&url).await.unwrap();
+    round_trip(&*store, "open/dynamodb").await;
+}

@@ -1,7 +1,7 @@
 //! Two worker processes, a 50 ms lease, `Takeover`, one worker SIGKILLed every 0.2–0.8 s: every
-//! checkpoint saved is one the next attempt starts with, on SQLite, PostgreSQL and Redis. A short
+//! checkpoint saved is one the next attempt starts with, on SQLite, PostgreSQL, Redis and DynamoDB. A short
 //! run (a few seconds each); `cargo run -p idemkit --example takeover_chaos --features
-//! sqlite,postgres,redis -- 200` is the long one. The test binary re-spawns itself as the
+//! sqlite,postgres,redis,dynamodb -- 200` is the long one. The test binary re-spawns itself as the
 //! workers (`--exact <test>`); the workers and the check are the example's
 //! (`examples/takeover_chaos.rs`).
 
@@ -58,5 +58,13 @@ fn redis_every_saved_checkpoint_survives_takeovers_and_kills() {
     run(
         "redis",
         "redis_every_saved_checkpoint_survives_takeovers_and_kills",
+    );
+}
+
+#[test]
+fn dynamodb_every_saved_checkpoint_survives_takeovers_and_kills() {
+    run(
+        "dynamodb",
+        "dynamodb_every_saved_checkpoint_survives_takeovers_and_kills",
     );
 }

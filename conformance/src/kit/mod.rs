@@ -166,7 +166,8 @@ pub fn temp_dir(prefix: &str) -> TempDir {
 
 /// The store URL of a test of `backend`: a file `file` in a fresh [`TempDir`] for `"sqlite"`
 /// (returned too: the file goes when it drops), [`postgres_url`] for `"postgres"`, [`redis_url`]
-/// for `"redis"`; `None` when the server's variable is unset outside `CI` (the test skips).
+/// for `"redis"`, `IDEM_TEST_DYNAMODB_URL` for `"dynamodb"`; `None` when the server's variable is
+/// unset outside `CI` (the test skips).
 ///
 /// # Panics
 ///
@@ -183,6 +184,13 @@ pub fn store_url(backend: &str, file: &str) -> Option<(String, Option<TempDir>)>
         // (the store finds the pooler itself); waits poll (no `listen_url`).
         "postgres-pooler" => Some((pgbouncer_url()?, None)),
         "redis" => Some((redis_url()?, None)),
+        "dynamodb" => Some((
+            env_url(
+                "IDEM_TEST_DYNAMODB_URL",
+                "scripts/services/dynamodb.sh starts a local DynamoDB-compatible server (moto)",
+            )?,
+            None,
+        )),
         other => panic!("no test store for backend {other:?}"),
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use idem_core::reconcile::{Finding, Probe};
 use idem_core::{Attempt, KeyStore, Outcome, OutcomeClass, StoreError, Timestamp};
+use idemkit::dynamodb::DynamoStore;
 use idemkit::postgres::PostgresStore;
 use idemkit::redis::RedisStore;
 use idemkit::sqlite::SqliteStore;
@@ -14,10 +15,12 @@ use serde_json::json;
 
 use super::BoxError;
 
+mod dynamodb;
 mod postgres;
 mod redis;
 mod sqlite;
 
+use dynamodb::DynamoTickets;
 use postgres::PostgresTickets;
 use redis::RedisTickets;
 use sqlite::SqliteTickets;
@@ -144,9 +147,11 @@ impl Backend {
                 .get_connection_manager()
                 .await?;
             Arc::new(RedisTickets(conn))
+        } else if let Some(s) = opened.engine::<DynamoStore>() {
+            Arc::new(DynamoTickets::new(s))
         } else {
             return Err(format!(
-                "the reference server keeps its tickets in an SQLite, PostgreSQL or standalone Redis store, not in {url}"
+                "the reference server keeps its tickets in an SQLite, PostgreSQL, standalone Redis or DynamoDB store, not in {url}"
             )
             .into());
         };

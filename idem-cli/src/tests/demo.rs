@@ -144,3 +144,8 @@ async fn stock_callers_cause_no_double_effect_with_derived_keys() {
         ])
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn demo_on_dynamodb() {
+    check_on("dynamodb").await;
+}

@@ -1,5 +1,5 @@
 //! Opening a store from a URL: `sqlite://PATH`, `postgres://…`, `redis://…`, `rediss://…`,
-//! `redis+cluster://…`.
+//! `redis+cluster://…`, `dynamodb://TABLE`.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), idemkit::open::OpenError> {
@@ -15,6 +15,7 @@
 //! | `postgres://…`, `postgresql://…` | `PostgresStore` in `public.idem_records`; parameters go to sqlx (`?sslmode=…`, `?password=…`), except the store's own: `&listen_url=…` a direct URL to `LISTEN` on behind a transaction pooler such as PgBouncer (which the store finds by itself; `?pooler=transaction`, `session` or `none` says it and skips the check) | `postgres` |
 //! | `redis://…`, `rediss://…` | `RedisStore` on a standalone server | `redis` |
 //! | `redis+cluster://[USER:PASS@]HOST:PORT[?node=HOST:PORT&node=…]`, `rediss+cluster://…` | `RedisStore` on a Redis Cluster, seeded by every node named | `redis` |
+//! | `dynamodb://TABLE[?region=REGION][&endpoint=URL]` | `DynamoStore` on the table; credentials (and the region, if not given) from the AWS SDK's configuration chain | `dynamodb` |
 //!
 //! A URL is shown (in [`StoreUrl`]'s `Display` and `Debug`, and in every [`OpenError`]) with its
 //! password replaced by `***`, in the user-info part and in any query parameter whose name says
@@ -208,10 +209,18 @@ static BACKENDS: &[Backend] = &[
         check: check_cluster,
         open: opener!("redis", redis::open_cluster),
     },
+    Backend {
+        name: "dynamodb",
+        schemes: &["dynamodb"],
+        feature: "dynamodb",
+        check: check_dynamodb,
+        open: opener!("dynamodb", dynamodb::open),
+    },
 ];
 
 /// The known schemes, for people.
-const KNOWN: &str = "sqlite://PATH, postgres://…, redis://…, rediss://…, redis+cluster://…";
+const KNOWN: &str =
+    "sqlite://PATH, postgres://…, redis://…, rediss://…, redis+cluster://…, dynamodb://TABLE";
 
 fn invalid(url: &StoreUrl, reason: impl Into<String>) -> OpenError {
     OpenError::InvalidUrl {
@@ -241,6 +250,24 @@ fn check_host(url: &StoreUrl) -> Result<(), OpenError> {
     Ok(())
 }
 
+fn check_dynamodb(url: &StoreUrl) -> Result<(), OpenError> {
+    if url.url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid(
+            url,
+            "dynamodb:// needs a table name, e.g. dynamodb://idem_records?region=eu-west-1",
+        ));
+    }
+    for (k, _) in url.url.query_pairs() {
+        if !matches!(&*k, "region" | "endpoint") {
+            return Err(invalid(
+                url,
+                format!("dynamodb:// takes region= and endpoint= only, not {k}="),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_cluster(url: &StoreUrl) -> Result<(), OpenError> {
     check_host(url)?;
     for (k, node) in url.url.query_pairs() {
@@ -260,7 +287,12 @@ fn store_error(url: &StoreUrl) -> impl FnOnce(StoreError) -> OpenError + '_ {
 
 /// What every backend does once its store is built: migrate when asked, else check that the
 /// schema is the one this build reads and writes.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "redis",
+    feature = "dynamodb"
+))]
 async fn finish<S: KeyStore + Maintenance + Clone>(
     store: S,
     url: &StoreUrl,
@@ -275,7 +307,12 @@ async fn finish<S: KeyStore + Maintenance + Clone>(
     Ok(Opened::new(store, url))
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "redis",
+    feature = "dynamodb"
+))]
 fn check_version(url: &StoreUrl, found: u32, expected: u32) -> Result<(), OpenError> {
     use std::cmp::Ordering::*;
     match found.cmp(&expected) {
@@ -345,6 +382,21 @@ mod redis {
             .cluster_nodes()
             .ok_or_else(|| invalid(url, "cannot list the cluster's nodes"))?;
         let store = RedisStore::connect_cluster(nodes)
+            .await
+            .map_err(store_error(url))?;
+        finish(store, url, options).await
+    }
+}
+
+#[cfg(feature = "dynamodb")]
+mod dynamodb {
+    use super::*;
+    use idem_store_dynamodb::DynamoStore;
+
+    // Sends no request: migrating creates the table (on-demand, TTL on); without it the
+    // schema item must be there.
+    pub(super) async fn open(url: &StoreUrl, options: &OpenOptions) -> Result<Opened, OpenError> {
+        let store = DynamoStore::connect(url.expose_secret())
             .await
             .map_err(store_error(url))?;
         finish(store, url, options).await

@@ -69,7 +69,7 @@ impl StoreUrl {
         Ok(parsed)
     }
 
-    /// The backend's name: `sqlite`, `postgres`, `redis` or `redis-cluster`.
+    /// The backend's name: `sqlite`, `postgres`, `redis`, `redis-cluster` or `dynamodb`.
     pub fn backend(&self) -> &'static str {
         self.backend.name
     }
