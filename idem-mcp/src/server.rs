@@ -51,7 +51,7 @@ use tasks::TaskIds;
 /// For a registered tool, [`IdempotentTools::call`]:
 /// 1. reads the key ([`crate::key`]: `params.idempotencyKey`, then
 ///    `params._meta["io.idem/idempotencyKey"]`), refusing an invalid one with `-32602`; without a
-///    key it follows the tool's [`KeySource`](idem_core::KeySource) (`ToolSettings::key_source`,
+///    key it follows the tool's [`KeySource`](idem_core::KeySource) (`ToolBuilder::key_source`,
 ///    [contract §5.1](idem_core::contract#keyless)): refused with `-32602` (the default), a key
 ///    derived from the arguments, from the model argument (taken out of the arguments before
 ///    anything else sees them; its absence is refused with `-32602`), from the session and
@@ -75,7 +75,7 @@ use tasks::TaskIds;
 ///    [`FINGERPRINT_MISMATCH`]; a repeat while the first runs: [`IN_FLIGHT`] with
 ///    `data.retryAfterMs` (what is left of the tool's processing window), unless it asked to wait
 ///    (`_meta["io.idem/wait"]`) or its key was derived (it sent none, so its client cannot ask:
-///    it is waited for, `ToolSettings::derived_key_wait`), when it waits for the result; a store that is down: [`STORE_UNAVAILABLE`]; a store that failed
+///    it is waited for, `ToolBuilder::derived_key_wait`), when it waits for the result; a store that is down: [`STORE_UNAVAILABLE`]; a store that failed
 ///    otherwise: an internal error (`-32603`) of type `store-error`.
 ///
 /// Other tools are passed through untouched.
@@ -160,7 +160,7 @@ impl IdempotentTools {
     }
 
     /// Serves MCP's tasks extension ([contract §5.3](idem_core::contract#tasks)) from the store
-    /// for the tools whose settings allow tasks ([`ToolSettings::tasks`]): a call of such a tool
+    /// for the tools whose settings allow tasks ([`Tool::tasks`](idem_core::Tool::tasks)): a call of such a tool
     /// from a client that declared the extension claims its key, starts the tool and answers
     /// with a task at once; the same call again gets the same task; the server handler answers
     /// `tasks/get` and `tasks/cancel` with [`IdempotentTools::get_task`] and

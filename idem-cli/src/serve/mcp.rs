@@ -64,7 +64,7 @@ pub struct McpOptions {
     /// The principal of callers that name none: one scope they all share (see the module docs).
     pub principal: Option<String>,
     /// Whether a call under a derived key that finds the same call in flight waits for its
-    /// result (`ToolSettings::derived_key_wait`); if not, it is told to retry (`-32091`).
+    /// result (`ToolBuilder::derived_key_wait`); if not, it is told to retry (`-32091`).
     pub derived_key_wait: bool,
     /// `Host` values the streamable HTTP endpoint accepts besides rmcp's defaults (`localhost`,
     /// `127.0.0.1`, `::1`: its protection against DNS rebinding) and the address it listens on.
